@@ -1,0 +1,20 @@
+# Warnings, sanitizers and coverage applied to every target of the project.
+add_library(worker_warnings INTERFACE)
+target_compile_options(worker_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wshadow -Wnon-virtual-dtor -Wold-style-cast -Wcast-align
+    -Wunused -Woverloaded-virtual -Wpedantic -Wnull-dereference -Wdouble-promotion -Wformat=2
+    -Wimplicit-fallthrough>)
+if(WORKER_WERROR)
+  target_compile_options(worker_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
+                                                   $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
+endif()
+if(WORKER_SANITIZE)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=address,undefined>
+                      $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>
+                      $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(WORKER_COVERAGE)
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:--coverage> $<$<COMPILE_LANGUAGE:CXX>:-O0>)
+  add_link_options(--coverage)
+endif()

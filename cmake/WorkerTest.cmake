@@ -1,0 +1,19 @@
+# worker_add_gtest(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS l1 l2])
+# Builds one gtest binary and registers it with CTest; every run writes gtest XML into
+# ${WORKER_TEST_RESULTS_DIR}/<NAME>.xml, which tools/reqcov.py joins with the
+# "// REQ:" declarations in the test sources.
+function(worker_add_gtest name)
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock
+                                        worker_warnings Threads::Threads)
+  target_compile_definitions(${name} PRIVATE
+    WORKER_SOURCE_DIR="${CMAKE_SOURCE_DIR}" WORKER_BINARY_DIR="${CMAKE_BINARY_DIR}")
+  add_test(NAME ${name}
+           COMMAND ${name} --gtest_output=xml:${WORKER_TEST_RESULTS_DIR}/${name}.xml)
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT
+    "WORKER_SOURCE_DIR=${CMAKE_SOURCE_DIR};WORKER_BINARY_DIR=${CMAKE_BINARY_DIR}")
+  if(T_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}")
+  endif()
+endfunction()

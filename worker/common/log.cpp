@@ -1,0 +1,44 @@
+#include "common/log.h"
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <mutex>
+
+namespace worker::log {
+namespace {
+std::mutex g_mutex;
+nlohmann::json g_context = nlohmann::json::object();
+}  // namespace
+
+void set_context(const nlohmann::json& fields) {
+  std::lock_guard lock(g_mutex);
+  g_context = fields.is_object() ? fields : nlohmann::json::object();
+}
+
+std::string rfc3339_now() {
+  using namespace std::chrono;
+  const auto now = system_clock::now();
+  const auto ms = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
+  const std::time_t t = system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  return buf;
+}
+
+void event(std::string_view level, std::string_view event_name, const nlohmann::json& fields) {
+  nlohmann::json line = {{"ts", rfc3339_now()}, {"level", level}, {"event", event_name}};
+  std::lock_guard lock(g_mutex);
+  for (const auto& [k, v] : g_context.items()) line[k] = v;
+  if (fields.is_object())
+    for (const auto& [k, v] : fields.items()) line[k] = v;
+  const std::string text =
+      line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
+}
+
+}  // namespace worker::log

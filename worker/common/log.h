@@ -1,0 +1,20 @@
+#pragma once
+// JSON-lines narration log on stderr (D14, M0-W-1900): one object per line, fixed field
+// names, written under a mutex so lines from different threads never interleave.
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace worker::log {
+
+// Fields added to every line (worker_id, model_ref, gpu_device), set once at startup.
+void set_context(const nlohmann::json& fields);
+// Writes {"ts":..., "level":..., "event":..., <context>, <fields>} + '\n' to stderr.
+void event(std::string_view level, std::string_view event_name, const nlohmann::json& fields = {});
+inline void info(std::string_view ev, const nlohmann::json& f = {}) { event("info", ev, f); }
+inline void warn(std::string_view ev, const nlohmann::json& f = {}) { event("warn", ev, f); }
+inline void error(std::string_view ev, const nlohmann::json& f = {}) { event("error", ev, f); }
+
+// RFC 3339 UTC timestamp with milliseconds, e.g. 2026-11-25T22:28:09.123Z
+std::string rfc3339_now();
+
+}  // namespace worker::log

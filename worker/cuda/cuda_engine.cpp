@@ -1,0 +1,1 @@
+// CUDA engine (owned by the CUDA backend work)

@@ -1,0 +1,76 @@
+#pragma once
+// The Engine interface shared by the cpu and cuda backends (M0-W-1213). The generation
+// loop, tokenizer, sampler and stop logic are shared; backends own only the forward pass
+// and where its memory lives.
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gguf/model_config.h"
+
+namespace worker {
+
+struct SamplingParams {
+  float temperature = 1.0f;  // 0 = greedy argmax (lowest id wins ties)
+  float top_p = 1.0f;
+  int32_t top_k = 0;  // 0 = off
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;  // 1 = off
+  uint64_t seed = 0;
+};
+
+struct VramUsage {
+  uint64_t weights = 0;
+  uint64_t kv_cache = 0;
+  uint64_t scratch = 0;
+  uint64_t total() const { return weights + kv_cache + scratch; }
+};
+
+struct BackendInfo {
+  std::string backend;  // "cpu" | "cuda"
+  bool resident = false;           // weights verified in device memory (cuda)
+  std::string sm;                  // "9.0" (cuda)
+  std::string cuda_runtime_version;
+  std::string device_name;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual const ModelConfig& config() const = 0;
+  virtual BackendInfo info() const = 0;
+  virtual VramUsage vram() const = 0;
+
+  // Context size of the KV cache (<= the model's training context).
+  virtual int32_t n_ctx() const = 0;
+  // Number of positions already in the KV cache.
+  virtual int32_t n_past() const = 0;
+  // Drops the KV cache contents (the next eval starts at position 0).
+  virtual void reset() = 0;
+
+  // Evaluates `tokens` at positions n_past..n_past+n-1 and appends them to the KV cache.
+  // Afterwards logits() holds the last position's logits; when all_logits is true,
+  // logits_at(i) holds position i of this call (parity tooling).
+  // Throws WorkerError (VRAM_OOM, CUDA_ERROR, INVALID_REQUEST when the context overflows).
+  virtual void eval(std::span<const int32_t> tokens, bool all_logits = false) = 0;
+  virtual std::span<const float> logits() const = 0;
+  virtual std::span<const float> logits_at(size_t i) const = 0;
+
+  // Picks the next token from the last logits. `history` is the tokens generated so far
+  // (repetition penalty); `rng` is the job's seeded generator. The default runs the CPU
+  // sampler on logits(); the cuda backend samples on the GPU and copies back one id,
+  // drawing from `rng` in the same way so both backends consume the same random stream.
+  virtual int32_t sample(const SamplingParams& params, std::span<const int32_t> history,
+                         std::mt19937_64& rng);
+};
+
+// Backend factory. backend = "cpu" | "cuda"; throws WorkerError with a clear message
+// (no silent fallback, D4). ctx_size 0 = the model's training context (capped at 32768).
+std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<const Model> model,
+                                    int32_t ctx_size, int gpu_device = 0);
+
+}  // namespace worker

@@ -1,0 +1,1 @@
+#include "gguf/ggml_types.h"

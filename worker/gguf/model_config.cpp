@@ -1,0 +1,1 @@
+#include "gguf/model_config.h"

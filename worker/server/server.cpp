@@ -1,0 +1,1 @@
+// HTTP server (owned by the worker-process work)
