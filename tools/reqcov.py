@@ -1,0 +1,607 @@
+#!/usr/bin/env python3
+"""Requirement coverage: joins `// REQ:` declarations in test sources with gtest XML results.
+
+Every test declares the requirement IDs it checks on the line(s) directly above its
+TEST/TEST_F/TEST_P macro:
+
+    // REQ: M0-W-1311 WRK-D6
+    TEST(ServerSse, EventOrder) { ... }
+
+Subcommands (python3 standard library only):
+  report    write reports/requirements.{md,json} and apply the GATE (exit 1 when it fails)
+  scan      list declared tests (optionally only those citing one ID, or as a gtest filter)
+  ratchet   print (or --write) the MUST/M0 IDs that no test covers yet
+  spec-md   regenerate spec/REQUIREMENTS.md from spec/requirements.json (--check: verify)
+
+The gate fails when: a test cites an unknown ID; a `// REQ:` line is not directly above a
+test macro; a MUST requirement in M0 scope has no test and is not in spec/ratchet.txt; a
+test covering a MUST/M0 requirement failed on any backend; a ratchet ID is now covered
+(the ratchet only shrinks); the ratchet names an unknown or non-MUST/M0 ID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_ROOT = Path(__file__).resolve().parent.parent
+BACKENDS = ("cpu", "cuda")
+SOURCE_SUFFIXES = (".cpp", ".cc", ".cu")
+
+# Outcome of one test (or one requirement) on one backend.
+PASS, FAIL, NOT_RUN, NO_RESULT, NO_TEST = "pass", "fail", "not-run", "no-result", "no-test"
+
+REQ_LINE = re.compile(r"^\s*//\s*REQ:(.*)$")
+TEST_MACRO = re.compile(
+    r"^\s*(TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
+TEST_MACRO_START = re.compile(r"^\s*(TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\s*\(")
+
+
+@dataclass
+class DeclaredTest:
+    suite: str
+    name: str
+    macro: str
+    file: str  # relative to the root
+    line: int
+    ids: list[str] = field(default_factory=list)
+    results: dict[str, str] = field(default_factory=dict)  # backend -> outcome
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.suite}.{self.name}"
+
+
+@dataclass
+class ScanResult:
+    tests: list[DeclaredTest]
+    errors: list[str]  # malformed annotations (orphan REQ lines)
+
+
+# ---------------------------------------------------------------- spec
+
+
+def load_spec(path: Path) -> list[dict]:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    reqs = data["requirements"]
+    seen = set()
+    for r in reqs:
+        for key in ("id", "title", "level", "scope", "statement"):
+            if key not in r:
+                raise SystemExit(f"reqcov: {path}: requirement {r.get('id', '?')} lacks '{key}'")
+        if r["id"] in seen:
+            raise SystemExit(f"reqcov: {path}: duplicate requirement id {r['id']}")
+        if r["level"] not in ("MUST", "SHOULD", "MAY"):
+            raise SystemExit(f"reqcov: {path}: {r['id']}: level must be MUST/SHOULD/MAY")
+        if r["scope"] not in ("M0", "M1", "deferred"):
+            raise SystemExit(f"reqcov: {path}: {r['id']}: scope must be M0/M1/deferred")
+        if r["scope"] == "deferred" and not r.get("reason"):
+            raise SystemExit(f"reqcov: {path}: {r['id']}: a deferred requirement needs a reason")
+        seen.add(r["id"])
+    return reqs
+
+
+def is_gated(req: dict) -> bool:
+    return req["level"] == "MUST" and req["scope"] == "M0"
+
+
+def load_ratchet(path: Path) -> list[tuple[str, int]]:
+    """IDs (with line numbers) of spec/ratchet.txt; '#' starts a comment."""
+    out = []
+    if not path.exists():
+        return out
+    for lineno, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        text = raw.split("#", 1)[0].strip()
+        if text:
+            out.append((text.split()[0], lineno))
+    return out
+
+
+# ---------------------------------------------------------------- scan
+
+
+def test_source_files(root: Path) -> list[Path]:
+    """worker/**/tests/*, kernels/**, conformance/**, fixtures/**/tests/* C++/CUDA sources."""
+    files = []
+    for top in ("worker", "kernels", "conformance", "fixtures"):
+        base = root / top
+        if not base.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if d != "node_modules" and
+                                 not d.startswith("."))
+            rel_dir = Path(dirpath).relative_to(root)
+            in_tests = "tests" in rel_dir.parts
+            if top in ("worker", "fixtures") and not in_tests:
+                continue
+            for fn in sorted(filenames):
+                if fn.endswith(SOURCE_SUFFIXES):
+                    files.append(Path(dirpath) / fn)
+    return files
+
+
+def split_ids(text: str) -> list[str]:
+    return [t for t in re.split(r"[\s,]+", text.strip()) if t]
+
+
+def scan_file(path: Path, rel: str) -> tuple[list[DeclaredTest], list[str]]:
+    tests, errors = [], []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    pending: list[str] = []
+    pending_line = 0
+    for i, line in enumerate(lines):
+        m = REQ_LINE.match(line)
+        if m:
+            if not pending:
+                pending_line = i + 1
+            ids = split_ids(m.group(1))
+            if not ids:
+                errors.append(f"{rel}:{i + 1}: empty '// REQ:' line")
+            pending.extend(ids)
+            continue
+        if TEST_MACRO_START.match(line):
+            # The macro's arguments may wrap onto the next lines.
+            joined = " ".join(lines[i:i + 3])
+            t = TEST_MACRO.match(joined)
+            if not t:
+                errors.append(f"{rel}:{i + 1}: cannot parse test macro: {line.strip()}")
+                pending = []
+                continue
+            tests.append(DeclaredTest(suite=t.group(2), name=t.group(3), macro=t.group(1),
+                                      file=rel, line=i + 1, ids=list(dict.fromkeys(pending))))
+            pending = []
+            continue
+        if pending:
+            errors.append(f"{rel}:{pending_line}: '// REQ:' line is not directly above a "
+                          "TEST/TEST_F/TEST_P macro (it declares nothing)")
+            pending = []
+    if pending:
+        errors.append(f"{rel}:{pending_line}: '// REQ:' line at end of file declares nothing")
+    return tests, errors
+
+
+def scan(root: Path) -> ScanResult:
+    tests, errors = [], []
+    for f in test_source_files(root):
+        t, e = scan_file(f, f.relative_to(root).as_posix())
+        tests.extend(t)
+        errors.extend(e)
+    return ScanResult(tests=tests, errors=errors)
+
+
+# ---------------------------------------------------------------- gtest XML
+
+
+def testcase_outcome(tc: ET.Element) -> str:
+    if tc.find("failure") is not None or tc.find("error") is not None:
+        return FAIL
+    if tc.find("skipped") is not None:
+        return NOT_RUN
+    if tc.get("result") in ("skipped", "suppressed") or tc.get("status") == "notrun":
+        return NOT_RUN
+    return PASS
+
+
+def load_results(result_dir: Path) -> list[tuple[str, str, str]]:
+    """(classname, name, outcome) for every testcase of every *.xml under result_dir."""
+    out = []
+    if not result_dir.is_dir():
+        return out
+    for xml in sorted(result_dir.rglob("*.xml")):
+        try:
+            tree = ET.parse(xml)
+        except ET.ParseError as e:
+            raise SystemExit(f"reqcov: cannot parse test results {xml}: {e}")
+        for tc in tree.iter("testcase"):
+            out.append((tc.get("classname", ""), tc.get("name", ""), testcase_outcome(tc)))
+    return out
+
+
+def matches(test: DeclaredTest, classname: str, name: str) -> bool:
+    # TEST/TEST_F: "Suite" + "Name"; TEST_P: "Prefix/Suite" + "Name/3";
+    # TYPED_TEST: "Suite/0" + "Name"; TYPED_TEST_P: "Prefix/Suite/0" + "Name".
+    return test.suite in classname.split("/") and name.split("/")[0] == test.name
+
+
+def combine(outcomes: list[str]) -> str:
+    if not outcomes:
+        return NO_RESULT
+    if FAIL in outcomes:
+        return FAIL
+    if PASS in outcomes:
+        return PASS
+    return NOT_RUN
+
+
+def attach_results(tests: list[DeclaredTest], backend: str, results) -> None:
+    index: dict[str, list[tuple[str, str, str]]] = {}
+    for cls, name, outcome in results or []:
+        index.setdefault(name.split("/")[0], []).append((cls, name, outcome))
+    for t in tests:
+        if results is None:
+            t.results[backend] = NOT_RUN
+            continue
+        found = [o for cls, name, o in index.get(t.name, []) if matches(t, cls, name)]
+        t.results[backend] = combine(found)
+
+
+def requirement_status(outcomes: list[str]) -> str:
+    if not outcomes:
+        return NO_TEST
+    if FAIL in outcomes:
+        return FAIL
+    if PASS in outcomes:
+        return PASS
+    return NOT_RUN
+
+
+# ---------------------------------------------------------------- report + gate
+
+
+def build_report(root: Path, spec_path: Path, ratchet_path: Path,
+                 result_dirs: dict[str, Path], coverage_summary: Path | None) -> dict:
+    reqs = load_spec(spec_path)
+    by_id = {r["id"]: r for r in reqs}
+    sc = scan(root)
+    errors = list(sc.errors)
+    warnings = []
+
+    for backend in BACKENDS:
+        rd = result_dirs.get(backend)
+        attach_results(sc.tests, backend, load_results(rd) if rd else None)
+
+    for t in sc.tests:
+        for i in t.ids:
+            if i not in by_id:
+                errors.append(f"{t.file}:{t.line}: test {t.full_name} cites unknown "
+                              f"requirement ID '{i}' (see spec/requirements.json)")
+
+    names: dict[str, list[DeclaredTest]] = {}
+    for t in sc.tests:
+        names.setdefault(t.full_name, []).append(t)
+    for n, ts in sorted(names.items()):
+        if len(ts) > 1:
+            where = ", ".join(f"{t.file}:{t.line}" for t in ts)
+            warnings.append(f"test name {n} is defined more than once ({where}); "
+                            "its results cannot be told apart")
+
+    tests_by_id: dict[str, list[DeclaredTest]] = {r["id"]: [] for r in reqs}
+    for t in sc.tests:
+        for i in t.ids:
+            if i in tests_by_id:
+                tests_by_id[i].append(t)
+
+    ratchet = load_ratchet(ratchet_path)
+    ratchet_ids = [i for i, _ in ratchet]
+    for rid, lineno in ratchet:
+        rel = ratchet_path.name
+        if rid not in by_id:
+            errors.append(f"{rel}:{lineno}: ratchet names unknown ID '{rid}'")
+        elif not is_gated(by_id[rid]):
+            errors.append(f"{rel}:{lineno}: ratchet names {rid}, which is not a MUST "
+                          f"requirement in M0 scope; remove it from the ratchet")
+        elif tests_by_id[rid]:
+            first = tests_by_id[rid][0]
+            errors.append(f"{rel}:{lineno}: {rid} is now covered (e.g. {first.full_name} at "
+                          f"{first.file}:{first.line}); remove it from {ratchet_path.name} "
+                          "(the ratchet may only shrink)")
+
+    rows = []
+    for r in reqs:
+        rid = r["id"]
+        ts = sorted(tests_by_id[rid], key=lambda t: (t.file, t.line))
+        status = {b: requirement_status([t.results[b] for t in ts]) for b in BACKENDS}
+        gated = is_gated(r)
+        if gated and not ts and rid not in ratchet_ids:
+            errors.append(f"{rid} ({r['title']}) is a MUST requirement in M0 scope and no "
+                          "test covers it (add a test with '// REQ: " + rid + "'; the "
+                          "ratchet spec/ratchet.txt may not grow to hide it)")
+        if gated:
+            for t in ts:
+                for b in BACKENDS:
+                    if t.results[b] == FAIL:
+                        errors.append(f"{rid}: test {t.full_name} ({t.file}:{t.line}) "
+                                      f"FAILED on {b}")
+            if ts and all(status[b] in (NOT_RUN, NO_RESULT) for b in BACKENDS):
+                warnings.append(f"{rid}: has tests, but none of them ran on any backend")
+        rows.append({
+            "id": rid, "title": r["title"], "level": r["level"], "scope": r["scope"],
+            "gated": gated, "in_ratchet": rid in ratchet_ids, "status": status,
+            "tests": [{"test": t.full_name, "file": t.file, "line": t.line,
+                       "results": dict(t.results)} for t in ts],
+        })
+
+    for t in sc.tests:
+        if t.ids and result_dirs.get("cpu") and t.results["cpu"] == NO_RESULT:
+            warnings.append(f"{t.full_name} ({t.file}:{t.line}) declares requirements but has "
+                            "no cpu result (not built or not registered with CTest?)")
+
+    cov_lines = []
+    if coverage_summary is not None:
+        if coverage_summary.exists():
+            for line in coverage_summary.read_text(encoding="utf-8").splitlines():
+                if re.match(r"^\s*(lines|functions|branches)\.*:", line):
+                    cov_lines.append(line.strip())
+        if not cov_lines:
+            warnings.append(f"coverage summary {coverage_summary} holds no lcov summary line")
+
+    def count(pred):
+        return sum(1 for row in rows if pred(row))
+
+    gated_rows = [row for row in rows if row["gated"]]
+    totals = {
+        "requirements": len(rows),
+        "by_scope": {s: count(lambda r, s=s: r["scope"] == s) for s in ("M0", "M1", "deferred")},
+        "by_level": {lv: count(lambda r, lv=lv: r["level"] == lv)
+                     for lv in ("MUST", "SHOULD", "MAY")},
+        "must_m0": len(gated_rows),
+        "must_m0_covered": sum(1 for r in gated_rows if r["tests"]),
+        "covered": count(lambda r: bool(r["tests"])),
+        "tests_declared": len(sc.tests),
+        "tests_with_req": sum(1 for t in sc.tests if t.ids),
+        "ratchet": len(ratchet_ids),
+        "per_backend": {
+            b: {st: count(lambda r, b=b, st=st: r["status"][b] == st)
+                for st in (PASS, FAIL, NOT_RUN, NO_TEST)} for b in BACKENDS},
+        "tests_per_backend": {
+            b: {st: sum(1 for t in sc.tests if t.results[b] == st)
+                for st in (PASS, FAIL, NOT_RUN, NO_RESULT)} for b in BACKENDS},
+    }
+    return {
+        "gate": "pass" if not errors else "fail",
+        "errors": errors,
+        "warnings": warnings,
+        "results": {b: (result_dirs[b].as_posix() if result_dirs.get(b) else None)
+                    for b in BACKENDS},
+        "coverage_summary": cov_lines,
+        "ratchet": ratchet_ids,
+        "totals": totals,
+        "requirements": rows,
+    }
+
+
+STATUS_MD = {PASS: "pass", FAIL: "**FAIL**", NOT_RUN: "not run", NO_RESULT: "no result",
+             NO_TEST: "no test"}
+
+
+def md_escape(s: str) -> str:
+    return s.replace("|", "\\|")
+
+
+def render_report_md(rep: dict, root: Path) -> str:
+    t = rep["totals"]
+    out = ["# Requirement coverage", "",
+           "Generated by `tools/reqcov.py report` (run by `ci/test.sh`); do not edit by hand.",
+           "Sources: `// REQ:` lines above each test, gtest XML results per backend, "
+           "`spec/requirements.json`, `spec/ratchet.txt`.", ""]
+    out.append(f"**Gate: {rep['gate'].upper()}**")
+    out.append("")
+    for b in BACKENDS:
+        src = rep["results"][b]
+        if src:
+            try:
+                src = Path(src).resolve().relative_to(root.resolve()).as_posix()
+            except ValueError:
+                pass
+        out.append(f"- {b} results: " + (f"`{src}`" if src else "none given (column = not run)"))
+    out.append("")
+    out += ["## Totals", "",
+            f"- requirement IDs: {t['requirements']} (scope M0 {t['by_scope']['M0']}, "
+            f"M1 {t['by_scope']['M1']}, deferred {t['by_scope']['deferred']}; "
+            f"MUST {t['by_level']['MUST']}, SHOULD {t['by_level']['SHOULD']}, "
+            f"MAY {t['by_level']['MAY']})",
+            f"- IDs with at least one test: {t['covered']}",
+            f"- MUST requirements in M0 scope: {t['must_m0']}, covered by a test: "
+            f"{t['must_m0_covered']}, still in the ratchet: {t['ratchet']}",
+            f"- tests found: {t['tests_declared']} ({t['tests_with_req']} declare requirement "
+            "IDs)"]
+    for b in BACKENDS:
+        pb, tb = t["per_backend"][b], t["tests_per_backend"][b]
+        out.append(f"- {b}: IDs pass {pb[PASS]}, fail {pb[FAIL]}, not run {pb[NOT_RUN]}, "
+                   f"no test {pb[NO_TEST]}; tests pass {tb[PASS]}, fail {tb[FAIL]}, "
+                   f"not run {tb[NOT_RUN]}, no result {tb[NO_RESULT]}")
+    out.append("- line coverage (lcov, CPU build): " +
+               ("; ".join(rep["coverage_summary"]) if rep["coverage_summary"]
+                else "not measured in this run (`WORKER_COVERAGE=1 ci/test.sh`)"))
+    out.append("")
+    if rep["errors"]:
+        out += ["## Gate errors", ""] + [f"- {md_escape(e)}" for e in rep["errors"]] + [""]
+    if rep["warnings"]:
+        out += ["## Warnings", ""] + [f"- {md_escape(w)}" for w in rep["warnings"]] + [""]
+    out += ["## Ratchet (MUST/M0 IDs still allowed to be uncovered; it may only shrink)", ""]
+    out += [f"- {i}" for i in rep["ratchet"]] or ["- (empty)"]
+    out += ["", "## Requirements", "",
+            "| ID | Level | Scope | Title | Tests | cpu | cuda |",
+            "|---|---|---|---|---|---|---|"]
+    for r in rep["requirements"]:
+        mark = " (ratchet)" if r["in_ratchet"] else ""
+        out.append(f"| {r['id']} | {r['level']} | {r['scope']} | {md_escape(r['title'])} | "
+                   f"{len(r['tests'])}{mark} | {STATUS_MD[r['status']['cpu']]} | "
+                   f"{STATUS_MD[r['status']['cuda']]} |")
+    out += ["", "## Tests per requirement", ""]
+    for r in rep["requirements"]:
+        if not r["tests"]:
+            continue
+        out.append(f"### {r['id']}: {md_escape(r['title'])}")
+        out.append("")
+        for tt in r["tests"]:
+            res = ", ".join(f"{b} {STATUS_MD[tt['results'][b]]}" for b in BACKENDS)
+            out.append(f"- `{tt['test']}` ({tt['file']}:{tt['line']}): {res}")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- spec-md
+
+
+def render_spec_md(spec_path: Path) -> str:
+    data = json.loads(spec_path.read_text(encoding="utf-8"))
+    reqs = load_spec(spec_path)
+    out = ["# Requirements", "",
+           "Generated from `spec/requirements.json` by `tools/reqcov.py spec-md`; edit the JSON, "
+           "then regenerate (a test checks that both agree).", ""]
+    if data.get("preamble"):
+        out += [data["preamble"], ""]
+    out += ["| ID | Level | Scope | Title |", "|---|---|---|---|"]
+    for r in reqs:
+        out.append(f"| [{r['id']}](#{r['id'].lower().replace('.', '')}) | {r['level']} | "
+                   f"{r['scope']} | {md_escape(r['title'])} |")
+    out.append("")
+    for r in reqs:
+        out.append(f"## {r['id']}")
+        out.append("")
+        out.append(f"**{r['title']}** ({r['level']}, scope {r['scope']})")
+        out.append("")
+        out.append(r["statement"])
+        out.append("")
+        if r.get("reason"):
+            out.append(f"Deferred because: {r['reason']}")
+            out.append("")
+        if r.get("source"):
+            out.append(f"Source: {r['source']}")
+            out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def parse_results_args(items: list[str]) -> dict[str, Path]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise SystemExit(f"reqcov: --results wants BACKEND=DIR, got '{item}'")
+        b, d = item.split("=", 1)
+        if b not in BACKENDS:
+            raise SystemExit(f"reqcov: unknown backend '{b}' (expected one of {BACKENDS})")
+        out[b] = Path(d)
+    return out
+
+
+def cmd_report(args) -> int:
+    root = Path(args.root)
+    rep = build_report(root, Path(args.spec or root / "spec/requirements.json"),
+                       Path(args.ratchet or root / "spec/ratchet.txt"),
+                       parse_results_args(args.results),
+                       Path(args.coverage_summary) if args.coverage_summary else None)
+    out_dir = Path(args.out_dir or root / "reports")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "requirements.json").write_text(json.dumps(rep, indent=1) + "\n",
+                                               encoding="utf-8")
+    (out_dir / "requirements.md").write_text(render_report_md(rep, root), encoding="utf-8")
+    t = rep["totals"]
+    print(f"reqcov: {t['requirements']} requirement IDs, {t['covered']} with tests; MUST/M0 "
+          f"{t['must_m0_covered']}/{t['must_m0']} covered, ratchet {t['ratchet']}; "
+          f"report in {out_dir}/requirements.md")
+    for w in rep["warnings"]:
+        print(f"reqcov: warning: {w}")
+    if rep["errors"]:
+        for e in rep["errors"]:
+            print(f"reqcov: GATE: {e}", file=sys.stderr)
+        print(f"reqcov: GATE FAILED ({len(rep['errors'])} problems)", file=sys.stderr)
+        return 1
+    print("reqcov: gate passed")
+    return 0
+
+
+def cmd_scan(args) -> int:
+    root = Path(args.root)
+    sc = scan(root)
+    tests = [t for t in sc.tests if not args.id or args.id in t.ids]
+    if args.gtest_filter:
+        # TEST_P/TYPED_TEST instances carry prefixes and suffixes: match them all.
+        pats = []
+        for t in tests:
+            pats += [f"{t.suite}.{t.name}", f"*/{t.suite}.{t.name}/*", f"{t.suite}/*.{t.name}",
+                     f"*/{t.suite}/*.{t.name}", f"*/{t.suite}.{t.name}"]
+        print(":".join(dict.fromkeys(pats)))
+    elif args.json:
+        print(json.dumps([{"test": t.full_name, "file": t.file, "line": t.line, "ids": t.ids}
+                          for t in tests], indent=1))
+    else:
+        for t in tests:
+            print(f"{t.file}:{t.line}\t{t.full_name}\t{' '.join(t.ids)}")
+    for e in sc.errors:
+        print(f"reqcov: {e}", file=sys.stderr)
+    return 0 if tests or not args.id else 1
+
+
+def cmd_ratchet(args) -> int:
+    root = Path(args.root)
+    reqs = load_spec(Path(args.spec or root / "spec/requirements.json"))
+    covered = {i for t in scan(root).tests for i in t.ids}
+    lines = ["# MUST requirements in M0 scope that no test covers yet. This list may only",
+             "# shrink: tools/reqcov.py report fails when an ID here gains a test (remove it",
+             "# then) and when a MUST/M0 ID without a test is missing here. Regenerate with",
+             "# `tools/reqcov.py ratchet --write` only to shrink it.", ""]
+    for r in reqs:
+        if is_gated(r) and r["id"] not in covered:
+            lines.append(f"{r['id']}  # {r['title']}")
+    text = "\n".join(lines) + "\n"
+    if args.write:
+        Path(args.ratchet or root / "spec/ratchet.txt").write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_spec_md(args) -> int:
+    root = Path(args.root)
+    spec = Path(args.spec or root / "spec/requirements.json")
+    md = Path(args.out or root / "spec/REQUIREMENTS.md")
+    text = render_spec_md(spec)
+    if args.check:
+        if not md.exists() or md.read_text(encoding="utf-8") != text:
+            print(f"reqcov: {md} is out of date with {spec}; run tools/reqcov.py spec-md",
+                  file=sys.stderr)
+            return 1
+        return 0
+    md.write_text(text, encoding="utf-8")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--root", default=str(DEFAULT_ROOT), help="repository root")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("report", help="write reports/requirements.* and apply the gate")
+    r.add_argument("--results", action="append", metavar="BACKEND=DIR",
+                   help="gtest XML folder for a backend (cpu, cuda); repeatable")
+    r.add_argument("--coverage-summary", metavar="FILE", help="lcov --summary output")
+    r.add_argument("--spec")
+    r.add_argument("--ratchet")
+    r.add_argument("--out-dir")
+    r.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("scan", help="list declared tests")
+    s.add_argument("--id", help="only tests citing this requirement ID")
+    s.add_argument("--gtest-filter", action="store_true", help="print a --gtest_filter value")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_scan)
+
+    rt = sub.add_parser("ratchet", help="list MUST/M0 IDs without tests")
+    rt.add_argument("--write", action="store_true", help="overwrite spec/ratchet.txt")
+    rt.add_argument("--spec")
+    rt.add_argument("--ratchet")
+    rt.set_defaults(func=cmd_ratchet)
+
+    m = sub.add_parser("spec-md", help="regenerate spec/REQUIREMENTS.md from the JSON")
+    m.add_argument("--check", action="store_true", help="only verify it is up to date")
+    m.add_argument("--spec")
+    m.add_argument("--out")
+    m.set_defaults(func=cmd_spec_md)
+
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
