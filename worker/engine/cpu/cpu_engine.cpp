@@ -1,1 +1,416 @@
-#include "engine/engine.h"
+// The CPU reference backend (D4, M0-W-1214): qwen2 and llama in FP32, weights read in
+// place from the mapping and dequantized one row at a time (never a full FP32 copy).
+// Every op follows llama.cpp's CPU graph for these architectures (ggml's rms_norm, rope,
+// soft_max, silu) so that logits agree with llama.cpp to ~1e-5 on F32 weights.
+#include "engine/cpu/cpu_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/errors.h"
+
+namespace worker {
+namespace {
+
+// A persistent pool: the calling thread plus (n-1) workers. parallel_for splits [0, n)
+// into fixed contiguous chunks, one per thread, so every output element is always
+// computed by the same code in the same order (deterministic, D15).
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads) : n_(std::max(1, n_threads)) {
+    for (int i = 1; i < n_; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+  ~ThreadPool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_; }
+
+  // fn(begin, end, thread_index)
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
+    if (n_ == 1 || n < 2) {
+      fn(0, n, 0);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = &fn;
+      job_n_ = n;
+      pending_ = n_ - 1;
+      ++generation_;
+    }
+    cv_.notify_all();
+    run_chunk(0);
+    std::unique_lock<std::mutex> lk(mu_);
+    done_cv_.wait(lk, [this] { return pending_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  void run_chunk(int i) {
+    const int64_t per = (job_n_ + n_ - 1) / n_;
+    const int64_t b = std::min<int64_t>(job_n_, per * i);
+    const int64_t e = std::min<int64_t>(job_n_, b + per);
+    if (b < e) (*job_)(b, e, i);
+  }
+  void loop(int i) {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return quit_ || generation_ != seen; });
+        if (quit_) return;
+        seen = generation_;
+      }
+      run_chunk(i);
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (--pending_ == 0) done_cv_.notify_one();
+      }
+    }
+  }
+
+  int n_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int pending_ = 0;
+  uint64_t generation_ = 0;
+  bool quit_ = false;
+};
+
+// Eight independent lanes let the compiler vectorise without reassociating (no fast-math):
+// the result is the same at every vector width.
+float dot_f32(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+// F16 -> F32 through a table: the software conversion per element dominates otherwise.
+const std::vector<float>& f16_table() {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (uint32_t i = 0; i < 65536; ++i) t[i] = fp16_to_fp32(static_cast<uint16_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+// One row of any supported type into FP32. F32 rows are returned in place (no copy).
+const float* row_f32(const TensorInfo& w, int64_t r, float* buf) {
+  const uint8_t* src = w.row(r);
+  const int64_t n = w.row_len();
+  switch (w.type) {
+    case GgmlType::F32:
+      if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
+        return reinterpret_cast<const float*>(static_cast<const void*>(src));
+      }
+      std::memcpy(buf, src, static_cast<size_t>(n) * sizeof(float));
+      return buf;
+    case GgmlType::F16: {
+      const float* t = f16_table().data();
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        buf[i] = t[h];
+      }
+      return buf;
+    }
+    default:
+      dequantize_row(w.type, src, buf, n);
+      return buf;
+  }
+}
+
+std::vector<float> tensor_f32(const TensorInfo* t) {
+  if (t == nullptr) return {};
+  std::vector<float> out(static_cast<size_t>(t->n_elements()));
+  for (int64_t r = 0; r < t->rows(); ++r) {
+    dequantize_row(t->type, t->row(r), out.data() + r * t->row_len(), t->row_len());
+  }
+  return out;
+}
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(std::shared_ptr<const Model> model, int32_t ctx_size)
+      : model_(std::move(model)), cfg_(model_->config), w_(model_->weights), pool_(2) {
+    const int64_t train = cfg_.n_ctx_train > 0 ? cfg_.n_ctx_train : 32768;
+    int64_t n = ctx_size > 0 ? std::min<int64_t>(ctx_size, train) : std::min<int64_t>(train, 32768);
+    n_ctx_ = static_cast<int32_t>(n);
+    if (cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || cfg_.n_head % cfg_.n_head_kv != 0) {
+      throw WorkerError(ErrorCode::ModelLoadFailed,
+                        "cpu backend: n_head " + std::to_string(cfg_.n_head) +
+                            " is not a multiple of n_head_kv " + std::to_string(cfg_.n_head_kv));
+    }
+    if (cfg_.n_rot > cfg_.head_dim || cfg_.n_rot % 2 != 0 || cfg_.n_rot > 2048) {
+      throw WorkerError(ErrorCode::ModelLoadFailed,
+                        "cpu backend: rope dimension " + std::to_string(cfg_.n_rot) +
+                            " must be even, <= 2048 and <= head_dim " + std::to_string(cfg_.head_dim));
+    }
+    // Norm weights and biases are vectors of n_embd floats: converting them once is not a
+    // copy of the model.
+    out_norm_ = tensor_f32(w_.output_norm);
+    for (const auto& l : w_.layers) {
+      LayerVecs v;
+      v.attn_norm = tensor_f32(l.attn_norm);
+      v.ffn_norm = tensor_f32(l.ffn_norm);
+      v.bq = tensor_f32(l.bq);
+      v.bk = tensor_f32(l.bk);
+      v.bv = tensor_f32(l.bv);
+      vecs_.push_back(std::move(v));
+    }
+    k_cache_.resize(w_.layers.size());
+    v_cache_.resize(w_.layers.size());
+    int64_t max_row = cfg_.n_embd;
+    for (const auto& l : w_.layers) {
+      for (const TensorInfo* t : {l.wq, l.wk, l.wv, l.wo, l.w_gate, l.w_up, l.w_down}) {
+        max_row = std::max(max_row, t->row_len());
+      }
+    }
+    row_bufs_.assign(static_cast<size_t>(pool_.size()), std::vector<float>(static_cast<size_t>(max_row)));
+  }
+
+  const ModelConfig& config() const override { return cfg_; }
+  BackendInfo info() const override {
+    BackendInfo b;
+    b.backend = "cpu";
+    b.device_name = "cpu";
+    return b;
+  }
+  VramUsage vram() const override { return {}; }  // the cpu backend holds no device memory
+  int32_t n_ctx() const override { return n_ctx_; }
+  int32_t n_past() const override { return n_past_; }
+  void reset() override {
+    n_past_ = 0;
+    for (auto& k : k_cache_) std::vector<float>().swap(k);
+    for (auto& v : v_cache_) std::vector<float>().swap(v);
+  }
+
+  void eval(std::span<const int32_t> tokens, bool all_logits) override;
+
+  std::span<const float> logits() const override {
+    if (n_logits_ == 0) throw WorkerError(ErrorCode::Internal, "logits() before any eval");
+    const size_t V = static_cast<size_t>(cfg_.vocab_size);
+    return {logits_.data() + (n_logits_ - 1) * V, V};
+  }
+  std::span<const float> logits_at(size_t i) const override {
+    if (i >= n_logits_) {
+      throw WorkerError(ErrorCode::Internal,
+                        "logits_at(" + std::to_string(i) + "): only " +
+                            std::to_string(n_logits_) +
+                            " positions kept (eval with all_logits for every position)");
+    }
+    const size_t V = static_cast<size_t>(cfg_.vocab_size);
+    return {logits_.data() + i * V, V};
+  }
+
+ private:
+  struct LayerVecs {
+    std::vector<float> attn_norm, ffn_norm, bq, bk, bv;
+  };
+
+  // out[t*M + r] = dot(W row r, in[t*K ..]) for t < n: each weight row is dequantized once
+  // per call and reused by every token of the batch.
+  void matmul(const TensorInfo& W, const float* in, int64_t n, float* out) {
+    const int64_t K = W.row_len(), M = W.rows();
+    pool_.parallel_for(M, [&](int64_t b, int64_t e, int th) {
+      float* buf = row_bufs_[static_cast<size_t>(th)].data();
+      for (int64_t r = b; r < e; ++r) {
+        const float* row = row_f32(W, r, buf);
+        for (int64_t t = 0; t < n; ++t) out[t * M + r] = dot_f32(row, in + t * K, K);
+      }
+    });
+  }
+
+  // ggml_rms_norm (sum of squares in double) followed by the weight multiply.
+  void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n_tok) const {
+    const int64_t D = cfg_.n_embd;
+    for (int64_t t = 0; t < n_tok; ++t) {
+      const float* xi = x + t * D;
+      float* yi = y + t * D;
+      double sum = 0.0;
+      for (int64_t i = 0; i < D; ++i) sum += static_cast<double>(xi[i] * xi[i]);
+      const float mean = static_cast<float>(sum / static_cast<double>(D));
+      const float scale = 1.0f / std::sqrt(mean + cfg_.norm_eps);
+      for (int64_t i = 0; i < D; ++i) yi[i] = (xi[i] * scale) * w[static_cast<size_t>(i)];
+    }
+  }
+
+  // ggml_rope: theta_i = pos * base^(-2i/n_rot), built by repeated multiplication in float
+  // exactly as ggml_rope_cache_init does. NEOX rotates (i, i + n_rot/2), normal (2i, 2i+1).
+  void rope(float* v, int64_t n_heads, int32_t pos) const {
+    const int64_t hd = cfg_.head_dim, nr = cfg_.n_rot;
+    const float theta_scale = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(nr));
+    float c[1024], s[1024];
+    float theta = static_cast<float>(pos);
+    for (int64_t i = 0; i < nr / 2; ++i) {
+      c[i] = std::cos(theta);
+      s[i] = std::sin(theta);
+      theta *= theta_scale;
+    }
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* x = v + h * hd;
+      for (int64_t i = 0; i < nr / 2; ++i) {
+        const int64_t i0 = cfg_.rope_neox ? i : 2 * i;
+        const int64_t i1 = cfg_.rope_neox ? i + nr / 2 : 2 * i + 1;
+        const float x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c[i] - x1 * s[i];
+        x[i1] = x0 * s[i] + x1 * c[i];
+      }
+    }
+  }
+
+  std::shared_ptr<const Model> model_;
+  const ModelConfig& cfg_;
+  const ModelWeights& w_;
+  ThreadPool pool_;
+  int32_t n_ctx_ = 0;
+  int32_t n_past_ = 0;
+  std::vector<float> out_norm_;
+  std::vector<LayerVecs> vecs_;
+  std::vector<std::vector<float>> k_cache_, v_cache_;  // [layer][pos * n_kv_dim]
+  std::vector<std::vector<float>> row_bufs_;           // one dequantization row per thread
+  std::vector<float> logits_;
+  size_t n_logits_ = 0;
+};
+
+void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) throw WorkerError(ErrorCode::InvalidRequest, "eval of zero tokens");
+  if (n_past_ + n > n_ctx_) {
+    throw WorkerError(ErrorCode::InvalidRequest,
+                      "context overflow: " + std::to_string(n_past_) + " cached + " +
+                          std::to_string(n) + " new tokens exceed the context size " +
+                          std::to_string(n_ctx_));
+  }
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= cfg_.vocab_size) {
+      throw WorkerError(ErrorCode::InvalidRequest, "token id " + std::to_string(id) +
+                                                       " outside the vocabulary (size " +
+                                                       std::to_string(cfg_.vocab_size) + ")");
+    }
+  }
+  const int64_t D = cfg_.n_embd, hd = cfg_.head_dim, nh = cfg_.n_head, nkv = cfg_.n_head_kv;
+  const int64_t q_dim = nh * hd, kv_dim = nkv * hd, F = cfg_.n_ff;
+  const int64_t group = nh / nkv;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const auto& te = *w_.token_embd;
+
+  std::vector<float> x(static_cast<size_t>(n * D)), xn(static_cast<size_t>(n * D));
+  std::vector<float> q(static_cast<size_t>(n * q_dim)), k(static_cast<size_t>(n * kv_dim)),
+      v(static_cast<size_t>(n * kv_dim)), att(static_cast<size_t>(n * q_dim));
+  std::vector<float> tmp(static_cast<size_t>(n * D));
+  std::vector<float> gate(static_cast<size_t>(n * F)), up(static_cast<size_t>(n * F));
+
+  for (int64_t t = 0; t < n; ++t) {
+    dequantize_row(te.type, te.row(tokens[static_cast<size_t>(t)]), x.data() + t * D, D);
+  }
+  const int64_t n_kv_total = n_past_ + n;
+  for (size_t il = 0; il < w_.layers.size(); ++il) {
+    const LayerWeights& L = w_.layers[il];
+    const LayerVecs& LV = vecs_[il];
+    rms_norm(x.data(), LV.attn_norm, xn.data(), n);
+    matmul(*L.wq, xn.data(), n, q.data());
+    matmul(*L.wk, xn.data(), n, k.data());
+    matmul(*L.wv, xn.data(), n, v.data());
+    for (int64_t t = 0; t < n; ++t) {
+      if (!LV.bq.empty()) {
+        for (int64_t i = 0; i < q_dim; ++i) q[t * q_dim + i] += LV.bq[i];
+        for (int64_t i = 0; i < kv_dim; ++i) k[t * kv_dim + i] += LV.bk[i];
+        for (int64_t i = 0; i < kv_dim; ++i) v[t * kv_dim + i] += LV.bv[i];
+      }
+      const int32_t pos = n_past_ + static_cast<int32_t>(t);
+      rope(q.data() + t * q_dim, nh, pos);
+      rope(k.data() + t * kv_dim, nkv, pos);
+    }
+    auto& kc = k_cache_[il];
+    auto& vc = v_cache_[il];
+    if (kc.size() < static_cast<size_t>(n_kv_total * kv_dim)) {
+      kc.resize(static_cast<size_t>(n_kv_total * kv_dim));
+      vc.resize(static_cast<size_t>(n_kv_total * kv_dim));
+    }
+    std::copy(k.begin(), k.end(), kc.begin() + n_past_ * kv_dim);
+    std::copy(v.begin(), v.end(), vc.begin() + n_past_ * kv_dim);
+
+    // Causal GQA attention, one (token, head) pair per task; FP32 softmax as ggml's
+    // soft_max_ext (scale inside, max subtracted, sum in double).
+    pool_.parallel_for(n * nh, [&](int64_t b, int64_t e, int) {
+      std::vector<float> sc(static_cast<size_t>(n_kv_total));
+      for (int64_t job = b; job < e; ++job) {
+        const int64_t t = job / nh, h = job % nh, g = h / group;
+        const int64_t n_att = n_past_ + t + 1;
+        const float* qh = q.data() + t * q_dim + h * hd;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n_att; ++j) {
+          sc[j] = dot_f32(qh, kc.data() + j * kv_dim + g * hd, hd) * kq_scale;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j < n_att; ++j) {
+          sc[j] = std::exp(sc[j] - mx);
+          sum += static_cast<double>(sc[j]);
+        }
+        const float inv = static_cast<float>(1.0 / sum);
+        float* out = att.data() + t * q_dim + h * hd;
+        std::fill(out, out + hd, 0.0f);
+        for (int64_t j = 0; j < n_att; ++j) {
+          const float wgt = sc[j] * inv;
+          const float* vj = vc.data() + j * kv_dim + g * hd;
+          for (int64_t d = 0; d < hd; ++d) out[d] += wgt * vj[d];
+        }
+      }
+    });
+    matmul(*L.wo, att.data(), n, tmp.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+
+    rms_norm(x.data(), LV.ffn_norm, xn.data(), n);
+    matmul(*L.w_gate, xn.data(), n, gate.data());
+    matmul(*L.w_up, xn.data(), n, up.data());
+    for (size_t i = 0; i < gate.size(); ++i) {
+      const float g = gate[i];
+      gate[i] = (g / (1.0f + std::exp(-g))) * up[i];  // ggml_silu, then the mul
+    }
+    matmul(*L.w_down, gate.data(), n, tmp.data());
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  }
+
+  // Only the positions asked for go through the final norm and the LM head.
+  const int64_t first = all_logits ? 0 : n - 1;
+  const int64_t n_out = n - first;
+  rms_norm(x.data() + first * D, out_norm_, xn.data(), n_out);
+  logits_.resize(static_cast<size_t>(n_out * cfg_.vocab_size));
+  matmul(*w_.output, xn.data(), n_out, logits_.data());
+  n_logits_ = static_cast<size_t>(n_out);
+  n_past_ += static_cast<int32_t>(n);
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int32_t ctx_size) {
+  if (!model) throw WorkerError(ErrorCode::Internal, "make_cpu_engine: no model");
+  return std::make_unique<CpuEngine>(std::move(model), ctx_size);
+}
+
+}  // namespace worker
