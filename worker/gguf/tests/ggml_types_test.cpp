@@ -1,0 +1,275 @@
+// Tensor types: fp16/bf16 conversions and dequantization of every supported block type,
+// each checked against a reference written element by element from the block layout
+// (independent of the row-at-a-time loops in ggml_types.cpp).
+#include "gguf/ggml_types.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gguf/gguf_file.h"
+
+namespace worker {
+namespace {
+
+float bits_to_f(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t f_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// REQ: WRK-D2
+TEST(GgmlTypes, Fp16ToFp32MatchesCompilerForAllValues) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    _Float16 ref;
+    const uint16_t hh = static_cast<uint16_t>(h);
+    std::memcpy(&ref, &hh, 2);
+    const float want = static_cast<float>(ref);
+    const float got = fp16_to_fp32(hh);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << h;
+    } else {
+      ASSERT_EQ(f_to_bits(got), f_to_bits(want)) << "half bits " << h;
+    }
+  }
+}
+
+// REQ: WRK-D2
+TEST(GgmlTypes, Fp32ToFp16RoundsToNearestEvenLikeTheCompiler) {
+  std::mt19937 rng(1234);
+  std::vector<float> xs = {0.0f,          -0.0f,         1.0f,          65504.0f,
+                           65520.0f,      1e9f,          -1e9f,         5.9604645e-8f,
+                           2.9802322e-8f, 2.9802326e-8f, 6.1035156e-5f, 6.1e-5f,
+                           0.1f,          -3.14159f,     INFINITY,      -INFINITY};
+  for (int i = 0; i < 200000; ++i) xs.push_back(bits_to_f(rng()));
+  // Exact ties around a range of exponents.
+  for (int e = -26; e < 16; ++e) xs.push_back(std::ldexp(1.0f + 1.0f / 2048.0f, e));
+  for (float x : xs) {
+    if (std::isnan(x)) {
+      EXPECT_EQ(fp32_to_fp16(x) & 0x7C00, 0x7C00);
+      EXPECT_NE(fp32_to_fp16(x) & 0x3FF, 0);
+      continue;
+    }
+    const _Float16 ref = static_cast<_Float16>(x);
+    uint16_t want;
+    std::memcpy(&want, &ref, 2);
+    ASSERT_EQ(fp32_to_fp16(x), want) << "x=" << x << " bits=" << std::hex << f_to_bits(x);
+  }
+}
+
+// REQ: WRK-D2
+TEST(GgmlTypes, Bf16RoundTripAndNearestEven) {
+  std::mt19937 rng(99);
+  for (int i = 0; i < 200000; ++i) {
+    const uint32_t u = rng();
+    const float x = bits_to_f(u);
+    if (std::isnan(x) || std::isinf(x)) continue;
+    const uint16_t b = fp32_to_bf16(x);
+    const double got = bf16_to_fp32(b);
+    // Neighbours one bf16 ulp away must not be closer (ties go to the even one).
+    const double lo = bf16_to_fp32(static_cast<uint16_t>(b - 1));
+    const double hi = bf16_to_fp32(static_cast<uint16_t>(b + 1));
+    const double xd = x;
+    if (std::isinf(got)) {  // overflow: only beyond the largest bf16 (3.3895e38)
+      ASSERT_GT(std::fabs(xd), 3.3895e38) << x;
+      continue;
+    }
+    const double err = std::fabs(got - xd);
+    if (!std::isinf(lo) && !std::isnan(lo)) {
+      ASSERT_LE(err, std::fabs(lo - xd)) << x;
+    }
+    if (!std::isinf(hi) && !std::isnan(hi)) {
+      ASSERT_LE(err, std::fabs(hi - xd)) << x;
+    }
+    if (err == std::fabs(hi - xd) || err == std::fabs(lo - xd)) {
+      ASSERT_EQ(b & 1, 0) << x;
+    }
+  }
+  EXPECT_EQ(bf16_to_fp32(fp32_to_bf16(1.5f)), 1.5f);
+  EXPECT_TRUE(std::isnan(bf16_to_fp32(fp32_to_bf16(NAN))));
+}
+
+TEST(GgmlTypes, SizesAndNames) {
+  EXPECT_EQ(*ggml_block_size(12), 256u);
+  EXPECT_EQ(*ggml_type_block_bytes(12), 144u);
+  EXPECT_EQ(*ggml_type_block_bytes(14), 210u);
+  EXPECT_EQ(*ggml_type_block_bytes(6), 22u);
+  EXPECT_EQ(*ggml_type_block_bytes(8), 34u);
+  EXPECT_EQ(*ggml_type_block_bytes(2), 18u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q4_K, 512), 288u);
+  EXPECT_EQ(ggml_row_bytes(GgmlType::BF16, 10), 20u);
+  EXPECT_EQ(ggml_type_name(14), "Q6_K");
+  EXPECT_EQ(ggml_type_name(77), "type77");
+  EXPECT_FALSE(ggml_block_size(77).has_value());
+  EXPECT_TRUE(ggml_type_supported(30));
+  EXPECT_FALSE(ggml_type_supported(13));  // Q5_K: known but not supported
+}
+
+// ---- element-wise references ----
+
+uint16_t rd16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+
+// A random finite fp16 scale of moderate size (what real blocks hold).
+uint16_t rand_scale(std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+  return fp32_to_fp16(u(rng));
+}
+
+float ref_q4_0(const uint8_t* blk, int e) {
+  const float d = fp16_to_fp32(rd16(blk));
+  const uint8_t byte = blk[2 + e % 16];
+  const int q = e < 16 ? (byte & 15) : (byte >> 4);
+  return static_cast<float>(q - 8) * d;
+}
+float ref_q5_0(const uint8_t* blk, int e) {
+  const float d = fp16_to_fp32(rd16(blk));
+  const uint32_t qh =
+      blk[2] | (blk[3] << 8) | (blk[4] << 16) | (static_cast<uint32_t>(blk[5]) << 24);
+  const uint8_t byte = blk[6 + e % 16];
+  const int lo = e < 16 ? (byte & 15) : (byte >> 4);
+  const int hb = (qh >> e) & 1;  // bit e holds the 5th bit of element e
+  return static_cast<float>((lo | (hb << 4)) - 16) * d;
+}
+float ref_q8_0(const uint8_t* blk, int e) {
+  return static_cast<float>(static_cast<int8_t>(blk[2 + e])) * fp16_to_fp32(rd16(blk));
+}
+// 8 six-bit scales and 8 six-bit mins packed into 12 bytes (ggml-common.h block_q4_K).
+void k4_scale_min(const uint8_t* s, int sub, int* sc, int* m) {
+  if (sub < 4) {
+    *sc = s[sub] & 63;
+    *m = s[sub + 4] & 63;
+  } else {
+    *sc = (s[sub + 4] & 15) | ((s[sub - 4] >> 6) << 4);
+    *m = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4);
+  }
+}
+float ref_q4_k(const uint8_t* blk, int e) {
+  const float d = fp16_to_fp32(rd16(blk));
+  const float dmin = fp16_to_fp32(rd16(blk + 2));
+  const uint8_t* scales = blk + 4;
+  const uint8_t* qs = blk + 16;
+  const int chunk = e / 64, within = e % 64, hi = within >= 32, l = within % 32;
+  const uint8_t byte = qs[chunk * 32 + l];
+  const int q = hi ? (byte >> 4) : (byte & 15);
+  int sc, m;
+  k4_scale_min(scales, 2 * chunk + hi, &sc, &m);
+  return (d * static_cast<float>(sc)) * static_cast<float>(q) - dmin * static_cast<float>(m);
+}
+float ref_q6_k(const uint8_t* blk, int e) {
+  const uint8_t* ql = blk;
+  const uint8_t* qh = blk + 128;
+  const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+  const float d = fp16_to_fp32(rd16(blk + 208));
+  const int half = e / 128, r = e % 128, g = r / 32, l = r % 32;
+  const uint8_t lb = ql[half * 64 + l + (g & 1) * 32];
+  const int low = g < 2 ? (lb & 15) : (lb >> 4);
+  const int high = (qh[half * 32 + l] >> (2 * g)) & 3;
+  const int q = (low | (high << 4)) - 32;
+  const int scale = sc[half * 8 + l / 16 + 2 * g];
+  return (d * static_cast<float>(scale)) * static_cast<float>(q);
+}
+
+struct QCase {
+  GgmlType type;
+  int block;
+  int bytes;
+  float (*ref)(const uint8_t*, int);
+  std::vector<int> scale_offsets;  // fp16 fields to fill with sane scales
+};
+
+class GgmlDequant : public ::testing::TestWithParam<QCase> {};
+
+// REQ: WRK-D2 M0-W-1201
+TEST_P(GgmlDequant, MatchesElementwiseReferenceBitForBit) {
+  const QCase& c = GetParam();
+  std::mt19937 rng(42 + static_cast<int>(c.type));
+  const int nblocks = 6;
+  std::vector<uint8_t> data(static_cast<size_t>(nblocks * c.bytes));
+  for (auto& b : data) b = static_cast<uint8_t>(rng());
+  for (int i = 0; i < nblocks; ++i) {
+    for (int off : c.scale_offsets) {
+      const uint16_t s = rand_scale(rng);
+      std::memcpy(&data[static_cast<size_t>(i * c.bytes + off)], &s, 2);
+    }
+  }
+  const int n = nblocks * c.block;
+  std::vector<float> got(static_cast<size_t>(n));
+  dequantize_row(c.type, data.data(), got.data(), n);
+  int nonzero = 0;
+  for (int i = 0; i < n; ++i) {
+    const float want = c.ref(&data[static_cast<size_t>(i / c.block * c.bytes)], i % c.block);
+    ASSERT_EQ(f_to_bits(got[i]), f_to_bits(want))
+        << ggml_type_name(static_cast<uint32_t>(c.type)) << " element " << i;
+    nonzero += got[i] != 0.0f;
+  }
+  EXPECT_GT(nonzero, n / 2);  // the test data is not degenerate
+
+  // dot_row: the plain left-to-right float sum of the dequantized products.
+  std::vector<float> x(static_cast<size_t>(n));
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (auto& v : x) v = nd(rng);
+  float want = 0.0f;
+  double exact = 0.0;
+  for (int i = 0; i < n; ++i) {
+    want += got[i] * x[i];
+    exact += static_cast<double>(got[i]) * static_cast<double>(x[i]);
+  }
+  const float dot = dot_row(c.type, data.data(), x.data(), n);
+  EXPECT_EQ(f_to_bits(dot), f_to_bits(want));
+  EXPECT_NEAR(static_cast<double>(dot), exact, 1e-4 * (1.0 + std::fabs(exact)));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllQuantTypes, GgmlDequant,
+                         ::testing::Values(QCase{GgmlType::Q4_0, 32, 18, ref_q4_0, {0}},
+                                           QCase{GgmlType::Q5_0, 32, 22, ref_q5_0, {0}},
+                                           QCase{GgmlType::Q8_0, 32, 34, ref_q8_0, {0}},
+                                           QCase{GgmlType::Q4_K, 256, 144, ref_q4_k, {0, 2}},
+                                           QCase{GgmlType::Q6_K, 256, 210, ref_q6_k, {208}}),
+                         [](const ::testing::TestParamInfo<QCase>& p) {
+                           return std::string(ggml_type_name(static_cast<uint32_t>(p.param.type)));
+                         });
+
+// REQ: WRK-D2
+TEST(GgmlTypes, FloatRowsDequantize) {
+  std::vector<float> src = {1.0f, -2.5f, 3.25f, 1e-3f};
+  std::vector<uint16_t> h, b;
+  for (float f : src) {
+    h.push_back(fp32_to_fp16(f));
+    b.push_back(fp32_to_bf16(f));
+  }
+  std::vector<float> out(4);
+  dequantize_row(GgmlType::F32, src.data(), out.data(), 4);
+  EXPECT_EQ(out, src);
+  dequantize_row(GgmlType::F16, h.data(), out.data(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], src[i], std::fabs(src[i]) * 1e-3f);
+  dequantize_row(GgmlType::BF16, b.data(), out.data(), 4);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(out[i], src[i], std::fabs(src[i]) * 8e-3f);
+  const float x[4] = {1, 1, 1, 1};
+  EXPECT_FLOAT_EQ(dot_row(GgmlType::F32, src.data(), x, 4), 1.0f - 2.5f + 3.25f + 1e-3f);
+}
+
+// REQ: WRK-D2
+TEST(GgmlTypes, UnsupportedTypeIsAnErrorNotZeros) {
+  std::vector<uint8_t> blk(176, 1);
+  std::vector<float> out(256, 7.0f);
+  try {
+    dequantize_row(GgmlType::Q5_K, blk.data(), out.data(), 256);
+    FAIL() << "no error";
+  } catch (const GgufError& e) {
+    EXPECT_NE(std::string(e.what()).find("Q5_K is not supported"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(dequantize_row(GgmlType::Q8_0, blk.data(), out.data(), 33), GgufError);
+}
+
+}  // namespace
+}  // namespace worker
