@@ -31,8 +31,8 @@ struct GenerationResult {
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> tokens;  // generated ids
   std::string text;             // concatenated text sent to the client
-  double first_token_ms = 0;
-  double decode_time_ms = 0;
+  double first_token_ms = 0;  // generate() entry -> first token sampled (tokenize + prefill)
+  double decode_time_ms = 0;  // generate() entry -> generation ended (the whole job)
 };
 
 struct GenerationCallbacks {
@@ -49,7 +49,29 @@ struct GenerationCallbacks {
 // BOS per the vocabulary, specials parsed only inside the template.
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& prompt, bool chat);
 
+// Runs one job from an empty KV cache (engine.reset() first). max_tokens is capped by the
+// context left after the prompt. A prompt that fills the context, or max_tokens < 1, is
+// WorkerError(InvalidRequest); engine errors propagate unchanged.
 GenerationResult generate(Engine& engine, const Tokenizer& tok, const GenerationRequest& req,
                           const GenerationCallbacks& cb);
+
+// Stop-sequence hold-back on decoded text (D7), apart from the loop so it can be tested
+// alone. push() takes the next complete-UTF-8 text and returns what may be sent now: text
+// that cannot be the start of a stop sequence. After a match, matched() names the stop
+// sequence; the text before it has been returned and the stop text itself never is.
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+  std::string push(const std::string& text);
+  // Whatever is still held (generation ended for another reason: it is not a stop).
+  std::string release();
+  bool matched() const { return matched_ >= 0; }
+  const std::string& matched_stop() const;
+
+ private:
+  std::vector<std::string> stops_;
+  std::string held_;
+  int matched_ = -1;
+};
 
 }  // namespace worker
