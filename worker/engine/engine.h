@@ -44,6 +44,10 @@ class Engine {
   virtual const ModelConfig& config() const = 0;
   virtual BackendInfo info() const = 0;
   virtual VramUsage vram() const = 0;
+  // Re-checks that every device allocation is still plain VRAM (cudaPointerGetAttributes,
+  // M0-W-1012) and updates info().resident; the server may call it periodically from the
+  // inference thread. Backends without device memory have nothing to check.
+  virtual bool verify_residency() { return true; }
 
   // Context size of the KV cache (<= the model's training context).
   virtual int32_t n_ctx() const = 0;
