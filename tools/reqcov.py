@@ -282,8 +282,11 @@ def build_report(root: Path, spec_path: Path, ratchet_path: Path,
 
     ratchet = load_ratchet(ratchet_path)
     ratchet_ids = [i for i, _ in ratchet]
+    try:
+        rel = ratchet_path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        rel = ratchet_path.as_posix()
     for rid, lineno in ratchet:
-        rel = ratchet_path.name
         if rid not in by_id:
             errors.append(f"{rel}:{lineno}: ratchet names unknown ID '{rid}'")
         elif not is_gated(by_id[rid]):
@@ -292,7 +295,7 @@ def build_report(root: Path, spec_path: Path, ratchet_path: Path,
         elif tests_by_id[rid]:
             first = tests_by_id[rid][0]
             errors.append(f"{rel}:{lineno}: {rid} is now covered (e.g. {first.full_name} at "
-                          f"{first.file}:{first.line}); remove it from {ratchet_path.name} "
+                          f"{first.file}:{first.line}); remove it from {rel} "
                           "(the ratchet may only shrink)")
 
     rows = []
@@ -418,7 +421,9 @@ def render_report_md(rep: dict, root: Path) -> str:
     if rep["warnings"]:
         out += ["## Warnings", ""] + [f"- {md_escape(w)}" for w in rep["warnings"]] + [""]
     out += ["## Ratchet (MUST/M0 IDs still allowed to be uncovered; it may only shrink)", ""]
-    out += [f"- {i}" for i in rep["ratchet"]] or ["- (empty)"]
+    titles = {r["id"]: r["title"] for r in rep["requirements"]}
+    out += [f"- {i}: {md_escape(titles.get(i, '(unknown ID)'))}"
+            for i in rep["ratchet"]] or ["- (empty)"]
     out += ["", "## Requirements", "",
             "| ID | Level | Scope | Title | Tests | cpu | cuda |",
             "|---|---|---|---|---|---|---|"]
