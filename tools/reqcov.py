@@ -130,9 +130,22 @@ def split_ids(text: str) -> list[str]:
     return [t for t in re.split(r"[\s,]+", text.strip()) if t]
 
 
-def scan_file(path: Path, rel: str) -> tuple[list[DeclaredTest], list[str]]:
+def is_test_source(rel: str) -> bool:
+    """Same selection as test_source_files, for a path relative to the root."""
+    parts = rel.split("/")
+    if not rel.endswith(SOURCE_SUFFIXES) or "node_modules" in parts:
+        return False
+    if parts[0] in ("kernels", "conformance"):
+        return True
+    return parts[0] in ("worker", "fixtures") and "tests" in parts[1:-1]
+
+
+def scan_file(path: Path, rel: str, text: str | None = None
+              ) -> tuple[list[DeclaredTest], list[str]]:
     tests, errors = [], []
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if text is None:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
     pending: list[str] = []
     pending_line = 0
     for i, line in enumerate(lines):
@@ -166,10 +179,22 @@ def scan_file(path: Path, rel: str) -> tuple[list[DeclaredTest], list[str]]:
     return tests, errors
 
 
-def scan(root: Path) -> ScanResult:
+def scan(root: Path, rev: str | None = None) -> ScanResult:
+    """Scan the working tree, or with rev the files committed at that git revision."""
     tests, errors = [], []
-    for f in test_source_files(root):
-        t, e = scan_file(f, f.relative_to(root).as_posix())
+    if rev is None:
+        sources = [(f.relative_to(root).as_posix(), None) for f in test_source_files(root)]
+    else:
+        import subprocess
+        names = subprocess.run(["git", "-C", str(root), "ls-tree", "-r", "--name-only", rev],
+                               check=True, capture_output=True, text=True).stdout.split("\n")
+        sources = []
+        for rel in sorted(n for n in names if n and is_test_source(n)):
+            blob = subprocess.run(["git", "-C", str(root), "show", f"{rev}:{rel}"], check=True,
+                                  capture_output=True).stdout
+            sources.append((rel, blob.decode("utf-8", errors="replace")))
+    for rel, text in sources:
+        t, e = scan_file(root / rel, rel, text)
         tests.extend(t)
         errors.extend(e)
     return ScanResult(tests=tests, errors=errors)
@@ -395,7 +420,10 @@ def render_report_md(rep: dict, root: Path) -> str:
                 src = Path(src).resolve().relative_to(root.resolve()).as_posix()
             except ValueError:
                 pass
-        out.append(f"- {b} results: " + (f"`{src}`" if src else "none given (column = not run)"))
+        note = " (the committed GPU run; see its report in reports/ for commit, card, date)" \
+            if b == "cuda" and src else ""
+        out.append(f"- {b} results: " + (f"`{src}`{note}" if src
+                                         else "none given (column = not run)"))
     out.append("")
     out += ["## Totals", "",
             f"- requirement IDs: {t['requirements']} (scope M0 {t['by_scope']['M0']}, "
@@ -543,7 +571,7 @@ def cmd_scan(args) -> int:
 def cmd_ratchet(args) -> int:
     root = Path(args.root)
     reqs = load_spec(Path(args.spec or root / "spec/requirements.json"))
-    covered = {i for t in scan(root).tests for i in t.ids}
+    covered = {i for t in scan(root, args.at).tests for i in t.ids}
     lines = ["# MUST requirements in M0 scope that no test covers yet. This list may only",
              "# shrink: tools/reqcov.py report fails when an ID here gains a test (remove it",
              "# then) and when a MUST/M0 ID without a test is missing here. Regenerate with",
@@ -597,6 +625,8 @@ def main(argv=None) -> int:
 
     rt = sub.add_parser("ratchet", help="list MUST/M0 IDs without tests")
     rt.add_argument("--write", action="store_true", help="overwrite spec/ratchet.txt")
+    rt.add_argument("--at", metavar="REV", help="scan the test sources committed at this git "
+                    "revision (e.g. HEAD) instead of the working tree")
     rt.add_argument("--spec")
     rt.add_argument("--ratchet")
     rt.set_defaults(func=cmd_ratchet)

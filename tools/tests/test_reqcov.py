@@ -252,6 +252,30 @@ class ReqcovTest(unittest.TestCase):
         self.assertIn("*/GammaParam.Three/*", pats)
         self.assertNotIn("Alpha.One", pats)
 
+    def test_ratchet_lists_uncovered_musts_and_at_rev_ignores_uncommitted_tests(self):
+        import shutil
+        import subprocess
+        if not shutil.which("git"):
+            self.skipTest("git not installed")
+        src = "// REQ: M0-W-1\nTEST(Alpha, One) {}\n"
+        Repo(self.tmp, source=src)
+        git = ["git", "-C", str(self.tmp), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(git[:3] + ["init", "-q"], check=True)
+        subprocess.run(git + ["add", "-A"], check=True)
+        subprocess.run(git + ["commit", "-qm", "x"], check=True)
+        # An uncommitted test for M0-W-2 counts in the working tree, not at HEAD.
+        (self.tmp / "worker/x/tests/x_test.cpp").write_text(src + "// REQ: M0-W-2\nTEST(A, B) {}\n")
+
+        def ratchet(*extra):
+            out = io.StringIO()
+            with redirect_stdout(out):
+                self.assertEqual(reqcov.main(["--root", str(self.tmp), "ratchet", *extra]), 0)
+            return [ln.split()[0] for ln in out.getvalue().splitlines()
+                    if ln and not ln.startswith("#")]
+
+        self.assertEqual(ratchet(), [])
+        self.assertEqual(ratchet("--at", "HEAD"), ["M0-W-2"])
+
 
 class RealSpecTest(unittest.TestCase):
     """The committed spec: every ID of the brief, both renderings in sync."""
