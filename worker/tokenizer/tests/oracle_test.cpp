@@ -1,0 +1,92 @@
+// Random strings, ids compared with llama.cpp (node-llama-cpp) for the qwen2 vocabulary and
+// stories260K, plus detokenize round trips.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "oracle_util.h"
+#include "random_text.h"
+#include "test_paths.h"
+
+namespace worker {
+namespace {
+
+std::string show(const std::vector<int32_t>& v) {
+  std::string s;
+  for (int32_t x : v) s += std::to_string(x) + " ";
+  return s;
+}
+
+std::string escaped(const std::string& s) { return nlohmann::json(s).dump(); }
+
+void compare_with_oracle(const std::string& model, const std::vector<std::string>& texts,
+                         bool specials) {
+  const Tokenizer& tok = test::tokenizer_for(model);
+  const auto oracle = test::llama_oracle(model, texts, specials);
+  size_t id_mismatch = 0, detok_mismatch = 0, roundtrips = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ids = tok.encode(texts[i], false, specials);
+    if (ids != oracle[i].ids) {
+      if (++id_mismatch <= 10) {
+        ADD_FAILURE() << "ids differ for " << escaped(texts[i]) << "\n  llama.cpp "
+                      << show(oracle[i].ids) << "\n  ours      " << show(ids);
+      }
+      continue;
+    }
+    const std::string detok = tok.decode(ids, specials);
+    if (detok != oracle[i].detok) {
+      if (++detok_mismatch <= 10) {
+        ADD_FAILURE() << "detokenize differs for " << escaped(texts[i]) << "\n  llama.cpp "
+                      << escaped(oracle[i].detok) << "\n  ours      " << escaped(detok);
+      }
+    }
+    // Where llama.cpp round-trips, so must we.
+    if (oracle[i].detok == texts[i]) {
+      ++roundtrips;
+      EXPECT_EQ(detok, texts[i]) << "round trip broken for " << escaped(texts[i]);
+    }
+  }
+  std::printf("%s: %zu texts, %zu id mismatches, %zu detokenize mismatches, %zu round trips\n",
+              model.c_str(), texts.size(), id_mismatch, detok_mismatch, roundtrips);
+  EXPECT_EQ(id_mismatch, 0u);
+  EXPECT_EQ(detok_mismatch, 0u);
+}
+
+// REQ: M0-W-1362 M0-W-1363 M0-W-1365 WRK-D3
+TEST(TokenizerOracle, Qwen2VocabRandomStringsMatchLlamaCpp) {
+  test::RandomText gen(test::test_seed());
+  std::vector<std::string> texts;
+  for (int i = 0; i < 1000; ++i) texts.push_back(gen.next());
+  compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-qwen2.gguf", texts, false);
+}
+
+// REQ: M0-W-1362 M0-W-1363 M0-W-1365 WRK-D3
+TEST(TokenizerOracle, Stories260kRandomStringsMatchLlamaCpp) {
+  test::RandomText gen(test::test_seed());
+  std::vector<std::string> texts;
+  for (int i = 0; i < 1000; ++i) texts.push_back(gen.next());
+  compare_with_oracle(test::shared_fixtures_dir() + "/stories260K.gguf", texts, false);
+}
+
+// Special tokens spliced into random text, parsed as specials (single ids) by both.
+// REQ: M0-W-1362 M0-W-1363 WRK-D3
+TEST(TokenizerOracle, Qwen2SpecialsMatchLlamaCpp) {
+  test::RandomText gen(test::test_seed());
+  const std::vector<std::string> specials = {"<|im_start|>", "<|im_end|>", "<|endoftext|>",
+                                             "<|im_start|>user\n", "<|fim_prefix|>", "<|"};
+  std::vector<std::string> texts;
+  for (int i = 0; i < 300; ++i) texts.push_back(gen.next_with_specials(specials));
+  compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-qwen2.gguf", texts, true);
+}
+
+// REQ: M0-W-1363 WRK-D3
+TEST(TokenizerOracle, LlamaSpmSpecialsMatchLlamaCpp) {
+  test::RandomText gen(test::test_seed());
+  const std::vector<std::string> specials = {"<s>", "</s>", "<unk>", " <s> "};
+  std::vector<std::string> texts;
+  for (int i = 0; i < 300; ++i) texts.push_back(gen.next_with_specials(specials));
+  compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-phi-3.gguf", texts, true);
+}
+
+}  // namespace
+}  // namespace worker
