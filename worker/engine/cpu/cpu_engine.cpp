@@ -40,9 +40,11 @@ class ThreadPool {
 
   int size() const { return n_; }
 
-  // fn(begin, end, thread_index)
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn) {
-    if (n_ == 1 || n < 2) {
+  // fn(begin, end, thread_index). Small jobs (`work` below ~32k multiply-adds) run on the
+  // caller alone: waking a worker costs more than it saves.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
+                    int64_t work) {
+    if (n_ == 1 || n < 2 || work < (int64_t{1} << 15)) {
       fn(0, n, 0);
       return;
     }
@@ -241,7 +243,7 @@ class CpuEngine final : public Engine {
         const float* row = row_f32(W, r, buf);
         for (int64_t t = 0; t < n; ++t) out[t * M + r] = dot_f32(row, in + t * K, K);
       }
-    });
+    }, M * K * n);
   }
 
   // ggml_rms_norm (sum of squares in double) followed by the weight multiply.
@@ -381,7 +383,7 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
           for (int64_t d = 0; d < hd; ++d) out[d] += wgt * vj[d];
         }
       }
-    });
+    }, n * nh * n_kv_total * hd);
     matmul(*L.wo, att.data(), n, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
 
