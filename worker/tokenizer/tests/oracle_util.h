@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
+#include <unistd.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
