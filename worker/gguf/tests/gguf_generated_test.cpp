@@ -1,0 +1,126 @@
+// The generated fixture models (fixtures/generate_all.sh) load with the config their name
+// promises, and every quantized file decodes close to the F32 file of the same seed: the
+// C++ decoder agrees with the Python encoder on every block layout.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "gguf/model_config.h"
+#include "test_util.h"
+
+namespace worker {
+namespace {
+
+struct Shape {
+  const char* name;
+  int64_t n_embd, n_head, n_head_kv, n_ff;
+};
+constexpr Shape kShapes[] = {
+    {"g1", 256, 4, 4, 512}, {"g2", 768, 12, 6, 512}, {"g7", 896, 14, 2, 1024}};
+constexpr const char* kTypes[] = {"f32", "f16", "bf16", "q8_0", "q4_0", "q4_k", "q5_0", "q6_k"};
+
+std::string fixture(const std::string& arch, const Shape& s, const std::string& type) {
+  const std::string p =
+      test::generated_fixtures() + "/" + arch + "-" + s.name + "-" + type + ".gguf";
+  if (!std::filesystem::exists(p)) {
+    ADD_FAILURE() << "missing generated fixture " << p << " (run fixtures/generate_all.sh)";
+  }
+  return p;
+}
+
+// The stored type of the dominant weights: K types fall back on 896-wide rows.
+std::string expected_kind(const Shape& s, const std::string& type) {
+  if (s.n_embd % 256 != 0 && type == "q4_k") return "Q5_0";
+  if (s.n_embd % 256 != 0 && type == "q6_k") return "Q8_0";
+  std::string up;
+  for (char ch : type) up += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return up;
+}
+
+// REQ: M0-W-1211 M0-W-1212 M0-W-1214 WRK-D1 WRK-D2
+TEST(GgufGenerated, EveryFixtureLoadsWithItsConfig) {
+  for (const char* arch : {"qwen2", "llama"}) {
+    for (const Shape& s : kShapes) {
+      for (const char* type : kTypes) {
+        const std::string path = fixture(arch, s, type);
+        SCOPED_TRACE(path);
+        std::shared_ptr<const Model> m;
+        ASSERT_NO_THROW(m = load_model(path));
+        const ModelConfig& c = m->config;
+        EXPECT_EQ(c.arch_name, arch);
+        EXPECT_EQ(c.n_embd, s.n_embd);
+        EXPECT_EQ(c.n_head, s.n_head);
+        EXPECT_EQ(c.n_head_kv, s.n_head_kv);
+        EXPECT_EQ(c.n_ff, s.n_ff);
+        EXPECT_EQ(c.n_layer, 2);
+        EXPECT_EQ(c.head_dim, s.n_embd / s.n_head);
+        EXPECT_EQ(c.n_rot, c.head_dim);
+        const bool qwen = std::string(arch) == "qwen2";
+        EXPECT_EQ(c.vocab_size, qwen ? 2051 : 512);  // qwen2: 2048 + 3 control tokens
+        EXPECT_EQ(c.rope_neox, qwen);
+        EXPECT_EQ(c.has_qkv_bias, qwen);
+        EXPECT_FLOAT_EQ(c.rope_base, qwen ? 1e6f : 1e4f);
+        EXPECT_FLOAT_EQ(c.norm_eps, qwen ? 1e-6f : 1e-5f);
+        EXPECT_FALSE(c.tied_output);
+        EXPECT_EQ(c.quant_kind, expected_kind(s, type));
+        if (qwen) {
+          const auto toks = m->file->get_string_array("tokenizer.ggml.tokens");
+          EXPECT_EQ(toks[2048], "<|endoftext|>");
+          EXPECT_EQ(toks[2050], "<|im_end|>");
+          EXPECT_EQ(m->file->get_u64("tokenizer.ggml.eos_token_id"), 2048u);
+          EXPECT_EQ(m->file->get_string("tokenizer.ggml.pre"), "qwen2");
+          EXPECT_NE(m->file->get_string("tokenizer.chat_template").find("<|im_start|>"),
+                    std::string::npos);
+        }
+      }
+    }
+  }
+}
+
+double rel_rmse(const TensorInfo& a, const TensorInfo& ref) {
+  std::vector<float> x(static_cast<size_t>(a.row_len())), y(x.size());
+  double err = 0, norm = 0;
+  for (int64_t r = 0; r < a.rows(); ++r) {
+    dequantize_row(a.type, a.row(r), x.data(), a.row_len());
+    dequantize_row(ref.type, ref.row(r), y.data(), ref.row_len());
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double d = static_cast<double>(x[i]) - static_cast<double>(y[i]);
+      err += d * d;
+      norm += static_cast<double>(y[i]) * static_cast<double>(y[i]);
+    }
+  }
+  return std::sqrt(err / norm);
+}
+
+// REQ: WRK-D2 M0-W-1201
+TEST(GgufGenerated, QuantizedWeightsDecodeCloseToF32) {
+  // Quantization error bounds for normal data (rel. RMSE); a wrong layout gives ~1.0+.
+  const std::map<std::string, double> tol = {{"f16", 1e-3},  {"bf16", 8e-3}, {"q8_0", 0.01},
+                                             {"q6_k", 0.03}, {"q5_0", 0.05}, {"q4_k", 0.1},
+                                             {"q4_0", 0.15}};
+  for (const char* arch : {"qwen2", "llama"}) {
+    for (const Shape& s : kShapes) {
+      auto ref = GgufFile::open(fixture(arch, s, "f32"));
+      for (const auto& [type, bound] : tol) {
+        auto q = GgufFile::open(fixture(arch, s, type));
+        for (const auto& t : q->tensors()) {
+          SCOPED_TRACE(q->path() + " " + t.name + " " + std::string(ggml_type_name(t.type_raw)));
+          const TensorInfo& r = ref->tensor(t.name);
+          ASSERT_EQ(t.ne, r.ne);
+          const double e = rel_rmse(t, r);
+          // A K type that fell back to Q5_0/Q8_0 must meet that type's (tighter) bound.
+          EXPECT_LE(e, bound * 1.5);
+          if (t.ne.size() == 2) {
+            EXPECT_GT(e, type == std::string("f16") ? 0.0 : 1e-5);  // really quantized
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace worker
