@@ -4,6 +4,7 @@
 // ByteLevel(use_regex=true), BPE model, added tokens. Anything else is refused by name.
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -106,12 +107,43 @@ class HfJsonTokenizer : public BpeTokenizer {
 std::unique_ptr<Tokenizer> load_hf_json_tokenizer(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, "cannot open file");
+  std::stringstream content;
+  content << in.rdbuf();
+  std::string config;
+  const auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  if (std::filesystem::exists(cfg_path)) {
+    std::ifstream cin(cfg_path, std::ios::binary);
+    std::stringstream ss;
+    ss << cin.rdbuf();
+    config = ss.str();
+  }
+  return load_hf_json_tokenizer_from_string(content.str(), config, path);
+}
+
+namespace {
+std::unique_ptr<Tokenizer> build_from_json(const json& j, std::string_view config_json,
+                                           const std::string& path);
+}  // namespace
+
+std::unique_ptr<Tokenizer> load_hf_json_tokenizer_from_string(std::string_view content,
+                                                              std::string_view config_json,
+                                                              const std::string& path) {
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(content);
   } catch (const json::exception& e) {
     fail(path, std::string("invalid JSON: ") + e.what());
   }
+  try {
+    return build_from_json(j, config_json, path);
+  } catch (const json::exception& e) {  // a field of the wrong JSON type
+    fail(path, std::string("malformed: ") + e.what());
+  }
+}
+
+namespace {
+std::unique_ptr<Tokenizer> build_from_json(const json& j, std::string_view config_json,
+                                           const std::string& path) {
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail(path, "no model");
   const json& model = j["model"];
   if (type_of(model) != "BPE") fail(path, "unsupported model type '" + type_of(model) + "' (BPE only)");
@@ -124,7 +156,7 @@ std::unique_ptr<Tokenizer> load_hf_json_tokenizer(const std::string& path) {
   std::vector<std::pair<int64_t, std::string>> entries;
   int64_t max_id = -1;
   for (const auto& [text, id] : model["vocab"].items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > 10'000'000) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > 2'000'000) {
       fail(path, "bad id for vocab entry '" + text + "'");
     }
     entries.emplace_back(id.get<int64_t>(), text);
@@ -143,7 +175,7 @@ std::unique_ptr<Tokenizer> load_hf_json_tokenizer(const std::string& path) {
         fail(path, "malformed added_tokens entry");
       }
       const int64_t id = a["id"].get<int64_t>();
-      if (id < 0 || id > 10'000'000) fail(path, "bad added token id " + std::to_string(id));
+      if (id < 0 || id > 2'000'000) fail(path, "bad added token id " + std::to_string(id));
       added.push_back(Added{id, a["content"].get<std::string>(), a.value("special", false),
                             a.value("lstrip", false), a.value("rstrip", false)});
       max_id = std::max(max_id, id);
@@ -191,11 +223,9 @@ std::unique_ptr<Tokenizer> load_hf_json_tokenizer(const std::string& path) {
 
   // tokenizer_config.json next to it: EOS/BOS texts, chat template, clean-up flag.
   bool clean = false;
-  const auto cfg_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
   std::string eos_text;
-  if (std::filesystem::exists(cfg_path)) {
-    std::ifstream cin(cfg_path, std::ios::binary);
-    json cfg = json::parse(cin, nullptr, false);
+  if (!config_json.empty()) {
+    json cfg = json::parse(config_json, nullptr, false);
     if (cfg.is_object()) {
       eos_text = token_text(cfg.value("eos_token", json()));
       if (bos_text.empty()) bos_text = token_text(cfg.value("bos_token", json()));
@@ -223,5 +253,7 @@ std::unique_ptr<Tokenizer> load_hf_json_tokenizer(const std::string& path) {
   spec.add_bos = add_bos && spec.bos_id >= 0;
   return std::make_unique<HfJsonTokenizer>(std::move(spec), pre, nfc, clean);
 }
+
+}  // namespace
 
 }  // namespace worker

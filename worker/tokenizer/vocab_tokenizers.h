@@ -85,6 +85,12 @@ class SpmTokenizer : public VocabTokenizer {
 };
 
 // hf-json: a Hugging Face tokenizer.json with a byte-level BPE model (see hf_json.cpp).
+// tokenizer_config.json next to it, when present, gives BOS/EOS texts and the chat template.
+// Throws std::runtime_error naming the file and the unsupported or malformed part.
 std::unique_ptr<Tokenizer> load_hf_json_tokenizer(const std::string& path);
+// The same from memory (tests, fuzzing); `path` only labels error messages.
+std::unique_ptr<Tokenizer> load_hf_json_tokenizer_from_string(std::string_view content,
+                                                              std::string_view config_json,
+                                                              const std::string& path);
 
 }  // namespace worker
