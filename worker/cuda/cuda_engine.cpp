@@ -1,1 +1,670 @@
-// CUDA engine (owned by the CUDA backend work)
+// The CUDA engine (D4, M0-W-1214, 1420): the same math as the CPU reference
+// (worker/engine/cpu/cpu_engine.cpp) with the weights resident in VRAM in their stored
+// format, an FP16 KV cache, FP32 activations, and sampling on the GPU.
+//
+// Memory: four fixed regions allocated at load (weights, KV cache for the whole context,
+// the one-token decode scratch, the sampling scratch) plus a prefill scratch that grows
+// on demand; growth that fails is a VRAM_OOM error for that job only (M0-W-1021). The
+// decode step reads the token and position from device memory and writes into fixed
+// buffers, so it is captured once as a CUDA graph and replayed per token.
+#include "cuda/cuda_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "attention.cuh"
+#include "common/errors.h"
+#include "common/log.h"
+#include "cuda/cuda_context.h"
+#include "cuda/device_buffer.h"
+#include "cuda_check.h"
+#include "embed.cuh"
+#include "engine/sampler.h"
+#include "matvec.cuh"
+#include "rmsnorm.cuh"
+#include "rope_qkv.cuh"
+#include "sampling.cuh"
+#include "swiglu.cuh"
+
+namespace worker {
+namespace {
+
+using cuda::align_up;
+using cuda::Arena;
+using cuda::DeviceBuffer;
+using cuda::PinnedBuffer;
+
+constexpr size_t kVramMargin = 64ull << 20;  // cuBLAS workspace, graph, context growth
+constexpr int kLogitRows = 32;               // prefill logits computed this many rows at a time
+
+int32_t resolve_ctx(const ModelConfig& cfg, int32_t ctx_size) {
+  const int64_t train = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 32768;
+  const int64_t n = ctx_size > 0 ? std::min<int64_t>(ctx_size, train) : std::min<int64_t>(train, 32768);
+  return static_cast<int32_t>(n);
+}
+
+// Carves (or, with base == nullptr, just measures) a region of 256-byte aligned pieces.
+class Layout {
+ public:
+  explicit Layout(uint8_t* base) : base_(base) {}
+  template <typename T>
+  T* take(size_t n) {
+    const size_t off = align_up(used_);
+    used_ = off + n * sizeof(T);
+    return base_ ? reinterpret_cast<T*>(base_ + off) : nullptr;
+  }
+  size_t used() const { return align_up(used_); }
+
+ private:
+  uint8_t* base_;
+  size_t used_ = 0;
+};
+
+// Activations for a batch of up to B tokens.
+struct Scratch {
+  DeviceBuffer buf;
+  int B = 0, logit_rows = 0;
+  float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr,
+        *g = nullptr, *u = nullptr, *logits = nullptr;
+  void* lowp = nullptr;
+  int32_t* io = nullptr;  // [0] = n_past, [1..B] = token ids
+
+  static void lay(Layout& L, const ModelConfig& c, int B, int rows, Scratch* s) {
+    const size_t E = static_cast<size_t>(c.n_embd), QD = static_cast<size_t>(c.n_head * c.head_dim),
+                 KD = static_cast<size_t>(c.n_head_kv * c.head_dim), F = static_cast<size_t>(c.n_ff),
+                 V = static_cast<size_t>(c.vocab_size), b = static_cast<size_t>(B);
+    float* x = L.take<float>(b * E);
+    float* xn = L.take<float>(b * E);
+    float* q = L.take<float>(b * QD);
+    float* k = L.take<float>(b * KD);
+    float* v = L.take<float>(b * KD);
+    float* att = L.take<float>(b * QD);
+    float* g = L.take<float>(b * F);
+    float* u = L.take<float>(b * F);
+    float* logits = L.take<float>(static_cast<size_t>(rows) * V);
+    void* lowp = L.take<uint16_t>(2 * b * std::max({E, QD, F}));  // hi + lo halves
+    int32_t* io = L.take<int32_t>(b + 1);
+    if (s) {
+      s->B = B;
+      s->logit_rows = rows;
+      s->x = x; s->xn = xn; s->q = q; s->k = k; s->v = v; s->att = att; s->g = g; s->u = u;
+      s->logits = logits; s->lowp = lowp; s->io = io;
+    }
+  }
+  static size_t bytes(const ModelConfig& c, int B, int rows) {
+    Layout L(nullptr);
+    lay(L, c, B, rows, nullptr);
+    return L.used();
+  }
+  void allocate(const ModelConfig& c, int B_, int rows, const char* what) {
+    buf = DeviceBuffer(bytes(c, B_, rows), what);
+    Layout L(static_cast<uint8_t*>(buf.data()));
+    lay(L, c, B_, rows, this);
+  }
+};
+
+struct SampleRegion {
+  DeviceBuffer buf;
+  kern::SampleScratch s;
+  kern::SampleParams* params = nullptr;  // followed by the history
+  int32_t* history = nullptr;
+  int32_t* out = nullptr;
+
+  static void lay(Layout& L, int V, int n_ctx, size_t sort_bytes, SampleRegion* r) {
+    const size_t v = static_cast<size_t>(V);
+    kern::SampleScratch s;
+    s.work = L.take<float>(v);
+    s.keys_sorted = L.take<float>(v);
+    s.ids = L.take<int32_t>(v);
+    s.ids_sorted = L.take<int32_t>(v);
+    s.probs = L.take<double>(v);
+    s.seen = L.take<int32_t>(v);
+    s.sort_temp = L.take<uint8_t>(sort_bytes);
+    s.sort_temp_bytes = sort_bytes;
+    // params and history adjacent: one host->device copy per sampled token
+    auto* params = L.take<uint8_t>(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx));
+    int32_t* out = L.take<int32_t>(1);
+    if (r) {
+      r->s = s;
+      r->params = reinterpret_cast<kern::SampleParams*>(params);
+      r->history = reinterpret_cast<int32_t*>(params + sizeof(kern::SampleParams));
+      r->out = out;
+    }
+  }
+  static size_t bytes(int V, int n_ctx, size_t sort_bytes) {
+    Layout L(nullptr);
+    lay(L, V, n_ctx, sort_bytes, nullptr);
+    return L.used();
+  }
+};
+
+std::vector<const TensorInfo*> unique_weights(const ModelWeights& w) {
+  std::vector<const TensorInfo*> out;
+  std::set<const TensorInfo*> seen;
+  auto add = [&](const TensorInfo* t) {
+    if (t != nullptr && seen.insert(t).second) out.push_back(t);
+  };
+  add(w.token_embd);
+  add(w.output_norm);
+  add(w.output);
+  for (const auto& l : w.layers) {
+    for (const TensorInfo* t : {l.attn_norm, l.wq, l.wk, l.wv, l.bq, l.bk, l.bv, l.wo, l.ffn_norm,
+                                l.w_gate, l.w_up, l.w_down}) {
+      add(t);
+    }
+  }
+  return out;
+}
+
+size_t weights_bytes(const ModelWeights& w) {
+  size_t total = 0;
+  for (const TensorInfo* t : unique_weights(w)) total += align_up(t->nbytes);
+  return total;
+}
+
+size_t kv_bytes(const ModelConfig& c, int32_t n_ctx) {
+  return align_up(2 * static_cast<size_t>(c.n_layer) * static_cast<size_t>(n_ctx) *
+                  static_cast<size_t>(c.n_head_kv * c.head_dim) * sizeof(__half));
+}
+
+struct LayerDev {
+  kern::WeightView wq, wk, wv, wo, gate, up, down;
+  kern::VecView attn_norm, ffn_norm, bq, bk, bv;
+};
+
+class Event {
+ public:
+  Event() { CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+  ~Event() { (void)cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+
+ private:
+  cudaEvent_t e_ = nullptr;
+};
+
+class CudaEngine final : public Engine {
+ public:
+  CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int device,
+             const CudaEngineOptions& opt);
+  ~CudaEngine() override;
+  CudaEngine(const CudaEngine&) = delete;
+  CudaEngine& operator=(const CudaEngine&) = delete;
+
+  const ModelConfig& config() const override { return cfg_; }
+  BackendInfo info() const override {
+    BackendInfo b;
+    b.backend = "cuda";
+    b.resident = resident_.load();
+    b.sm = ctx_->sm();
+    b.cuda_runtime_version = ctx_->runtime_version();
+    b.device_name = ctx_->props().name;
+    return b;
+  }
+  VramUsage vram() const override {
+    VramUsage u;
+    u.weights = weights_.size();
+    u.kv_cache = kv_.size();
+    u.scratch = dec_.buf.size() + batch_.buf.size() + samp_.buf.size();
+    return u;
+  }
+  bool verify_residency() override;
+  int32_t n_ctx() const override { return n_ctx_; }
+  int32_t n_past() const override { return n_past_; }
+  void reset() override { n_past_ = 0; }
+  void eval(std::span<const int32_t> tokens, bool all_logits) override;
+  std::span<const float> logits() const override;
+  std::span<const float> logits_at(size_t i) const override;
+  int32_t sample(const SamplingParams& params, std::span<const int32_t> history,
+                 std::mt19937_64& rng) override;
+
+ private:
+  void upload_weights();
+  kern::WeightView view(const TensorInfo* t) const;
+  kern::VecView vec(const TensorInfo* t) const;
+  void mm(Scratch& s, const kern::WeightView& w, const float* x, float* y, int n, bool acc);
+  void forward(Scratch& s, int n);
+  void final_logits(Scratch& s, int first_row, int rows);
+  void decode_body();
+  void decode_one(int32_t token);
+  __half* kc(size_t l) const { return kv_base_ + (2 * l) * kv_layer_elems_; }
+  __half* vc(size_t l) const { return kv_base_ + (2 * l + 1) * kv_layer_elems_; }
+
+  std::shared_ptr<cuda::CudaContext> ctx_;  // first: released last
+  std::shared_ptr<const Model> model_;
+  const ModelConfig& cfg_;
+  CudaEngineOptions opt_;
+  int device_;
+  int32_t n_ctx_ = 0;
+  int32_t n_past_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t graph_exec_ = nullptr;
+
+  Arena weights_;
+  std::map<const TensorInfo*, const void*> dev_ptr_;
+  kern::WeightView tok_embd_, output_;
+  kern::VecView out_norm_;
+  std::vector<LayerDev> layers_;
+  kern::RopeParams rope_;
+
+  DeviceBuffer kv_;
+  __half* kv_base_ = nullptr;
+  size_t kv_layer_elems_ = 0;
+  Scratch dec_;    // one token, fixed addresses (graph)
+  Scratch batch_;  // prefill, grows on demand
+  SampleRegion samp_;
+  PinnedBuffer pin_io_;      // [0] = n_past, [1..] = tokens
+  PinnedBuffer pin_sample_;  // SampleParams + history
+  PinnedBuffer pin_out_;     // one sampled id
+  std::atomic<bool> resident_{false};
+
+  const float* d_last_ = nullptr;  // device logits of the last evaluated position
+  mutable std::vector<float> last_host_;
+  mutable bool last_host_valid_ = false;
+  std::vector<float> all_host_;  // all_logits of the last eval
+  size_t n_all_ = 0;
+};
+
+CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int device,
+                       const CudaEngineOptions& opt)
+    : ctx_(cuda::CudaContext::acquire(device)),
+      model_(std::move(model)),
+      cfg_(model_->config),
+      opt_(opt),
+      device_(device) {
+  if (cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || cfg_.n_head % cfg_.n_head_kv != 0 ||
+      cfg_.head_dim <= 0 || cfg_.head_dim > 256 || cfg_.n_rot % 2 != 0 ||
+      cfg_.n_rot > cfg_.head_dim) {
+    throw WorkerError(ErrorCode::ModelLoadFailed,
+                      "cuda backend: unsupported attention shape (n_head " +
+                          std::to_string(cfg_.n_head) + ", n_head_kv " +
+                          std::to_string(cfg_.n_head_kv) + ", head_dim " +
+                          std::to_string(cfg_.head_dim) + ", n_rot " + std::to_string(cfg_.n_rot) + ")");
+  }
+  if (opt_.max_batch < 1) opt_.max_batch = 1;
+  if (opt_.upload_chunk_bytes < 4096) opt_.upload_chunk_bytes = 4096;
+  n_ctx_ = resolve_ctx(cfg_, ctx_size);
+
+  // Fail fast, before allocating anything, when the model cannot fit (M0-W-1020).
+  const VramUsage need = cuda_engine_vram_estimate(*model_, ctx_size, opt_);
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (need.total() + kVramMargin > free_b) {
+    throw WorkerError(ErrorCode::InsufficientVram,
+                      "insufficient VRAM on GPU " + std::to_string(device) + " (" +
+                          ctx_->props().name + ") for model " + model_->file->path() +
+                          ": required " + std::to_string(need.total() + kVramMargin) +
+                          " bytes (weights " + std::to_string(need.weights) + ", KV cache " +
+                          std::to_string(need.kv_cache) + " for " + std::to_string(n_ctx_) +
+                          " positions, scratch " + std::to_string(need.scratch) + ", reserve " +
+                          std::to_string(kVramMargin) + "), available " + std::to_string(free_b) +
+                          " of " + std::to_string(total_b) + " bytes");
+  }
+
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&cublas_));
+  CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  // D15 / M0-W-1031: no TF32 or reduced-precision shortcuts; deterministic algorithms.
+  CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
+
+  upload_weights();
+
+  const size_t KD = static_cast<size_t>(cfg_.n_head_kv * cfg_.head_dim);
+  kv_layer_elems_ = static_cast<size_t>(n_ctx_) * KD;
+  kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_), "KV cache");
+  kv_base_ = static_cast<__half*>(kv_.data());
+  dec_.allocate(cfg_, 1, 1, "decode scratch");
+  const int V = static_cast<int>(cfg_.vocab_size);
+  const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
+  samp_.buf = DeviceBuffer(SampleRegion::bytes(V, n_ctx_, sort_bytes), "sampling scratch");
+  {
+    Layout L(static_cast<uint8_t*>(samp_.buf.data()));
+    SampleRegion::lay(L, V, n_ctx_, sort_bytes, &samp_);
+  }
+  kern::sampling_init(samp_.s, V, stream_);
+  pin_io_ = PinnedBuffer(sizeof(int32_t) * (static_cast<size_t>(opt_.max_batch) + 1));
+  pin_sample_ = PinnedBuffer(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx_));
+  pin_out_ = PinnedBuffer(sizeof(int32_t));
+  last_host_.resize(static_cast<size_t>(V));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+  if (!verify_residency()) {
+    throw WorkerError(ErrorCode::CudaError, "VRAM residency check failed after load");
+  }
+}
+
+CudaEngine::~CudaEngine() {
+  if (graph_exec_) (void)cudaGraphExecDestroy(graph_exec_);
+  if (graph_) (void)cudaGraphDestroy(graph_);
+  if (cublas_) (void)cublasDestroy(cublas_);
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+
+void CudaEngine::upload_weights() {
+  const auto tensors = unique_weights(model_->weights);
+  weights_ = Arena(weights_bytes(model_->weights), "model weights");
+  size_t total = 0;
+  for (const TensorInfo* t : tensors) total += t->nbytes;
+  const size_t chunk = opt_.upload_chunk_bytes;
+  PinnedBuffer staging(2 * chunk);
+  Event ev[2];
+  bool pending[2] = {false, false};
+  size_t done = 0, k = 0;
+  int next_pct = 0;
+  auto progress = [&] {
+    while (total > 0 && next_pct <= 100 && done * 100 >= static_cast<size_t>(next_pct) * total) {
+      log::info("model_load_progress", {{"percent", next_pct}, {"stage", "vram_upload"},
+                                        {"bytes", done}, {"total_bytes", total}});
+      next_pct += 25;
+    }
+  };
+  progress();
+  for (const TensorInfo* t : tensors) {
+    auto* dst = static_cast<uint8_t*>(weights_.alloc(t->nbytes));
+    dev_ptr_[t] = dst;
+    // mmap -> pinned staging -> VRAM in bounded chunks, two staging slots in flight.
+    for (size_t off = 0; off < t->nbytes; off += chunk, ++k) {
+      const size_t n = std::min(chunk, t->nbytes - off);
+      const int slot = static_cast<int>(k % 2);
+      if (pending[slot]) CUDA_CHECK(cudaEventSynchronize(ev[slot].get()));
+      uint8_t* stage = static_cast<uint8_t*>(staging.data()) + static_cast<size_t>(slot) * chunk;
+      std::memcpy(stage, t->data + off, n);
+      CUDA_CHECK(cudaMemcpyAsync(dst + off, stage, n, cudaMemcpyHostToDevice, stream_));
+      CUDA_CHECK(cudaEventRecord(ev[slot].get(), stream_));
+      pending[slot] = true;
+      done += n;
+      progress();
+    }
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+  tok_embd_ = view(model_->weights.token_embd);
+  output_ = view(model_->weights.output);
+  out_norm_ = vec(model_->weights.output_norm);
+  for (const auto& l : model_->weights.layers) {
+    LayerDev d;
+    d.wq = view(l.wq); d.wk = view(l.wk); d.wv = view(l.wv); d.wo = view(l.wo);
+    d.gate = view(l.w_gate); d.up = view(l.w_up); d.down = view(l.w_down);
+    d.attn_norm = vec(l.attn_norm); d.ffn_norm = vec(l.ffn_norm);
+    d.bq = vec(l.bq); d.bk = vec(l.bk); d.bv = vec(l.bv);
+    layers_.push_back(d);
+  }
+  rope_.n_head = static_cast<int>(cfg_.n_head);
+  rope_.n_head_kv = static_cast<int>(cfg_.n_head_kv);
+  rope_.head_dim = static_cast<int>(cfg_.head_dim);
+  rope_.n_rot = static_cast<int>(cfg_.n_rot);
+  rope_.base = cfg_.rope_base;
+  rope_.neox = cfg_.rope_neox;
+  rope_.theta_scale = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(cfg_.n_rot));
+}
+
+kern::WeightView CudaEngine::view(const TensorInfo* t) const {
+  kern::WeightView w;
+  w.data = dev_ptr_.at(t);
+  w.type = static_cast<uint32_t>(t->type);
+  w.rows = t->rows();
+  w.cols = t->row_len();
+  w.row_bytes = t->row_bytes();
+  return w;
+}
+
+kern::VecView CudaEngine::vec(const TensorInfo* t) const {
+  kern::VecView v;
+  if (t == nullptr) return v;
+  const auto ty = t->type;
+  if (ty != GgmlType::F32 && ty != GgmlType::F16 && ty != GgmlType::BF16) {
+    throw WorkerError(ErrorCode::ModelLoadFailed,
+                      "cuda backend: vector tensor " + t->name + " has type " +
+                          std::string(ggml_type_name(t->type_raw)) + " (F32/F16/BF16 expected)");
+  }
+  v.data = dev_ptr_.at(t);
+  v.type = static_cast<uint32_t>(ty);
+  return v;
+}
+
+bool CudaEngine::verify_residency() {
+  std::string why;
+  bool ok = true;
+  const DeviceBuffer* fixed[] = {&weights_.buffer(), &kv_, &dec_.buf, &samp_.buf};
+  for (const DeviceBuffer* b : fixed) {
+    if (*b && !cuda::is_device_resident(b->data(), device_, &why)) {
+      ok = false;
+      log::error("vram_residency_violation", {{"reason", why}});
+    }
+  }
+  resident_.store(ok);
+  return ok;
+}
+
+void CudaEngine::mm(Scratch& s, const kern::WeightView& w, const float* x, float* y, int n,
+                    bool acc) {
+  if (n >= opt_.gemm_min_tokens && kern::gemm_supported(w.type)) {
+    kern::gemm_cublas(cublas_, w, x, s.lowp, y, n, acc, stream_);
+  } else {
+    kern::matvec(w, x, y, n, acc, stream_);
+  }
+}
+
+void CudaEngine::forward(Scratch& s, int n) {
+  const int E = static_cast<int>(cfg_.n_embd);
+  const size_t F = static_cast<size_t>(cfg_.n_ff);
+  kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const LayerDev& L = layers_[il];
+    kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    mm(s, L.wq, s.xn, s.q, n, false);
+    mm(s, L.wk, s.xn, s.k, n, false);
+    mm(s, L.wv, s.xn, s.v, n, false);
+    kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il), stream_);
+    kern::attention(s.q, kc(il), vc(il), s.att, n, rope_.n_head, rope_.n_head_kv, rope_.head_dim,
+                    s.io, stream_);
+    mm(s, L.wo, s.att, s.x, n, true);  // residual add fused: x += Wo * att
+    kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    mm(s, L.gate, s.xn, s.g, n, false);
+    mm(s, L.up, s.xn, s.u, n, false);
+    kern::swiglu(s.g, s.u, static_cast<size_t>(n) * F, stream_);
+    mm(s, L.down, s.g, s.x, n, true);
+  }
+}
+
+void CudaEngine::final_logits(Scratch& s, int first_row, int rows) {
+  const int E = static_cast<int>(cfg_.n_embd);
+  kern::rmsnorm(s.x + static_cast<size_t>(first_row) * E, out_norm_.data, out_norm_.type, s.xn,
+                rows, E, cfg_.norm_eps, stream_);
+  // The LM head always takes the matvec path: its rows are many, its batch small.
+  kern::matvec(output_, s.xn, s.logits, rows, false, stream_);
+}
+
+void CudaEngine::decode_body() {
+  CUDA_CHECK(cudaMemcpyAsync(dec_.io, pin_io_.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
+                             stream_));
+  forward(dec_, 1);
+  final_logits(dec_, 0, 1);
+}
+
+void CudaEngine::decode_one(int32_t token) {
+  auto* io = static_cast<int32_t*>(pin_io_.data());
+  io[0] = n_past_;
+  io[1] = token;
+  if (!opt_.use_graph) {
+    decode_body();
+  } else {
+    if (graph_exec_ == nullptr) {
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+      try {
+        decode_body();
+      } catch (...) {
+        cudaGraph_t g = nullptr;
+        (void)cudaStreamEndCapture(stream_, &g);
+        if (g) (void)cudaGraphDestroy(g);
+        throw;
+      }
+      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+      CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+    }
+    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+  }
+  // The pinned step buffer is reused by the next call; errors surface here (M0-W-1420).
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  d_last_ = dec_.logits;
+}
+
+void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) throw WorkerError(ErrorCode::InvalidRequest, "eval of zero tokens");
+  if (n_past_ + n > n_ctx_) {
+    throw WorkerError(ErrorCode::InvalidRequest,
+                      "context overflow: " + std::to_string(n_past_) + " cached + " +
+                          std::to_string(n) + " new tokens exceed the context size " +
+                          std::to_string(n_ctx_));
+  }
+  for (int32_t id : tokens) {
+    if (id < 0 || id >= cfg_.vocab_size) {
+      throw WorkerError(ErrorCode::InvalidRequest, "token id " + std::to_string(id) +
+                                                       " outside the vocabulary (size " +
+                                                       std::to_string(cfg_.vocab_size) + ")");
+    }
+  }
+  last_host_valid_ = false;
+  n_all_ = 0;
+  if (n == 1 && !all_logits) {
+    decode_one(tokens[0]);
+    n_past_ += 1;
+    return;
+  }
+
+  const int chunk = static_cast<int>(std::min<int64_t>(n, opt_.max_batch));
+  if (batch_.B < chunk) {
+    // Allocated once, at the full batch size the startup check counted, so VRAM use is
+    // flat from the first prompt on. Failing here is this job's VRAM_OOM; nothing of the
+    // engine's state has changed, and the next job tries again (M0-W-1021).
+    const int B = std::max(1, std::min(opt_.max_batch, n_ctx_));
+    batch_.buf.reset();
+    batch_.B = 0;
+    batch_.allocate(cfg_, B, std::min(B, kLogitRows), "prefill scratch");
+    std::string why;
+    if (!cuda::is_device_resident(batch_.buf.data(), device_, &why)) {
+      throw WorkerError(ErrorCode::CudaError, "prefill scratch not in VRAM: " + why);
+    }
+  }
+  const size_t V = static_cast<size_t>(cfg_.vocab_size);
+  if (all_logits) all_host_.resize(static_cast<size_t>(n) * V);
+  auto* io = static_cast<int32_t*>(pin_io_.data());
+  for (int64_t off = 0; off < n; off += chunk) {
+    const int m = static_cast<int>(std::min<int64_t>(chunk, n - off));
+    io[0] = n_past_ + static_cast<int32_t>(off);
+    std::memcpy(io + 1, tokens.data() + off, sizeof(int32_t) * static_cast<size_t>(m));
+    CUDA_CHECK(cudaMemcpyAsync(batch_.io, io, sizeof(int32_t) * (static_cast<size_t>(m) + 1),
+                               cudaMemcpyHostToDevice, stream_));
+    forward(batch_, m);
+    if (all_logits) {
+      for (int r = 0; r < m; r += batch_.logit_rows) {
+        const int rows = std::min(batch_.logit_rows, m - r);
+        final_logits(batch_, r, rows);
+        CUDA_CHECK(cudaMemcpyAsync(all_host_.data() + (static_cast<size_t>(off) + r) * V,
+                                   batch_.logits, sizeof(float) * V * static_cast<size_t>(rows),
+                                   cudaMemcpyDeviceToHost, stream_));
+        d_last_ = batch_.logits + static_cast<size_t>(rows - 1) * V;
+      }
+    } else if (off + m == n) {
+      final_logits(batch_, m - 1, 1);
+      d_last_ = batch_.logits;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  if (all_logits) n_all_ = static_cast<size_t>(n);
+  n_past_ += static_cast<int32_t>(n);
+}
+
+std::span<const float> CudaEngine::logits() const {
+  if (d_last_ == nullptr) throw WorkerError(ErrorCode::Internal, "logits() before any eval");
+  if (!last_host_valid_) {
+    CUDA_CHECK(cudaMemcpy(last_host_.data(), d_last_, sizeof(float) * last_host_.size(),
+                          cudaMemcpyDeviceToHost));
+    last_host_valid_ = true;
+  }
+  return {last_host_.data(), last_host_.size()};
+}
+
+std::span<const float> CudaEngine::logits_at(size_t i) const {
+  const size_t V = static_cast<size_t>(cfg_.vocab_size);
+  if (n_all_ > 0) {
+    if (i >= n_all_) {
+      throw WorkerError(ErrorCode::Internal, "logits_at(" + std::to_string(i) + "): only " +
+                                                 std::to_string(n_all_) + " positions kept");
+    }
+    return {all_host_.data() + i * V, V};
+  }
+  if (i == 0) return logits();
+  throw WorkerError(ErrorCode::Internal,
+                    "logits_at(" + std::to_string(i) +
+                        "): only the last position kept (eval with all_logits for every position)");
+}
+
+int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t> history,
+                           std::mt19937_64& rng) {
+  if (d_last_ == nullptr) throw WorkerError(ErrorCode::Internal, "sample() before any eval");
+  if (!(params.repetition_penalty > 0.0f))
+    throw WorkerError(ErrorCode::InvalidRequest, "repetition_penalty must be > 0");
+  if (params.top_k < 0) throw WorkerError(ErrorCode::InvalidRequest, "top_k must be >= 0");
+  if (history.size() > static_cast<size_t>(n_ctx_)) history = history.last(static_cast<size_t>(n_ctx_));
+  const bool greedy = !(params.temperature > 0.0f);
+  auto* p = static_cast<kern::SampleParams*>(pin_sample_.data());
+  p->temperature = params.temperature;
+  p->top_p = params.top_p;
+  p->min_p = params.min_p;
+  p->repetition_penalty = params.repetition_penalty;
+  p->top_k = params.top_k;
+  p->n_history = static_cast<int32_t>(history.size());
+  // Same stream of draws as the CPU sampler: one uniform per non-greedy token.
+  p->u = greedy ? 0.0 : sampler_uniform(rng);
+  auto* h = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(pin_sample_.data()) + sizeof(kern::SampleParams));
+  std::memcpy(h, history.data(), history.size_bytes());
+  CUDA_CHECK(cudaMemcpyAsync(samp_.params, pin_sample_.data(),
+                             sizeof(kern::SampleParams) + history.size_bytes(),
+                             cudaMemcpyHostToDevice, stream_));
+  kern::sample(d_last_, static_cast<int>(cfg_.vocab_size), samp_.params, greedy, samp_.history,
+               samp_.s, samp_.out, stream_);
+  CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(int32_t), cudaMemcpyDeviceToHost,
+                             stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return *static_cast<const int32_t*>(pin_out_.data());
+}
+
+}  // namespace
+
+VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
+                                    const CudaEngineOptions& options) {
+  const ModelConfig& c = model.config;
+  const int32_t n_ctx = resolve_ctx(c, ctx_size);
+  const int V = static_cast<int>(c.vocab_size);
+  const int B = std::max(1, std::min(options.max_batch, n_ctx));
+  VramUsage u;
+  u.weights = weights_bytes(model.weights);
+  u.kv_cache = kv_bytes(c, n_ctx);
+  u.scratch = Scratch::bytes(c, 1, 1) + Scratch::bytes(c, B, std::min(B, kLogitRows)) +
+              SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V));
+  return u;
+}
+
+std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                         int gpu_device, const CudaEngineOptions& options) {
+  if (!model) throw WorkerError(ErrorCode::Internal, "make_cuda_engine: no model");
+  return std::make_unique<CudaEngine>(std::move(model), ctx_size, gpu_device, options);
+}
+
+std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                         int gpu_device) {
+  return make_cuda_engine(std::move(model), ctx_size, gpu_device, CudaEngineOptions{});
+}
+
+}  // namespace worker

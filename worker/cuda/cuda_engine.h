@@ -1,5 +1,7 @@
 #pragma once
 // The CUDA backend (the product): weights in VRAM in their stored format.
+#include <cstddef>
+
 #include "engine/engine.h"
 
 namespace worker {
@@ -7,4 +9,19 @@ namespace worker {
 // available bytes when the model does not fit).
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                          int gpu_device);
-}
+
+// Tuning and test knobs of the CUDA backend; the defaults are the product's settings.
+struct CudaEngineOptions {
+  size_t upload_chunk_bytes = 1024 * 1024;  // M0-W-1222: bounded host->device chunks
+  bool use_graph = true;         // replay the decode step as a captured CUDA graph
+  int gemm_min_tokens = 16;      // prefill batches from this size use cuBLAS (float weights)
+  int max_batch = 512;           // prefill chunk size (bounds the activation scratch)
+};
+std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                         int gpu_device, const CudaEngineOptions& options);
+
+// Bytes the engine would allocate for this model and context (weights, KV cache,
+// activations): what the INSUFFICIENT_VRAM check compares with cudaMemGetInfo's free bytes.
+VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
+                                    const CudaEngineOptions& options = {});
+}  // namespace worker

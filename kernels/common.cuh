@@ -1,0 +1,195 @@
+#pragma once
+// Device helpers shared by the kernels: warp/block reductions in a fixed order (D15: no
+// atomics, so the same inputs give the same bits every run) and in-register
+// dequantization of 32 consecutive weights, laid out exactly as ggml stores them.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include "gguf/ggml_types.h"
+
+namespace worker::kern {
+
+constexpr int kWarp = 32;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide sum; every thread gets the result. `sh` holds >= 32 floats. The order of
+// additions depends only on blockDim, so it is reproducible.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int nw = (blockDim.x + kWarp - 1) / kWarp;
+  v = warp_sum(v);
+  __syncthreads();  // sh may still be read by a previous call
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float r = lane < nw ? sh[lane] : 0.0f;
+  return warp_sum(r);
+}
+
+__device__ __forceinline__ float block_max(float v, float* sh) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int nw = (blockDim.x + kWarp - 1) / kWarp;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float r = lane < nw ? sh[lane] : -INFINITY;
+  return warp_max(r);
+}
+
+__device__ __forceinline__ float ld_half(const uint8_t* p) {
+  return __half2float(*reinterpret_cast<const __half*>(p));
+}
+__device__ __forceinline__ float ld_bf16(const uint8_t* p) {
+  return __bfloat162float(*reinterpret_cast<const __nv_bfloat16*>(p));
+}
+
+// A float-typed vector element (norm weights, biases): F32, F16 or BF16.
+__device__ __forceinline__ float load_float_elem(const void* p, uint32_t type, int64_t i) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::F16: return __half2float(static_cast<const __half*>(p)[i]);
+    case GgmlType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// Bytes of one block and elements per block, per type (templates below).
+template <GgmlType T> struct BlockInfo;
+template <> struct BlockInfo<GgmlType::F32> { static constexpr int kElems = 1, kBytes = 4; };
+template <> struct BlockInfo<GgmlType::F16> { static constexpr int kElems = 1, kBytes = 2; };
+template <> struct BlockInfo<GgmlType::BF16> { static constexpr int kElems = 1, kBytes = 2; };
+template <> struct BlockInfo<GgmlType::Q8_0> { static constexpr int kElems = 32, kBytes = 34; };
+template <> struct BlockInfo<GgmlType::Q4_0> { static constexpr int kElems = 32, kBytes = 18; };
+template <> struct BlockInfo<GgmlType::Q5_0> { static constexpr int kElems = 32, kBytes = 22; };
+template <> struct BlockInfo<GgmlType::Q4_K> { static constexpr int kElems = 256, kBytes = 144; };
+template <> struct BlockInfo<GgmlType::Q6_K> { static constexpr int kElems = 256, kBytes = 210; };
+
+// Dequantizes the 32 weights [32*sb, 32*sb + 32) of a row into v. For the float types
+// the "sub-block" is just 32 consecutive elements.
+template <GgmlType T>
+__device__ __forceinline__ void deq32(const uint8_t* row, int sb, float* v);
+
+template <>
+__device__ __forceinline__ void deq32<GgmlType::F32>(const uint8_t* row, int sb, float* v) {
+  const float4* p = reinterpret_cast<const float4*>(row) + sb * 8;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float4 f = p[i];
+    v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
+  }
+}
+
+template <>
+__device__ __forceinline__ void deq32<GgmlType::F16>(const uint8_t* row, int sb, float* v) {
+  const __half2* p = reinterpret_cast<const __half2*>(row) + sb * 16;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float2 f = __half22float2(p[i]);
+    v[2 * i] = f.x; v[2 * i + 1] = f.y;
+  }
+}
+
+template <>
+__device__ __forceinline__ void deq32<GgmlType::BF16>(const uint8_t* row, int sb, float* v) {
+  const __nv_bfloat162* p = reinterpret_cast<const __nv_bfloat162*>(row) + sb * 16;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float2 f = __bfloat1622float2(p[i]);
+    v[2 * i] = f.x; v[2 * i + 1] = f.y;
+  }
+}
+
+// block_q8_0 {f16 d; int8 qs[32]}: x = d * q
+template <>
+__device__ __forceinline__ void deq32<GgmlType::Q8_0>(const uint8_t* row, int sb, float* v) {
+  const uint8_t* b = row + sb * 34;
+  const float d = ld_half(b);
+  const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = d * static_cast<float>(q[i]);
+}
+
+// block_q4_0 {f16 d; u8 qs[16]}: low nibbles are elements 0..15, high nibbles 16..31.
+template <>
+__device__ __forceinline__ void deq32<GgmlType::Q4_0>(const uint8_t* row, int sb, float* v) {
+  const uint8_t* b = row + sb * 18;
+  const float d = ld_half(b);
+  const uint8_t* q = b + 2;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    v[j] = static_cast<float>((q[j] & 0x0F) - 8) * d;
+    v[j + 16] = static_cast<float>((q[j] >> 4) - 8) * d;
+  }
+}
+
+// block_q5_0 {f16 d; u8 qh[4]; u8 qs[16]}: the 5th bit of element j is bit j of qh.
+template <>
+__device__ __forceinline__ void deq32<GgmlType::Q5_0>(const uint8_t* row, int sb, float* v) {
+  const uint8_t* b = row + sb * 22;
+  const float d = ld_half(b);
+  const uint32_t qh = static_cast<uint32_t>(b[2]) | (static_cast<uint32_t>(b[3]) << 8) |
+                      (static_cast<uint32_t>(b[4]) << 16) | (static_cast<uint32_t>(b[5]) << 24);
+  const uint8_t* q = b + 6;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int xh0 = ((qh >> j) << 4) & 0x10;
+    const int xh1 = (qh >> (j + 12)) & 0x10;
+    v[j] = static_cast<float>(((q[j] & 0x0F) | xh0) - 16) * d;
+    v[j + 16] = static_cast<float>(((q[j] >> 4) | xh1) - 16) * d;
+  }
+}
+
+// block_q4_K {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}, 256 weights in 8 sub-blocks
+// of 32 with 6-bit scales and mins (ggml's get_scale_min_k4).
+template <>
+__device__ __forceinline__ void deq32<GgmlType::Q4_K>(const uint8_t* row, int sb, float* v) {
+  const uint8_t* b = row + (sb >> 3) * 144;
+  const int s = sb & 7;
+  const float d = ld_half(b), dmin = ld_half(b + 2);
+  const uint8_t* sc = b + 4;
+  int scale, mn;
+  if (s < 4) {
+    scale = sc[s] & 63;
+    mn = sc[s + 4] & 63;
+  } else {
+    scale = (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
+    mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+  }
+  const float d1 = d * static_cast<float>(scale), m1 = dmin * static_cast<float>(mn);
+  const uint8_t* q = b + 16 + 32 * (s >> 1);
+  const int shift = (s & 1) * 4;
+#pragma unroll
+  for (int l = 0; l < 32; ++l) v[l] = d1 * static_cast<float>((q[l] >> shift) & 0xF) - m1;
+}
+
+// block_q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: two halves of 128 weights,
+// each four runs of 32 built from nibbles of ql and 2-bit pairs of qh.
+template <>
+__device__ __forceinline__ void deq32<GgmlType::Q6_K>(const uint8_t* row, int sb, float* v) {
+  const uint8_t* b = row + (sb >> 3) * 210;
+  const int s = sb & 7, h = s >> 2, k = s & 3;
+  const uint8_t* ql = b + 64 * h + 32 * (k & 1);
+  const uint8_t* qh = b + 128 + 32 * h;
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * k;
+  const float d = ld_half(b + 208);
+  const int nshift = (k >> 1) * 4, hshift = 2 * k;
+  const float d0 = d * static_cast<float>(sc[0]), d1 = d * static_cast<float>(sc[1]);
+#pragma unroll
+  for (int l = 0; l < 32; ++l) {
+    const int q = (((ql[l] >> nshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+    v[l] = (l < 16 ? d0 : d1) * static_cast<float>(q);
+  }
+}
+
+}  // namespace worker::kern

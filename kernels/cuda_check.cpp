@@ -1,0 +1,37 @@
+#include "cuda_check.h"
+
+#include <string>
+
+#include "common/errors.h"
+
+namespace worker {
+
+namespace {
+std::string where(const char* stmt, const char* file, int line) {
+  return std::string(stmt) + " at " + file + ":" + std::to_string(line);
+}
+}  // namespace
+
+void cuda_check(cudaError_t err, const char* stmt, const char* file, int line) {
+  if (err == cudaSuccess) return;
+  // Clear the sticky-free error state so a later call does not report this one again.
+  (void)cudaGetLastError();
+  const std::string msg = std::string("CUDA error ") + cudaGetErrorName(err) + " (" +
+                          cudaGetErrorString(err) + ") in " + where(stmt, file, line);
+  throw WorkerError(err == cudaErrorMemoryAllocation ? ErrorCode::VramOom : ErrorCode::CudaError,
+                    msg);
+}
+
+void cublas_check(cublasStatus_t st, const char* stmt, const char* file, int line) {
+  if (st == CUBLAS_STATUS_SUCCESS) return;
+  const std::string msg = std::string("cuBLAS error ") + cublasGetStatusName(st) + " (" +
+                          cublasGetStatusString(st) + ") in " + where(stmt, file, line);
+  throw WorkerError(st == CUBLAS_STATUS_ALLOC_FAILED ? ErrorCode::VramOom : ErrorCode::CudaError,
+                    msg);
+}
+
+void cuda_check_launch(const char* kernel, const char* file, int line) {
+  cuda_check(cudaGetLastError(), kernel, file, line);
+}
+
+}  // namespace worker

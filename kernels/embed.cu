@@ -1,0 +1,64 @@
+#include <string>
+
+#include "common.cuh"
+#include "common/errors.h"
+#include "cuda_check.h"
+#include "embed.cuh"
+
+namespace worker::kern {
+namespace {
+
+template <GgmlType T>
+__global__ void embed_q_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int cols,
+                               const int32_t* __restrict__ tokens, float* __restrict__ out) {
+  const uint8_t* row = w + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
+  float* o = out + static_cast<size_t>(blockIdx.x) * cols;
+  for (int sb = threadIdx.x; sb < cols / 32; sb += blockDim.x) {
+    float v[32];
+    deq32<T>(row, sb, v);
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[sb * 32 + i] = v[i];
+  }
+}
+
+__global__ void embed_f_kernel(const uint8_t* __restrict__ w, uint32_t type, size_t row_bytes,
+                               int cols, const int32_t* __restrict__ tokens,
+                               float* __restrict__ out) {
+  const uint8_t* row = w + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
+  float* o = out + static_cast<size_t>(blockIdx.x) * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = load_float_elem(row, type, i);
+}
+
+template <GgmlType T>
+void launch_q(const WeightView& t, const int32_t* tokens, int n_tok, float* out, cudaStream_t s) {
+  if (t.cols % BlockInfo<T>::kElems != 0) {
+    throw WorkerError(ErrorCode::Internal, "embed: row length not a multiple of the block");
+  }
+  embed_q_kernel<T><<<n_tok, 128, 0, s>>>(static_cast<const uint8_t*>(t.data), t.row_bytes,
+                                          static_cast<int>(t.cols), tokens, out);
+  CUDA_CHECK_LAUNCH("embed_q_kernel");
+}
+}  // namespace
+
+void embed(const WeightView& t, const int32_t* tokens, int n_tok, float* out,
+           cudaStream_t stream) {
+  switch (static_cast<GgmlType>(t.type)) {
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      embed_f_kernel<<<n_tok, 256, 0, stream>>>(static_cast<const uint8_t*>(t.data), t.type,
+                                                t.row_bytes, static_cast<int>(t.cols), tokens,
+                                                out);
+      CUDA_CHECK_LAUNCH("embed_f_kernel");
+      return;
+    case GgmlType::Q8_0: return launch_q<GgmlType::Q8_0>(t, tokens, n_tok, out, stream);
+    case GgmlType::Q4_0: return launch_q<GgmlType::Q4_0>(t, tokens, n_tok, out, stream);
+    case GgmlType::Q5_0: return launch_q<GgmlType::Q5_0>(t, tokens, n_tok, out, stream);
+    case GgmlType::Q4_K: return launch_q<GgmlType::Q4_K>(t, tokens, n_tok, out, stream);
+    case GgmlType::Q6_K: return launch_q<GgmlType::Q6_K>(t, tokens, n_tok, out, stream);
+    default:
+      throw WorkerError(ErrorCode::Internal,
+                        "embed: unsupported type " + std::string(ggml_type_name(t.type)));
+  }
+}
+}  // namespace worker::kern

@@ -1,0 +1,208 @@
+#include <cub/device/device_radix_sort.cuh>
+
+#include "common.cuh"
+#include "cuda_check.h"
+#include "sampling.cuh"
+
+namespace worker::kern {
+namespace {
+constexpr int kThreads = 1024;
+
+__global__ void iota_kernel(int32_t* ids, int32_t* seen, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    ids[i] = i;
+    seen[i] = 0;
+  }
+}
+
+__global__ void copy_kernel(const float* __restrict__ in, float* __restrict__ out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = in[i];
+}
+
+// Each distinct history id is penalised exactly once: the atomicExch decides which of the
+// duplicates applies it, and every outcome is the same (no order dependence).
+__global__ void penalty_kernel(float* __restrict__ work, int n_vocab,
+                               const SampleParams* __restrict__ p,
+                               const int32_t* __restrict__ hist, int32_t* __restrict__ seen) {
+  const float pen = p->repetition_penalty;
+  const int nh = p->n_history;
+  if (pen == 1.0f) return;
+  for (int i = threadIdx.x; i < nh; i += blockDim.x) {
+    const int id = hist[i];
+    if (id >= 0 && id < n_vocab) atomicExch(&seen[id], 1);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < nh; i += blockDim.x) {
+    const int id = hist[i];
+    if (id >= 0 && id < n_vocab && atomicExch(&seen[id], 0) == 1) {
+      const float l = work[id];
+      work[id] = l > 0.0f ? l / pen : l * pen;
+    }
+  }
+}
+
+// argmax, lowest id on ties: per-thread strided scan, then a fixed-shape tree.
+__global__ void argmax_kernel(const float* __restrict__ v, int n, int32_t* __restrict__ out) {
+  __shared__ float sv[kThreads];
+  __shared__ int si[kThreads];
+  float best = -INFINITY;
+  int bi = n;  // sentinel larger than any id
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    if (bi == n || v[i] > best) {  // strided in increasing i: the first maximum stays
+      best = v[i];
+      bi = i;
+    }
+  }
+  sv[threadIdx.x] = best;
+  si[threadIdx.x] = bi;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float ov = sv[threadIdx.x + s];
+      const int oi = si[threadIdx.x + s];
+      const bool take = oi != n && (si[threadIdx.x] == n || ov > sv[threadIdx.x] ||
+                                    (ov == sv[threadIdx.x] && oi < si[threadIdx.x]));
+      if (take) {
+        sv[threadIdx.x] = ov;
+        si[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = si[0] == n ? 0 : si[0];
+}
+
+__device__ double block_sum_d(double v, double* sh) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  double r = lane < (blockDim.x / kWarp) ? sh[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+
+// Index of the first i in [0, n) with prefix(p[0..i]) `pred` target, where prefix is a
+// sum in a fixed order: each thread owns one contiguous chunk; chunk totals are scanned by
+// thread 0. Returns n when no such i exists. mode 0: cum >= target; mode 1: target < cum.
+__device__ int first_cum(const double* __restrict__ p, int n, double target, int mode,
+                         double* sh_tot, int* sh_idx) {
+  const int chunk = (n + blockDim.x - 1) / blockDim.x;
+  const int b = min(n, static_cast<int>(threadIdx.x) * chunk), e = min(n, b + chunk);
+  double local = 0.0;
+  for (int i = b; i < e; ++i) local += p[i];
+  sh_tot[threadIdx.x] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double run = 0.0;
+    for (int t = 0; t < static_cast<int>(blockDim.x); ++t) {
+      const double x = sh_tot[t];
+      sh_tot[t] = run;  // exclusive prefix
+      run += x;
+    }
+    *sh_idx = n;
+  }
+  __syncthreads();
+  double cum = sh_tot[threadIdx.x];
+  int found = n;
+  for (int i = b; i < e; ++i) {
+    cum += p[i];
+    if (mode == 0 ? cum >= target : target < cum) {
+      found = i;
+      break;
+    }
+  }
+  if (found < n) atomicMin(sh_idx, found);  // min is order-independent
+  __syncthreads();
+  const int r = *sh_idx;
+  __syncthreads();
+  return r;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    finalize_kernel(const float* __restrict__ keys, const int32_t* __restrict__ ids, int n_vocab,
+                    const SampleParams* __restrict__ prm, double* __restrict__ probs,
+                    int32_t* __restrict__ out) {
+  __shared__ double sh[32];
+  __shared__ double sh_tot[kThreads];
+  __shared__ int sh_idx;
+  const SampleParams p = *prm;
+  int n = n_vocab;
+  if (p.top_k > 0 && p.top_k < n) n = p.top_k;
+  const float s0 = keys[0] / p.temperature;
+  double local = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const double e = exp(static_cast<double>(keys[i] / p.temperature - s0));
+    probs[i] = e;
+    local += e;
+  }
+  const double sum = block_sum_d(local, sh);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) probs[i] /= sum;
+  __syncthreads();
+  int keep = n;
+  if (p.top_p < 1.0f) {
+    const int i = first_cum(probs, n, static_cast<double>(p.top_p), 0, sh_tot, &sh_idx);
+    keep = i < n ? i + 1 : n;
+  }
+  if (p.min_p > 0.0f) {
+    // probs are non-increasing, so the kept set is a prefix: find the first miss.
+    const double threshold = static_cast<double>(p.min_p) * probs[0];
+    if (threadIdx.x == 0) sh_idx = keep;
+    __syncthreads();
+    for (int i = 1 + threadIdx.x; i < keep; i += blockDim.x) {
+      if (!(probs[i] >= threshold)) atomicMin(&sh_idx, i);
+    }
+    __syncthreads();
+    keep = sh_idx;
+    __syncthreads();
+  }
+  double tl = 0.0;
+  for (int i = threadIdx.x; i < keep; i += blockDim.x) tl += probs[i];
+  // The CPU sums the kept probabilities sequentially; a tree sum differs by rounding only.
+  const double total = block_sum_d(tl, sh);
+  const int pick = first_cum(probs, keep, p.u * total, 1, sh_tot, &sh_idx);
+  if (threadIdx.x == 0) *out = ids[pick < keep ? pick : keep - 1];
+}
+}  // namespace
+
+size_t sampling_sort_temp_bytes(int n_vocab) {
+  size_t bytes = 0;
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+      nullptr, bytes, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), n_vocab));
+  return bytes;
+}
+
+void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream) {
+  iota_kernel<<<(n_vocab + 255) / 256, 256, 0, stream>>>(s.ids, s.seen, n_vocab);
+  CUDA_CHECK_LAUNCH("iota_kernel");
+}
+
+void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
+            const int32_t* d_history, const SampleScratch& s, int32_t* d_out,
+            cudaStream_t stream) {
+  copy_kernel<<<(n_vocab + 255) / 256, 256, 0, stream>>>(logits, s.work, n_vocab);
+  CUDA_CHECK_LAUNCH("copy_kernel");
+  penalty_kernel<<<1, kThreads, 0, stream>>>(s.work, n_vocab, d_params, d_history, s.seen);
+  CUDA_CHECK_LAUNCH("penalty_kernel");
+  if (greedy) {
+    argmax_kernel<<<1, kThreads, 0, stream>>>(s.work, n_vocab, d_out);
+    CUDA_CHECK_LAUNCH("argmax_kernel");
+    return;
+  }
+  size_t bytes = s.sort_temp_bytes;
+  // Stable radix sort: equal logits keep ascending ids, the CPU's (logit desc, id asc).
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(s.sort_temp, bytes, s.work, s.keys_sorted,
+                                                       s.ids, s.ids_sorted, n_vocab, 0,
+                                                       static_cast<int>(sizeof(float) * 8),
+                                                       stream));
+  finalize_kernel<<<1, kThreads, 0, stream>>>(s.keys_sorted, s.ids_sorted, n_vocab, d_params,
+                                              s.probs, d_out);
+  CUDA_CHECK_LAUNCH("finalize_kernel");
+}
+}  // namespace worker::kern

@@ -1,0 +1,466 @@
+// Each CUDA kernel against a CPU reference on random inputs at several shapes (M0-W-1430,
+// 1431, 1810): dequantization uses worker/gguf's dequantize_row (the CPU reference of the
+// block formats), sums are in double, outputs are poisoned with NaN before each launch,
+// and errors are relative (||got - ref|| / ||ref||) with a bound per precision.
+#include <cuda_fp16.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attention.cuh"
+#include "cuda_check.h"
+#include "embed.cuh"
+#include "engine/sampler.h"
+#include "gguf/ggml_types.h"
+#include "gpu_test_util.h"
+#include "matvec.cuh"
+#include "rmsnorm.cuh"
+#include "rope_qkv.cuh"
+#include "sampling.cuh"
+#include "swiglu.cuh"
+
+namespace worker {
+namespace {
+
+using gputest::DevArray;
+using gputest::rel_err;
+
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,
+                              GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
+                              GgmlType::Q4_K, GgmlType::Q6_K};
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Random rows of `type`: random bytes with the fp16 scale fields set to sane magnitudes
+// (random bytes there would be NaN/Inf or huge).
+std::vector<uint8_t> random_rows(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  const size_t rb = ggml_row_bytes(type, cols);
+  std::vector<uint8_t> data(rb * static_cast<size_t>(rows));
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> sc(0.002f, 0.05f);
+  auto put_half = [&](uint8_t* p, float f) {
+    const uint16_t h = fp32_to_fp16(f);
+    std::memcpy(p, &h, 2);
+  };
+  switch (type) {
+    case GgmlType::F32: {
+      auto v = randn(data.size() / 4, rng);
+      std::memcpy(data.data(), v.data(), data.size());
+      return data;
+    }
+    case GgmlType::F16:
+    case GgmlType::BF16: {
+      auto v = randn(data.size() / 2, rng);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const uint16_t h = type == GgmlType::F16 ? fp32_to_fp16(v[i]) : fp32_to_bf16(v[i]);
+        std::memcpy(data.data() + 2 * i, &h, 2);
+      }
+      return data;
+    }
+    default: break;
+  }
+  for (auto& b : data) b = static_cast<uint8_t>(byte(rng));
+  const size_t bb = *ggml_type_block_bytes(static_cast<uint32_t>(type));
+  for (size_t off = 0; off < data.size(); off += bb) {
+    uint8_t* b = data.data() + off;
+    switch (type) {
+      case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q5_0: put_half(b, sc(rng)); break;
+      case GgmlType::Q4_K: put_half(b, sc(rng)); put_half(b + 2, sc(rng)); break;
+      case GgmlType::Q6_K: put_half(b + 208, sc(rng) * 0.1f); break;
+      default: break;
+    }
+  }
+  return data;
+}
+
+std::vector<float> dequant_all(GgmlType type, const std::vector<uint8_t>& data, int64_t rows,
+                               int64_t cols) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  const size_t rb = ggml_row_bytes(type, cols);
+  for (int64_t r = 0; r < rows; ++r) dequantize_row(type, data.data() + r * rb, out.data() + r * cols, cols);
+  return out;
+}
+
+struct Shape {
+  int64_t rows, cols;
+  int n_tok;
+};
+
+std::string tname(GgmlType t) { return std::string(ggml_type_name(static_cast<uint32_t>(t))); }
+
+// REQ: M0-W-1201 M0-W-1430 M0-W-1431 M0-W-1810 WRK-D2
+TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(1234);
+  const Shape shapes[] = {{1, 256, 1}, {37, 512, 1}, {130, 1024, 3}, {64, 4864, 8}, {96, 768, 13}, {9, 2304, 2}};
+  for (GgmlType type : kAllTypes) {
+    for (const Shape& s : shapes) {
+      for (bool acc : {false, true}) {
+        auto w = random_rows(type, s.rows, s.cols, rng);
+        auto x = randn(static_cast<size_t>(s.n_tok * s.cols), rng);
+        auto y0 = randn(static_cast<size_t>(s.n_tok * s.rows), rng);
+        const auto wf = dequant_all(type, w, s.rows, s.cols);
+        std::vector<double> ref(y0.size());
+        for (int t = 0; t < s.n_tok; ++t)
+          for (int64_t r = 0; r < s.rows; ++r) {
+            double a = acc ? y0[t * s.rows + r] : 0.0;
+            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * x[t * s.cols + j];
+            ref[t * s.rows + r] = a;
+          }
+        DevArray<uint8_t> dw(w);
+        DevArray<float> dx(x), dy(y0.size());
+        if (acc) dy.upload(y0);
+        kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols, ggml_row_bytes(type, s.cols)};
+        kern::matvec(v, dx.get(), dy.get(), s.n_tok, acc, nullptr);
+        const double e = rel_err(dy.download(), ref);
+        EXPECT_LT(e, 2e-6) << tname(type) << " rows=" << s.rows << " cols=" << s.cols << " n_tok=" << s.n_tok << " acc=" << acc;
+      }
+    }
+  }
+}
+
+// Float rows whose length is not a multiple of 8 (stories260K's FFN of 172) take the
+// scalar path.
+// REQ: M0-W-1430 M0-W-1810
+TEST(KernelMatvec, OddRowLengthFloatTypes) {
+  REQUIRE_GPU();
+  std::mt19937 rng(7);
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    for (int64_t cols : {4, 172, 100}) {
+      const int64_t rows = 65;
+      const int n_tok = 5;
+      auto w = random_rows(type, rows, cols, rng);
+      auto x = randn(static_cast<size_t>(n_tok * cols), rng);
+      const auto wf = dequant_all(type, w, rows, cols);
+      std::vector<double> ref(static_cast<size_t>(n_tok * rows));
+      for (int t = 0; t < n_tok; ++t)
+        for (int64_t r = 0; r < rows; ++r) {
+          double a = 0;
+          for (int64_t j = 0; j < cols; ++j) a += static_cast<double>(wf[r * cols + j]) * x[t * cols + j];
+          ref[t * rows + r] = a;
+        }
+      DevArray<uint8_t> dw(w);
+      DevArray<float> dx(x), dy(ref.size());
+      kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols, ggml_row_bytes(type, cols)};
+      kern::matvec(v, dx.get(), dy.get(), n_tok, false, nullptr);
+      EXPECT_LT(rel_err(dy.download(), ref), 2e-6) << tname(type) << " cols=" << cols;
+    }
+  }
+}
+
+// REQ: M0-W-1430 M0-W-1031 WRK-D15
+TEST(KernelGemm, CublasFloatTypesMatchReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(99);
+  cublasHandle_t h;
+  ASSERT_EQ(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH), CUBLAS_STATUS_SUCCESS);
+  const Shape shapes[] = {{64, 256, 16}, {896, 896, 37}, {200, 4864, 64}, {151, 172, 20}};
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    for (const Shape& s : shapes) {
+      for (bool acc : {false, true}) {
+        auto w = random_rows(type, s.rows, s.cols, rng);
+        auto x = randn(static_cast<size_t>(s.n_tok * s.cols), rng);
+        auto y0 = randn(static_cast<size_t>(s.n_tok * s.rows), rng);
+        const auto wf = dequant_all(type, w, s.rows, s.cols);
+        std::vector<double> ref(y0.size());
+        for (int t = 0; t < s.n_tok; ++t)
+          for (int64_t r = 0; r < s.rows; ++r) {
+            double a = acc ? y0[t * s.rows + r] : 0.0;
+            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * x[t * s.cols + j];
+            ref[t * s.rows + r] = a;
+          }
+        DevArray<uint8_t> dw(w);
+        DevArray<float> dx(x), dy(y0.size());
+        DevArray<uint16_t> lowp(2 * x.size());
+        if (acc) dy.upload(y0);
+        kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols, ggml_row_bytes(type, s.cols)};
+        kern::gemm_cublas(h, v, dx.get(), lowp.get(), dy.get(), s.n_tok, acc, nullptr);
+        // hi/lo split activations: F16 ~ 2^-22, BF16 ~ 2^-16 relative
+        const double bound = type == GgmlType::F32 ? 1e-5 : type == GgmlType::F16 ? 1e-5 : 1e-4;
+        const auto got = dy.download();
+        EXPECT_LT(rel_err(got, ref), bound) << tname(type) << " rows=" << s.rows << " cols=" << s.cols << " n_tok=" << s.n_tok;
+        // Repetition gives identical bits (D15).
+        if (acc) dy.upload(y0);
+        kern::gemm_cublas(h, v, dx.get(), lowp.get(), dy.get(), s.n_tok, acc, nullptr);
+        const auto again = dy.download();
+        EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << tname(type);
+      }
+    }
+  }
+  cublasDestroy(h);
+}
+
+// REQ: M0-W-1201 M0-W-1430 M0-W-1810 WRK-D2
+TEST(KernelEmbed, AllTypesGatherDequantizedRows) {
+  REQUIRE_GPU();
+  std::mt19937 rng(5);
+  for (GgmlType type : kAllTypes) {
+    const int64_t rows = 300, cols = 512;
+    auto w = random_rows(type, rows, cols, rng);
+    const auto wf = dequant_all(type, w, rows, cols);
+    std::vector<int32_t> ids = {0, 299, 17, 17, 150, 3, 298};
+    DevArray<uint8_t> dw(w);
+    DevArray<int32_t> dids(ids);
+    DevArray<float> out(ids.size() * cols);
+    kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols, ggml_row_bytes(type, cols)};
+    kern::embed(v, dids.get(), static_cast<int>(ids.size()), out.get(), nullptr);
+    const auto got = out.download();
+    for (size_t t = 0; t < ids.size(); ++t)
+      for (int64_t j = 0; j < cols; ++j)
+        ASSERT_EQ(got[t * cols + j], wf[ids[t] * cols + j]) << tname(type) << " token " << ids[t] << " elem " << j;
+  }
+}
+
+// REQ: M0-W-1430 M0-W-1810
+TEST(KernelRmsnorm, MatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(11);
+  for (int n : {64, 896, 4096, 100}) {
+    for (GgmlType wt : {GgmlType::F32, GgmlType::F16}) {
+      const int rows = 7;
+      auto x = randn(static_cast<size_t>(rows * n), rng, 3.0f);
+      auto w = randn(static_cast<size_t>(n), rng);
+      std::vector<uint8_t> wbytes;
+      std::vector<float> wq(w);
+      if (wt == GgmlType::F32) {
+        wbytes.resize(4 * n);
+        std::memcpy(wbytes.data(), w.data(), wbytes.size());
+      } else {
+        wbytes.resize(2 * n);
+        for (int i = 0; i < n; ++i) {
+          const uint16_t h = fp32_to_fp16(w[i]);
+          wq[i] = fp16_to_fp32(h);
+          std::memcpy(wbytes.data() + 2 * i, &h, 2);
+        }
+      }
+      std::vector<double> ref(x.size());
+      for (int r = 0; r < rows; ++r) {
+        double ss = 0;
+        for (int i = 0; i < n; ++i) ss += static_cast<double>(x[r * n + i]) * x[r * n + i];
+        const double sc = 1.0 / std::sqrt(ss / n + 1e-6);
+        for (int i = 0; i < n; ++i) ref[r * n + i] = x[r * n + i] * sc * wq[i];
+      }
+      DevArray<float> dx(x), dy(x.size());
+      DevArray<uint8_t> dw(wbytes);
+      kern::rmsnorm(dx.get(), dw.get(), static_cast<uint32_t>(wt), dy.get(), rows, n, 1e-6f, nullptr);
+      EXPECT_LT(rel_err(dy.download(), ref), 1e-6) << "n=" << n;
+    }
+  }
+}
+
+// REQ: M0-W-1430 M0-W-1810 WRK-D1
+TEST(KernelRope, BothOrderingsBiasAndCacheStore) {
+  REQUIRE_GPU();
+  std::mt19937 rng(21);
+  struct C { int nh, nkv, hd, nrot, n_tok, n_past; bool neox; bool bias; };
+  const C cases[] = {{14, 2, 64, 64, 5, 0, true, true}, {8, 4, 8, 8, 3, 17, false, false},
+                     {4, 4, 128, 64, 2, 1000, false, true}, {6, 2, 32, 32, 9, 5, true, false}};
+  for (const C& c : cases) {
+    kern::RopeParams p{c.nh, c.nkv, c.hd, c.nrot, 10000.0f,
+                       std::pow(10000.0f, -2.0f / static_cast<float>(c.nrot)), c.neox};
+    const int qd = c.nh * c.hd, kd = c.nkv * c.hd, n_ctx = c.n_past + c.n_tok + 3;
+    auto q = randn(static_cast<size_t>(c.n_tok * qd), rng);
+    auto k = randn(static_cast<size_t>(c.n_tok * kd), rng);
+    auto v = randn(static_cast<size_t>(c.n_tok * kd), rng);
+    auto bq = randn(qd, rng), bk = randn(kd, rng), bv = randn(kd, rng);
+    // reference (double angles)
+    std::vector<double> rq(q.size()), rk(k.size()), rv(v.size());
+    auto rot = [&](const float* in, const float* b, double* out, int nheads, int pos) {
+      for (int h = 0; h < nheads; ++h) {
+        std::vector<double> x(c.hd);
+        for (int d = 0; d < c.hd; ++d) x[d] = in[h * c.hd + d] + (c.bias ? b[h * c.hd + d] : 0.0f);
+        float thf = static_cast<float>(pos);  // ggml's float recurrence for the angles
+        for (int i = 0; i < c.nrot / 2; ++i, thf *= p.theta_scale) {
+          const double th = thf;
+          const int i0 = c.neox ? i : 2 * i, i1 = c.neox ? i + c.nrot / 2 : 2 * i + 1;
+          const double x0 = x[i0], x1 = x[i1];
+          x[i0] = x0 * std::cos(th) - x1 * std::sin(th);
+          x[i1] = x0 * std::sin(th) + x1 * std::cos(th);
+        }
+        for (int d = 0; d < c.hd; ++d) out[h * c.hd + d] = x[d];
+      }
+    };
+    for (int t = 0; t < c.n_tok; ++t) {
+      rot(q.data() + t * qd, bq.data(), rq.data() + t * qd, c.nh, c.n_past + t);
+      rot(k.data() + t * kd, bk.data(), rk.data() + t * kd, c.nkv, c.n_past + t);
+      for (int i = 0; i < kd; ++i) rv[t * kd + i] = v[t * kd + i] + (c.bias ? bv[i] : 0.0f);
+    }
+    DevArray<float> dq(q), dk(k), dv(v), dbq(bq), dbk(bk), dbv(bv);
+    DevArray<int32_t> npast(std::vector<int32_t>{c.n_past});
+    DevArray<__half> kc(static_cast<size_t>(n_ctx * kd)), vc(static_cast<size_t>(n_ctx * kd));
+    kern::VecView Bq{c.bias ? dbq.get() : nullptr, 0}, Bk{c.bias ? dbk.get() : nullptr, 0}, Bv{c.bias ? dbv.get() : nullptr, 0};
+    kern::qkv_rope_store(dq.get(), dk.get(), dv.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(), kc.get(), vc.get(), nullptr);
+    EXPECT_LT(rel_err(dq.download(), rq), 1e-5);
+    const auto hk = kc.download(), hv = vc.download();
+    std::vector<float> gk(k.size()), gv(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      gk[i] = __half2float(hk[static_cast<size_t>(c.n_past) * kd + i]);
+      gv[i] = __half2float(hv[static_cast<size_t>(c.n_past) * kd + i]);
+    }
+    EXPECT_LT(rel_err(gk, rk), 1e-3);  // FP16 cache
+    EXPECT_LT(rel_err(gv, rv), 1e-3);
+  }
+}
+
+// REQ: M0-W-1430 M0-W-1431 M0-W-1810 M0-W-1031 WRK-D15
+TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
+  REQUIRE_GPU();
+  std::mt19937 rng(31);
+  struct C { int nh, nkv, hd, n_past, n_tok; };
+  const C cases[] = {{14, 2, 64, 0, 1}, {14, 2, 64, 511, 1}, {8, 4, 8, 0, 12}, {4, 1, 128, 33, 20},
+                     {6, 6, 32, 2000, 1}, {2, 2, 256, 7, 5}, {4, 2, 48, 100, 3}};
+  for (const C& c : cases) {
+    const int n_ctx = c.n_past + c.n_tok, kd = c.nkv * c.hd, qd = c.nh * c.hd;
+    auto q = randn(static_cast<size_t>(c.n_tok * qd), rng);
+    auto kf = randn(static_cast<size_t>(n_ctx * kd), rng, 2.0f), vf = randn(static_cast<size_t>(n_ctx * kd), rng);
+    std::vector<__half> kh(kf.size()), vh(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) { kh[i] = __float2half(kf[i]); vh[i] = __float2half(vf[i]); }
+    std::vector<double> ref(q.size());
+    for (int t = 0; t < c.n_tok; ++t)
+      for (int h = 0; h < c.nh; ++h) {
+        const int g = h / (c.nh / c.nkv), n = c.n_past + t + 1;
+        std::vector<double> s(n);
+        double mx = -1e300;
+        for (int p = 0; p < n; ++p) {
+          double a = 0;
+          for (int d = 0; d < c.hd; ++d) a += static_cast<double>(q[t * qd + h * c.hd + d]) * __half2float(kh[p * kd + g * c.hd + d]);
+          s[p] = a / std::sqrt(static_cast<double>(c.hd));
+          mx = std::max(mx, s[p]);
+        }
+        double sum = 0;
+        for (auto& x : s) { x = std::exp(x - mx); sum += x; }
+        for (int d = 0; d < c.hd; ++d) {
+          double o = 0;
+          for (int p = 0; p < n; ++p) o += s[p] / sum * __half2float(vh[p * kd + g * c.hd + d]);
+          ref[t * qd + h * c.hd + d] = o;
+        }
+      }
+    DevArray<float> dq(q), out(q.size());
+    DevArray<__half> dk(kh), dv(vh);
+    DevArray<int32_t> npast(std::vector<int32_t>{c.n_past});
+    kern::attention(dq.get(), dk.get(), dv.get(), out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), nullptr);
+    const auto got = out.download();
+    EXPECT_LT(rel_err(got, ref), 1e-5) << "nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd << " n_past=" << c.n_past << " n_tok=" << c.n_tok;
+    out.poison();
+    kern::attention(dq.get(), dk.get(), dv.get(), out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), nullptr);
+    const auto again = out.download();
+    EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << "attention not reproducible";
+  }
+}
+
+// REQ: M0-W-1430 M0-W-1810
+TEST(KernelSwiglu, SiluTimesUpAndResidualAdd) {
+  REQUIRE_GPU();
+  std::mt19937 rng(41);
+  for (size_t n : {size_t{1}, size_t{172}, size_t{4864 * 3}}) {
+    auto g = randn(n, rng, 4.0f), u = randn(n, rng), y = randn(n, rng);
+    std::vector<double> ref(n), radd(n);
+    for (size_t i = 0; i < n; ++i) {
+      ref[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+      radd[i] = static_cast<double>(y[i]) + u[i];
+    }
+    DevArray<float> dg(g), du(u), dy(y);
+    kern::swiglu(dg.get(), du.get(), n, nullptr);
+    kern::add_inplace(dy.get(), du.get(), n, nullptr);
+    EXPECT_LT(rel_err(dg.download(), ref), 1e-6);
+    EXPECT_LT(rel_err(dy.download(), radd), 1e-7);
+  }
+}
+
+struct SampleBufs {
+  explicit SampleBufs(int V, int hist_cap)
+      : work(V), keys(V), ids(V), ids_sorted(V), probs(V), seen(V),
+        temp(kern::sampling_sort_temp_bytes(V)), params(1), history(hist_cap), out(1) {
+    s.work = work.get(); s.keys_sorted = keys.get(); s.ids = ids.get(); s.ids_sorted = ids_sorted.get();
+    s.probs = probs.get(); s.seen = seen.get(); s.sort_temp = temp.get(); s.sort_temp_bytes = temp.size();
+    kern::sampling_init(s, V, nullptr);
+  }
+  DevArray<float> work, keys;
+  DevArray<int32_t> ids, ids_sorted;
+  DevArray<double> probs;
+  DevArray<int32_t> seen;
+  DevArray<uint8_t> temp;
+  DevArray<kern::SampleParams> params;
+  DevArray<int32_t> history, out;
+  kern::SampleScratch s;
+};
+
+int32_t gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V, const SamplingParams& sp,
+                   const std::vector<int32_t>& hist, std::mt19937_64& rng) {
+  kern::SampleParams p;
+  p.temperature = sp.temperature; p.top_p = sp.top_p; p.min_p = sp.min_p;
+  p.repetition_penalty = sp.repetition_penalty; p.top_k = sp.top_k;
+  p.n_history = static_cast<int32_t>(hist.size());
+  const bool greedy = !(sp.temperature > 0.0f);
+  p.u = greedy ? 0.0 : sampler_uniform(rng);
+  b.params.upload({p});
+  if (!hist.empty()) b.history.upload(hist);
+  b.out.poison();
+  kern::sample(logits.get(), V, b.params.get(), greedy, b.history.get(), b.s, b.out.get(), nullptr);
+  return b.out.download()[0];
+}
+
+// The GPU sampler picks exactly the CPU sampler's id for the same logits and the same
+// random stream, over every stage of the pipeline.
+// REQ: M0-W-1421 M0-W-1430 M0-W-1031 M0-W-1810 WRK-D15
+TEST(KernelSampling, MatchesCpuSamplerIdForId) {
+  REQUIRE_GPU();
+  std::mt19937 rng(51);
+  const SamplingParams configs[] = {
+      {0.0f, 1.0f, 0, 0.0f, 1.0f, 0},     {0.0f, 1.0f, 0, 0.0f, 1.3f, 0},
+      {0.7f, 1.0f, 0, 0.0f, 1.0f, 0},     {0.7f, 0.9f, 40, 0.05f, 1.1f, 0},
+      {1.5f, 0.5f, 0, 0.0f, 0.8f, 0},     {1.0f, 1.0f, 5, 0.0f, 1.0f, 0},
+      {0.3f, 0.95f, 0, 0.1f, 1.2f, 0},    {2.0f, 1.0f, 1, 0.0f, 1.0f, 0}};
+  // WORKER_KERNEL_TEST_QUICK (set under compute-sanitizer racecheck): smaller vocabularies.
+  const bool quick = std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
+  const std::vector<int> vocabs = quick ? std::vector<int>{512, 5000} : std::vector<int>{512, 32000, 151936};
+  for (int V : vocabs) {
+    SampleBufs b(V, 256);
+    DevArray<float> dl(static_cast<size_t>(V));
+    for (const auto& sp : configs) {
+      std::mt19937_64 cpu_rng(777), gpu_rng(777);
+      for (int trial = 0; trial < (quick ? 3 : 12); ++trial) {
+        auto logits = randn(static_cast<size_t>(V), rng, 3.0f);
+        if (trial % 3 == 0) logits[V / 2] = logits[V / 3] = 40.0f;  // an exact tie at the top
+        std::vector<int32_t> hist;
+        std::uniform_int_distribution<int> id(0, V - 1);
+        for (int i = 0; i < 50; ++i) hist.push_back(id(rng));
+        hist.push_back(hist[0]);  // duplicates are penalised once
+        dl.upload(logits);
+        const int32_t want = sample_logits(logits, sp, hist, cpu_rng);
+        const int32_t got = gpu_sample(b, dl, V, sp, hist, gpu_rng);
+        ASSERT_EQ(got, want) << "V=" << V << " T=" << sp.temperature << " top_p=" << sp.top_p
+                             << " top_k=" << sp.top_k << " min_p=" << sp.min_p
+                             << " pen=" << sp.repetition_penalty << " trial=" << trial;
+      }
+    }
+  }
+}
+
+// REQ: M0-W-1421 M0-W-1032
+TEST(KernelSampling, GreedyLowestIdWinsTies) {
+  REQUIRE_GPU();
+  const int V = 4099;
+  std::vector<float> logits(V, -1.0f);
+  logits[4000] = 5.0f;
+  logits[77] = 5.0f;
+  logits[3000] = 5.0f;
+  SampleBufs b(V, 8);
+  DevArray<float> dl(logits);
+  std::mt19937_64 rng(1);
+  EXPECT_EQ(gpu_sample(b, dl, V, SamplingParams{0.0f, 1.0f, 0, 0.0f, 1.0f, 0}, {}, rng), 77);
+}
+
+}  // namespace
+}  // namespace worker
