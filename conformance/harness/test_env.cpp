@@ -58,6 +58,12 @@ std::string slow_model() {
                       "conformance_slow_model target)");
 }
 
+std::string eos_model() {
+  return require_file(env_or("WORKER_EOS_MODEL", CONFORMANCE_EOS_MODEL),
+                      "EOS conformance model (WORKER_EOS_MODEL; built by the "
+                      "conformance_slow_model target)");
+}
+
 std::string results_dir() {
   const std::string dir = env_or("WORKER_RESULTS_DIR", std::string(WORKER_BINARY_DIR) +
                                                            "/test-results");
