@@ -14,23 +14,28 @@ std::string shape_str(const std::vector<int64_t>& ne) {
   return s + "]";
 }
 
-int64_t positive(const GgufFile& f, const std::string& key, uint64_t v) {
-  if (v == 0 || v > (1ull << 40)) {
+// Upper bounds far above any real model; they keep products such as n_head * head_dim
+// and per-layer allocations from overflowing on a hostile file.
+constexpr uint64_t kMaxDim = 1ull << 24;
+
+int64_t positive(const GgufFile& f, const std::string& key, uint64_t v, uint64_t max) {
+  if (v == 0 || v > max) {
     throw GgufError(f.path() + ": key " + key + " = " + std::to_string(v) +
-                    " is out of range (expected 1 to 2^40)");
+                    " is out of range (expected 1 to " + std::to_string(max) + ")");
   }
   return static_cast<int64_t>(v);
 }
 
-int64_t required_int(const GgufFile& f, const std::string& key) {
+int64_t required_int(const GgufFile& f, const std::string& key, uint64_t max = kMaxDim) {
   if (!f.find(key)) {
     throw GgufError(f.path() + ": missing required key " + key);
   }
-  return positive(f, key, f.get_u64(key));
+  return positive(f, key, f.get_u64(key), max);
 }
 
-int64_t optional_int(const GgufFile& f, const std::string& key, int64_t fallback) {
-  return f.find(key) ? positive(f, key, f.get_u64(key)) : fallback;
+int64_t optional_int(const GgufFile& f, const std::string& key, int64_t fallback,
+                     uint64_t max = kMaxDim) {
+  return f.find(key) ? positive(f, key, f.get_u64(key), max) : fallback;
 }
 
 }  // namespace
@@ -56,7 +61,7 @@ ModelConfig read_model_config(const GgufFile& f) {
   if (auto p = stem.find_last_of('/'); p != std::string::npos) stem = stem.substr(p + 1);
   c.name = f.get_string("general.name", stem);
 
-  c.n_ctx_train = required_int(f, a + "context_length");
+  c.n_ctx_train = required_int(f, a + "context_length", 1ull << 31);
   c.n_embd = required_int(f, a + "embedding_length");
   c.n_layer = required_int(f, a + "block_count");
   c.n_ff = required_int(f, a + "feed_forward_length");
@@ -162,6 +167,13 @@ ModelWeights bind_model_weights(const GgufFile& f, const ModelConfig& c) {
   w.token_embd = b.get("token_embd.weight", {c.n_embd, c.vocab_size});
   w.output_norm = b.get("output_norm.weight", {c.n_embd});
   w.output = c.tied_output ? w.token_embd : b.get("output.weight", {c.n_embd, c.vocab_size});
+  // Each layer has at least 9 tensors: refuse a block_count the file cannot back before
+  // allocating per-layer state.
+  if (static_cast<uint64_t>(c.n_layer) > f.tensors().size() / 9) {
+    throw GgufError(f.path() + ": block_count " + std::to_string(c.n_layer) + " needs at least " +
+                    std::to_string(9 * c.n_layer) + " tensors, the file has " +
+                    std::to_string(f.tensors().size()));
+  }
   w.layers.resize(static_cast<size_t>(c.n_layer));
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";

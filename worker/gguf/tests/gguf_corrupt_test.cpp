@@ -418,6 +418,18 @@ TEST(GgufCorruptModel, MissingRequiredKeys) {
   }
 }
 
+// Found by the fuzzer: a huge block_count must not size per-layer state before the
+// tensors are checked.
+// REQ: M0-W-1211
+TEST(GgufCorruptModel, HugeConfigValuesAreRefused) {
+  Spec s = tiny_model(0);
+  s.kvs[3].payload = enc_u32(4000000);  // llama.block_count
+  expect_model_error(s, "block_count 4000000 needs at least 36000000 tensors, the file has 11");
+  Spec e = tiny_model(0);
+  e.kvs[2].payload = enc_u32(0xFFFFFFFFu);  // llama.embedding_length
+  expect_model_error(e, "key llama.embedding_length = 4294967295 is out of range");
+}
+
 // REQ: M0-W-1214
 TEST(GgufCorruptModel, MissingTensorAndBadHeadCounts) {
   Spec s = tiny_model(0);
