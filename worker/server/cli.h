@@ -1,0 +1,35 @@
+#pragma once
+// worker-orcd command line (D13, M0-W-1100, 1101).
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace worker::server {
+
+struct CliOptions {
+  std::string model;
+  int port = 8080;
+  std::string bind = "0.0.0.0";
+  int gpu_device = 0;
+  std::string worker_id;  // generated (v4) when absent
+  bool worker_id_generated = false;
+  std::string backend = "cuda";
+  int32_t ctx_size = 0;  // 0: the model's training context
+  size_t queue_depth = 16;
+  int inference_timeout_sec = 300;
+  std::string api_key;
+  std::string tokenizer;  // hf-json tokenizer.json
+  std::string log_logits;
+  std::string callback_url;
+  bool help = false;
+};
+
+// Throws std::invalid_argument naming the bad option and why.
+CliOptions parse_cli(const std::vector<std::string>& args);
+std::string cli_usage();
+
+bool is_valid_uuid(const std::string& s);
+std::string generate_uuid_v4();
+
+}  // namespace worker::server

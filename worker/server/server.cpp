@@ -1,1 +1,0 @@
-// HTTP server (owned by the worker-process work)
