@@ -7,6 +7,7 @@
 #include "oracle_util.h"
 #include "random_text.h"
 #include "test_paths.h"
+#include "tokenizer/vocab_tokenizers.h"
 
 namespace worker {
 namespace {
@@ -86,6 +87,37 @@ TEST(TokenizerOracle, LlamaSpmSpecialsMatchLlamaCpp) {
   std::vector<std::string> texts;
   for (int i = 0; i < 300; ++i) texts.push_back(gen.next_with_specials(specials));
   compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-phi-3.gguf", texts, true);
+}
+
+// The other byte-level pre-tokenizers (llama3, gpt2) on llama.cpp's vocabularies.
+// REQ: M0-W-1362 WRK-D3
+TEST(TokenizerOracle, LlamaBpeAndGpt2RandomStringsMatchLlamaCpp) {
+  test::RandomText gen(test::test_seed());
+  std::vector<std::string> texts;
+  for (int i = 0; i < 500; ++i) texts.push_back(gen.next());
+  compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-llama-bpe.gguf", texts, false);
+  compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-gpt-2.gguf", texts, false);
+}
+
+// llama.cpp's `default` pre-tokenizer (four regexes in sequence) on the gpt-2 vocabulary,
+// re-labelled by fixtures/tokenizer/make_vocab_variant.py.
+// REQ: M0-W-1362 WRK-D3
+TEST(TokenizerOracle, DefaultPreTokenizerMatchesLlamaCpp) {
+  const std::string out_dir = std::string(WORKER_BINARY_DIR) + "/tokenizer-fixtures";
+  std::filesystem::create_directories(out_dir);
+  const std::string out = out_dir + "/vocab-gpt2-default-pre.gguf";
+  const std::string cmd = "python3 '" + test::source_dir() +
+                          "/fixtures/tokenizer/make_vocab_variant.py' '" + test::llama_models_dir() +
+                          "/ggml-vocab-gpt-2.gguf' '" + out + "' default 2>&1";
+  const std::string log = test::run_capture(cmd);
+  ASSERT_TRUE(std::filesystem::exists(out)) << cmd << "\n" << log;
+  const auto& tok = test::tokenizer_for(out);
+  ASSERT_EQ(dynamic_cast<const BpeTokenizer&>(tok).pre_tokenizer(), PreTokenizer::kDefault);
+  test::RandomText gen(test::test_seed());
+  std::vector<std::string> texts = {"Hello world 12345 $$$ +++ <=> x|y, 1234567",
+                                    "a...b!!!c???  d\n\n e'll 'S 99 9999"};
+  for (int i = 0; i < 500; ++i) texts.push_back(gen.next());
+  compare_with_oracle(out, texts, false);
 }
 
 }  // namespace
