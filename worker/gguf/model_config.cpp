@@ -102,6 +102,15 @@ ModelConfig read_model_config(const GgufFile& f) {
   } else if (f.find("tokenizer.ggml.tokens")) {
     c.vocab_size = static_cast<int64_t>(f.find("tokenizer.ggml.tokens")->as_array().items.size());
   }
+  // llama.cpp sizes token_embd from the token list and refuses a mismatch; so do we.
+  if (const GgufValue* toks = f.find("tokenizer.ggml.tokens"); toks && embd) {
+    const auto n_tokens = static_cast<int64_t>(toks->as_array().items.size());
+    if (n_tokens != c.vocab_size) {
+      throw GgufError(f.path() + ": token_embd.weight has " + std::to_string(c.vocab_size) +
+                      " rows but tokenizer.ggml.tokens has " + std::to_string(n_tokens) +
+                      " entries");
+    }
+  }
   if (c.vocab_size <= 0) {
     throw GgufError(f.path() +
                     ": cannot determine the vocabulary size (no token_embd.weight "

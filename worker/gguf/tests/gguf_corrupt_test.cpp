@@ -431,6 +431,14 @@ TEST(GgufCorruptModel, HugeConfigValuesAreRefused) {
 }
 
 // REQ: M0-W-1214
+TEST(GgufCorruptModel, TokenListMustMatchEmbeddingRows) {
+  Spec s = tiny_model(0);
+  s.kvs.push_back(
+      {"tokenizer.ggml.tokens", T_ARR, Bytes().u32(T_STR).u64(3).str("a").str("b").str("c").b});
+  expect_model_error(s, "token_embd.weight has 4 rows but tokenizer.ggml.tokens has 3 entries");
+}
+
+// REQ: M0-W-1214
 TEST(GgufCorruptModel, MissingTensorAndBadHeadCounts) {
   Spec s = tiny_model(0);
   s.tensors.pop_back();
