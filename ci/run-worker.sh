@@ -12,7 +12,7 @@ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$BUILD.configure.lo
   { cat "$BUILD.configure.log"; echo "run-worker: cmake configure failed" >&2; exit 1; }
 echo "run-worker: building worker-orcd (first time: a few minutes)"
 if ! cmake --build "$BUILD" -j "$(nproc)" --target worker-orcd >"$BUILD.build.log" 2>&1; then
-  grep -E -A8 "error|FAILED:" "$BUILD.build.log" | head -80
+  grep -E -A12 "^FAILED:|error:" "$BUILD.build.log" | head -80
   echo "run-worker: build failed (full log: $BUILD.build.log)" >&2
   exit 1
 fi

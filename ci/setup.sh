@@ -82,7 +82,7 @@ if [[ ! -d .deps/llama.cpp/.git ]]; then
   say "cloning llama.cpp from $BUNDLE into .deps/llama.cpp"
   mkdir -p .deps
   rm -rf .deps/llama.cpp.tmp
-  git clone -q "$BUNDLE" .deps/llama.cpp.tmp || die "git clone of $BUNDLE failed"
+  git -c advice.detachedHead=false clone -q "$BUNDLE" .deps/llama.cpp.tmp || die "git clone of $BUNDLE failed"
   mv .deps/llama.cpp.tmp .deps/llama.cpp
 fi
 [[ -f .deps/llama.cpp/models/ggml-vocab-qwen2.gguf ]] ||

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command: set up, build (warnings are errors; CUDA when nvcc is present),
 # generate the model fixtures, run every test, write the requirement-coverage report and apply
-# its gate. WORKER_COVERAGE=1 adds an lcov coverage build of the CPU path (slower).
+# its gate. WORKER_COVERAGE=1 adds an lcov coverage build of the CPU path (slower);
+# WORKER_CUDA=OFF forces a CPU-only build (default AUTO: CUDA when nvcc + cuBLAS are found).
 # Exit status: non-zero when setup, the build, any test or the requirement gate fails.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,12 +19,12 @@ ci/setup.sh
 
 BUILD=build-ci
 step "configure $BUILD"
-cmake -S . -B "$BUILD" -G Ninja -DWORKER_WERROR=ON -DWORKER_CUDA=AUTO >"$BUILD.configure.log" 2>&1 ||
+cmake -S . -B "$BUILD" -G Ninja -DWORKER_WERROR=ON -DWORKER_CUDA="${WORKER_CUDA:-AUTO}" >"$BUILD.configure.log" 2>&1 ||
   { cat "$BUILD.configure.log"; echo "test.sh: cmake configure failed" >&2; exit 1; }
 grep -E "worker-orcd: CUDA backend" "$BUILD.configure.log" || true
 step "build ($JOBS jobs)"
 if ! cmake --build "$BUILD" -j "$JOBS" >"$BUILD.build.log" 2>&1; then
-  grep -E -A8 "error|FAILED:" "$BUILD.build.log" | head -120
+  grep -E -A12 "^FAILED:|error:" "$BUILD.build.log" | head -120
   echo "test.sh: build failed (full log: $BUILD.build.log)" >&2
   exit 1
 fi
@@ -46,7 +47,7 @@ if [[ "${WORKER_COVERAGE:-0}" == 1 ]]; then
   cmake -S . -B "$COV" -G Ninja -DWORKER_COVERAGE=ON -DWORKER_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug \
     >"$COV.configure.log" 2>&1 || { cat "$COV.configure.log"; exit 1; }
   if ! cmake --build "$COV" -j "$JOBS" >"$COV.build.log" 2>&1; then
-    grep -E -A8 "error|FAILED:" "$COV.build.log" | head -120
+    grep -E -A12 "^FAILED:|error:" "$COV.build.log" | head -120
     echo "test.sh: coverage build failed (full log: $COV.build.log)" >&2
     exit 1
   fi
