@@ -141,7 +141,7 @@ class MetadataParser {
       case GgufValueType::INT32: v.v = int64_t{c_.read<int32_t>(W)}; break;
       case GgufValueType::UINT64: v.v = c_.read<uint64_t>(W); break;
       case GgufValueType::INT64: v.v = c_.read<int64_t>(W); break;
-      case GgufValueType::FLOAT32: v.v = double{c_.read<float>(W)}; break;
+      case GgufValueType::FLOAT32: v.v = static_cast<double>(c_.read<float>(W)); break;
       case GgufValueType::FLOAT64: v.v = c_.read<double>(W); break;
       case GgufValueType::BOOL: {
         const size_t at = c_.pos();

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -26,42 +27,77 @@ uint32_t f_to_bits(float f) {
   return u;
 }
 
+// Reference half -> double from the IEEE definition (exact in double).
+double ref_half(uint16_t h) {
+  const int sign = (h >> 15) ? -1 : 1;
+  const int e = (h >> 10) & 31;
+  const int m = h & 1023;
+  if (e == 31) return m ? std::nan("") : sign * std::numeric_limits<double>::infinity();
+  if (e == 0) return sign * std::ldexp(static_cast<double>(m), -24);
+  return sign * std::ldexp(static_cast<double>(1024 + m), e - 25);
+}
+
 // REQ: WRK-D2
-TEST(GgmlTypes, Fp16ToFp32MatchesCompilerForAllValues) {
+TEST(GgmlTypes, Fp16ToFp32MatchesIeeeDefinitionForAllValues) {
   for (uint32_t h = 0; h < 65536; ++h) {
-    _Float16 ref;
-    const uint16_t hh = static_cast<uint16_t>(h);
-    std::memcpy(&ref, &hh, 2);
-    const float want = static_cast<float>(ref);
+    const auto hh = static_cast<uint16_t>(h);
+    const double want = ref_half(hh);
     const float got = fp16_to_fp32(hh);
     if (std::isnan(want)) {
       EXPECT_TRUE(std::isnan(got)) << h;
     } else {
-      ASSERT_EQ(f_to_bits(got), f_to_bits(want)) << "half bits " << h;
+      ASSERT_EQ(static_cast<double>(got), want) << "half bits " << h;
+      ASSERT_EQ(std::signbit(got), (h >> 15) != 0) << h;
     }
   }
 }
 
+// Reference float -> half: the nearest of all finite halves, ties to the even mantissa;
+// beyond the largest half plus half an ulp (65520) the result is infinity.
+uint16_t ref_to_half(float x) {
+  const double ax = std::fabs(static_cast<double>(x));
+  const uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+  if (ax >= 65520.0) return sign | 0x7C00;
+  uint16_t lo = 0, hi = 0x7BFF;  // binary search over positive finite halves (monotonic)
+  while (lo < hi) {
+    const auto mid = static_cast<uint16_t>((lo + hi + 1) / 2);
+    if (ref_half(mid) <= ax) {
+      lo = mid;
+    } else {
+      hi = static_cast<uint16_t>(mid - 1);
+    }
+  }
+  uint16_t best = lo;
+  if (lo < 0x7BFF || ax > ref_half(lo)) {
+    const auto up = static_cast<uint16_t>(lo + 1);
+    const double dl = ax - ref_half(lo), du = ref_half(up) - ax;
+    if (du < dl || (du == dl && (up & 1) == 0)) best = up;
+  }
+  return sign | best;
+}
+
 // REQ: WRK-D2
-TEST(GgmlTypes, Fp32ToFp16RoundsToNearestEvenLikeTheCompiler) {
+TEST(GgmlTypes, Fp32ToFp16RoundsToNearestEven) {
   std::mt19937 rng(1234);
-  std::vector<float> xs = {0.0f,          -0.0f,         1.0f,          65504.0f,
-                           65520.0f,      1e9f,          -1e9f,         5.9604645e-8f,
-                           2.9802322e-8f, 2.9802326e-8f, 6.1035156e-5f, 6.1e-5f,
-                           0.1f,          -3.14159f,     INFINITY,      -INFINITY};
-  for (int i = 0; i < 200000; ++i) xs.push_back(bits_to_f(rng()));
-  // Exact ties around a range of exponents.
-  for (int e = -26; e < 16; ++e) xs.push_back(std::ldexp(1.0f + 1.0f / 2048.0f, e));
+  std::vector<float> xs = {0.0f,          -0.0f,         1.0f,    65504.0f,      65519.99f,
+                           65520.0f,      1e9f,          -1e9f,   5.9604645e-8f, 2.9802322e-8f,
+                           2.9802326e-8f, 6.1035156e-5f, 6.1e-5f, 0.1f,          -3.14159f,
+                           INFINITY,      -INFINITY};
+  for (int i = 0; i < 100000; ++i) xs.push_back(bits_to_f(rng()));
+  std::uniform_real_distribution<float> small(-70000.0f, 70000.0f);
+  for (int i = 0; i < 100000; ++i) xs.push_back(small(rng) * std::ldexp(1.0f, -(i % 30)));
+  // Exact ties between two halves, around a range of exponents (subnormals included).
+  for (int e = -26; e < 16; ++e) {
+    xs.push_back(std::ldexp(1.0f + 1.0f / 2048.0f, e));
+    xs.push_back(std::ldexp(1.0f + 3.0f / 2048.0f, e));
+  }
   for (float x : xs) {
     if (std::isnan(x)) {
       EXPECT_EQ(fp32_to_fp16(x) & 0x7C00, 0x7C00);
       EXPECT_NE(fp32_to_fp16(x) & 0x3FF, 0);
       continue;
     }
-    const _Float16 ref = static_cast<_Float16>(x);
-    uint16_t want;
-    std::memcpy(&want, &ref, 2);
-    ASSERT_EQ(fp32_to_fp16(x), want) << "x=" << x << " bits=" << std::hex << f_to_bits(x);
+    ASSERT_EQ(fp32_to_fp16(x), ref_to_half(x)) << "x=" << x << " bits=" << std::hex << f_to_bits(x);
   }
 }
 
@@ -73,11 +109,11 @@ TEST(GgmlTypes, Bf16RoundTripAndNearestEven) {
     const float x = bits_to_f(u);
     if (std::isnan(x) || std::isinf(x)) continue;
     const uint16_t b = fp32_to_bf16(x);
-    const double got = bf16_to_fp32(b);
+    const double got = static_cast<double>(bf16_to_fp32(b));
     // Neighbours one bf16 ulp away must not be closer (ties go to the even one).
-    const double lo = bf16_to_fp32(static_cast<uint16_t>(b - 1));
-    const double hi = bf16_to_fp32(static_cast<uint16_t>(b + 1));
-    const double xd = x;
+    const double lo = static_cast<double>(bf16_to_fp32(static_cast<uint16_t>(b - 1)));
+    const double hi = static_cast<double>(bf16_to_fp32(static_cast<uint16_t>(b + 1)));
+    const double xd = static_cast<double>(x);
     if (std::isinf(got)) {  // overflow: only beyond the largest bf16 (3.3895e38)
       ASSERT_GT(std::fabs(xd), 3.3895e38) << x;
       continue;
@@ -93,7 +129,7 @@ TEST(GgmlTypes, Bf16RoundTripAndNearestEven) {
       ASSERT_EQ(b & 1, 0) << x;
     }
   }
-  EXPECT_EQ(bf16_to_fp32(fp32_to_bf16(1.5f)), 1.5f);
+  EXPECT_EQ(f_to_bits(bf16_to_fp32(fp32_to_bf16(1.5f))), f_to_bits(1.5f));
   EXPECT_TRUE(std::isnan(bf16_to_fp32(fp32_to_bf16(NAN))));
 }
 
