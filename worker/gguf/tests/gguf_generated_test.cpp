@@ -6,7 +6,9 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 
 #include "gguf/model_config.h"
 #include "test_util.h"
@@ -118,6 +120,27 @@ TEST(GgufGenerated, QuantizedWeightsDecodeCloseToF32) {
           }
         }
       }
+    }
+  }
+}
+
+// The on-disk broken files (fixtures/corrupt/make_corrupt.py) that process-level tests use
+// give the error expected.json promises, through the same load_model the worker calls.
+// REQ: M0-W-1210 M0-W-1200 WRK-D2
+TEST(GgufGenerated, OnDiskCorruptFilesGiveTheirErrors) {
+  const std::string dir = test::generated_fixtures() + "/corrupt";
+  std::ifstream in(dir + "/expected.json");
+  ASSERT_TRUE(in) << "missing " << dir << "/expected.json (run fixtures/generate_all.sh)";
+  const auto expected = nlohmann::json::parse(in);
+  ASSERT_GE(expected.size(), 10u);
+  EXPECT_NO_THROW(load_model(dir + "/base-valid.gguf"));
+  for (const auto& [file, message] : expected.items()) {
+    try {
+      load_model(dir + "/" + file);
+      ADD_FAILURE() << file << " loaded without error";
+    } catch (const GgufError& e) {
+      EXPECT_NE(std::string(e.what()).find(message.get<std::string>()), std::string::npos)
+          << file << ": " << e.what();
     }
   }
 }
