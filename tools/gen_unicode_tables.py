@@ -127,6 +127,7 @@ def main():
     w("// CompositionExclusions.txt). The data is Unicode's (Unicode license); the layout is ours.\n")
     w(f"// UCD: {version}\n")
     w('#include "tokenizer/unicode_tables.h"\n\n')
+    w("// clang-format off\n")
     w("namespace worker::unicode::tables {\n\n")
     w(f"const CategoryRange kCategoryRanges[] = {{\n")
     for i in range(0, len(ranges), 6):
@@ -158,6 +159,7 @@ def main():
           + "\n")
     w("};\n")
     w(f"const size_t kCompositionCount = {len(compositions)};\n\n")
+    w("// clang-format on\n")
     w("}  // namespace worker::unicode::tables\n")
     assert all(len(d) <= 2 for d in decomp.values())
 

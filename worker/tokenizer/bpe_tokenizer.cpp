@@ -115,7 +115,8 @@ BpeTokenizer::BpeTokenizer(VocabSpec spec, std::string kind, PreTokenizer pre,
 
 void BpeTokenizer::init_ranks() {
   const auto& merges = vocab_.spec().merges;
-  if (merges.empty()) throw std::runtime_error("BPE vocabulary has no merges (tokenizer.ggml.merges)");
+  if (merges.empty())
+    throw std::runtime_error("BPE vocabulary has no merges (tokenizer.ggml.merges)");
   ranks_.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
     const std::string& m = merges[i];
@@ -168,7 +169,8 @@ void BpeTokenizer::tokenize_word(const std::string& raw_word, std::vector<int32_
     }
   }
   for (size_t off = 0; off < word.size();) {
-    const size_t n = std::min(word.size() - off, unicode::utf8_len(static_cast<uint8_t>(word[off])));
+    const size_t n =
+        std::min(word.size() - off, unicode::utf8_len(static_cast<uint8_t>(word[off])));
     const int idx = static_cast<int>(sym.size());
     sym.push_back(Symbol{idx - 1, off + n == word.size() ? -1 : idx + 1, off, n});
     off += n;

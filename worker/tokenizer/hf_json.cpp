@@ -4,8 +4,8 @@
 // ByteLevel(use_regex=true), BPE model, added tokens. Anything else is refused by name.
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <stdexcept>
 
 #include "tokenizer/unicode.h"
@@ -22,7 +22,7 @@ using nlohmann::json;
 
 std::string type_of(const json& j) {
   return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
-                                                                        : std::string("?");
+                                                                      : std::string("?");
 }
 
 // Returns true when NFC is applied; throws for unsupported normalizers.
@@ -80,7 +80,8 @@ PreTokenizer parse_pre_tokenizer(const json& p, const std::string& path) {
       fail(path, "unsupported pre-tokenizer '" + it + "' in Sequence");
     }
   }
-  if (!byte_level) fail(path, "pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)");
+  if (!byte_level)
+    fail(path, "pre_tokenizer has no ByteLevel step (only byte-level BPE is supported)");
   if (!result) fail(path, "pre_tokenizer has no split step");
   return *result;
 }
@@ -146,7 +147,8 @@ std::unique_ptr<Tokenizer> build_from_json(const json& j, std::string_view confi
                                            const std::string& path) {
   if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) fail(path, "no model");
   const json& model = j["model"];
-  if (type_of(model) != "BPE") fail(path, "unsupported model type '" + type_of(model) + "' (BPE only)");
+  if (type_of(model) != "BPE")
+    fail(path, "unsupported model type '" + type_of(model) + "' (BPE only)");
   if (!model.contains("vocab") || !model["vocab"].is_object()) fail(path, "model.vocab missing");
   if (!model.contains("merges") || !model["merges"].is_array()) fail(path, "model.merges missing");
 

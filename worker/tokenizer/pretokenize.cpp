@@ -18,8 +18,7 @@ constexpr uint32_t kOutOfRange = 0xFFFFFFFF;
 // stop at fragment ends.
 class FragmentCursor {
  public:
-  FragmentCursor(const std::vector<uint32_t>& cps, size_t ini, size_t end,
-                 std::vector<size_t>& out)
+  FragmentCursor(const std::vector<uint32_t>& cps, size_t ini, size_t end, std::vector<size_t>& out)
       : cps_(cps), ini_(ini), end_(end), prev_(ini), out_(out) {}
 
   uint32_t cp(size_t pos) const { return pos >= ini_ && pos < end_ ? cps_[pos] : kOutOfRange; }
@@ -39,7 +38,9 @@ class FragmentCursor {
   std::vector<size_t>& out_;
 };
 
-uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
+uint32_t ascii_lower(uint32_t c) {
+  return (c >= 'A' && c <= 'Z') ? c + 32 : c;
+}
 
 // 's 't 'm 'd 're 've 'll at `pos` (optionally case-insensitive); returns the match length.
 size_t contraction_len(const FragmentCursor& f, size_t pos, bool ignore_case) {
@@ -106,13 +107,38 @@ std::vector<size_t> split_digit_triples(const std::vector<uint32_t>& cps,
 bool default_punct(uint32_t c) {
   if (c < 128) {
     switch (c) {
-      case '!': case '"': case '#': case '%': case '&': case '\'': case '(': case ')':
-      case '*': case ',': case '-': case '.': case '/': case ':': case ';': case '?':
-      case '@': case '[': case '\\': case ']': case '_': case '{': case '}':
-      case '$': case '+': case '<': case '=': case '>': case '^': case '~': case '|':
-        return true;
-      default:
-        return false;
+      case '!':
+      case '"':
+      case '#':
+      case '%':
+      case '&':
+      case '\'':
+      case '(':
+      case ')':
+      case '*':
+      case ',':
+      case '-':
+      case '.':
+      case '/':
+      case ':':
+      case ';':
+      case '?':
+      case '@':
+      case '[':
+      case '\\':
+      case ']':
+      case '_':
+      case '{':
+      case '}':
+      case '$':
+      case '+':
+      case '<':
+      case '=':
+      case '>':
+      case '^':
+      case '~':
+      case '|': return true;
+      default: return false;
     }
   }
   const uint16_t fl = flags(c);
@@ -273,7 +299,8 @@ std::optional<PreTokenizer> pre_tokenizer_from_regex(std::string_view pattern) {
       "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+") {
     return PreTokenizer::kLlama3;
   }
-  if (pattern == "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+") {
+  if (pattern ==
+      "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+") {
     return PreTokenizer::kGpt2;
   }
   return std::nullopt;

@@ -54,7 +54,8 @@ void SpmTokenizer::tokenize_text(const std::string& text, std::vector<int32_t>& 
   };
   std::vector<Symbol> sym;
   for (size_t off = 0; off < text.size();) {
-    const size_t n = std::min(text.size() - off, unicode::utf8_len(static_cast<uint8_t>(text[off])));
+    const size_t n =
+        std::min(text.size() - off, unicode::utf8_len(static_cast<uint8_t>(text[off])));
     const int idx = static_cast<int>(sym.size());
     sym.push_back(Symbol{idx - 1, off + n == text.size() ? -1 : idx + 1, off, n});
     off += n;

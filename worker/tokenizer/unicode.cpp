@@ -85,17 +85,20 @@ uint32_t compose_pair(uint32_t a, uint32_t b) {
   }
   const auto* begin = tables::kCompositions;
   const auto* end = begin + tables::kCompositionCount;
-  const auto* it = std::lower_bound(begin, end, std::make_pair(a, b),
-                                    [](const tables::Composition& c, std::pair<uint32_t, uint32_t> k) {
-                                      return std::make_pair(c.first, c.second) < k;
-                                    });
+  const auto* it =
+      std::lower_bound(begin, end, std::make_pair(a, b),
+                       [](const tables::Composition& c, std::pair<uint32_t, uint32_t> k) {
+                         return std::make_pair(c.first, c.second) < k;
+                       });
   if (it != end && it->first == a && it->second == b) return it->composite;
   return 0;
 }
 
 }  // namespace
 
-uint16_t flags(uint32_t cp) { return cp < kMaxCp ? flag_table()[cp] : static_cast<uint16_t>(kUndefined); }
+uint16_t flags(uint32_t cp) {
+  return cp < kMaxCp ? flag_table()[cp] : static_cast<uint16_t>(kUndefined);
+}
 
 size_t utf8_len(uint8_t lead) {
   static constexpr size_t kLookup[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
@@ -179,7 +182,9 @@ std::string to_utf8(const std::vector<uint32_t>& cps, size_t begin, size_t end) 
   return out;
 }
 
-const std::string& byte_to_unicode(uint8_t b) { return byte_maps().to_unicode[b]; }
+const std::string& byte_to_unicode(uint8_t b) {
+  return byte_maps().to_unicode[b];
+}
 
 int unicode_to_byte(uint32_t cp) {
   const auto& m = byte_maps().from_unicode;
@@ -212,9 +217,9 @@ std::string nfc(std::string_view s) {
     }
     size_t j = i;
     while (j < d.size() && combining_class(d[j]) != 0) ++j;
-    std::stable_sort(d.begin() + static_cast<std::ptrdiff_t>(i),
-                     d.begin() + static_cast<std::ptrdiff_t>(j),
-                     [](uint32_t a, uint32_t b) { return combining_class(a) < combining_class(b); });
+    std::stable_sort(
+        d.begin() + static_cast<std::ptrdiff_t>(i), d.begin() + static_cast<std::ptrdiff_t>(j),
+        [](uint32_t a, uint32_t b) { return combining_class(a) < combining_class(b); });
     i = j;
   }
   // Canonical composition (UAX #15): combine each character with the last starter unless

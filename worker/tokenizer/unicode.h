@@ -11,23 +11,29 @@
 namespace worker::unicode {
 
 enum Flag : uint16_t {
-  kUndefined = 0x01,  // Cn
-  kNumber = 0x02,     // \p{N}
-  kLetter = 0x04,     // \p{L}
-  kSeparator = 0x08,  // \p{Z}
-  kMark = 0x10,       // \p{M}
-  kPunct = 0x20,      // \p{P}
-  kSymbol = 0x40,     // \p{S}
-  kControl = 0x80,    // \p{C}
+  kUndefined = 0x01,    // Cn
+  kNumber = 0x02,       // \p{N}
+  kLetter = 0x04,       // \p{L}
+  kSeparator = 0x08,    // \p{Z}
+  kMark = 0x10,         // \p{M}
+  kPunct = 0x20,        // \p{P}
+  kSymbol = 0x40,       // \p{S}
+  kControl = 0x80,      // \p{C}
   kWhitespace = 0x100,  // White_Space property (\s)
 };
 
-// Flags of a code point; 0 for values beyond U+10FFFF... except those get kUndefined, as
-// llama.cpp does.
+// Flags of a code point. Every code point has at least one flag (unassigned ones and values
+// beyond U+10FFFF get kUndefined, as in llama.cpp), which the splitters rely on.
 uint16_t flags(uint32_t cp);
-inline bool is_letter(uint32_t cp) { return flags(cp) & kLetter; }
-inline bool is_number(uint32_t cp) { return flags(cp) & kNumber; }
-inline bool is_whitespace(uint32_t cp) { return flags(cp) & kWhitespace; }
+inline bool is_letter(uint32_t cp) {
+  return flags(cp) & kLetter;
+}
+inline bool is_number(uint32_t cp) {
+  return flags(cp) & kNumber;
+}
+inline bool is_whitespace(uint32_t cp) {
+  return flags(cp) & kWhitespace;
+}
 
 // Byte length of the UTF-8 sequence a lead byte announces (1 for continuation/invalid bytes),
 // as llama.cpp's unicode_len_utf8.

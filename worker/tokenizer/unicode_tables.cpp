@@ -4,6 +4,7 @@
 // UCD: Unicode 15.0.0
 #include "tokenizer/unicode_tables.h"
 
+// clang-format off
 namespace worker::unicode::tables {
 
 const CategoryRange kCategoryRanges[] = {
@@ -1254,4 +1255,5 @@ const Composition kCompositions[] = {
 };
 const size_t kCompositionCount = 941;
 
+// clang-format on
 }  // namespace worker::unicode::tables

@@ -14,20 +14,55 @@ bool one_of(const std::string& s, std::initializer_list<std::string_view> list) 
 
 // Token texts llama.cpp treats as end-of-generation (and forces to control type).
 const std::initializer_list<std::string_view> kEogTexts = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>", "[e~["};
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\xef\xbd\x9c"
+    "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>",
+    "[e~["};
 // FIM pad / repo / file-separator texts: llama.cpp adds them to the EOG set.
 const std::initializer_list<std::string_view> kFimEogTexts = {
-    "<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
-    "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"};
+    "<|fim_pad|>",   "<fim-pad>",  "<fim_pad>", "<PAD>",      "[PAD]",       "<|fim_repo|>",
+    "<|repo_name|>", "<fim-repo>", "<REPO>",    "<reponame>", "<|file_sep|>"};
 // Other FIM texts: forced to control type.
-const std::initializer_list<std::string_view> kFimTexts = {
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "\xe2\x96\x81<PRE>",
-    "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>",
-    "\xe2\x96\x81<SUF>", "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>", "<fim-middle>",
-    "<fim_middle>", "<MID>", "\xe2\x96\x81<MID>", "<|code_middle|>", "<|middle|>"};
+const std::initializer_list<std::string_view> kFimTexts = {"<|fim_prefix|>",
+                                                           "<fim-prefix>",
+                                                           "<fim_prefix>",
+                                                           "<PRE>",
+                                                           "\xe2\x96\x81<PRE>",
+                                                           "<|code_prefix|>",
+                                                           "<|prefix|>",
+                                                           "<|fim_suffix|>",
+                                                           "<fim-suffix>",
+                                                           "<fim_suffix>",
+                                                           "<SUF>",
+                                                           "\xe2\x96\x81<SUF>",
+                                                           "<|code_suffix|>",
+                                                           "<|suffix|>",
+                                                           "<|fim_middle|>",
+                                                           "<fim-middle>",
+                                                           "<fim_middle>",
+                                                           "<MID>",
+                                                           "\xe2\x96\x81<MID>",
+                                                           "<|code_middle|>",
+                                                           "<|middle|>"};
 
 bool in_list(const std::string& s, std::initializer_list<std::string_view> list) {
   return std::find(list.begin(), list.end(), std::string_view(s)) != list.end();
@@ -63,9 +98,11 @@ VocabSpec vocab_spec_from_gguf(const GgufFile& f) {
   }
   s.tokens = f.get_string_array("tokenizer.ggml.tokens");
   if (f.find("tokenizer.ggml.scores")) {
-    for (double d : f.get_float_array("tokenizer.ggml.scores")) s.scores.push_back(static_cast<float>(d));
+    for (double d : f.get_float_array("tokenizer.ggml.scores"))
+      s.scores.push_back(static_cast<float>(d));
     if (s.scores.size() < s.tokens.size()) {
-      throw std::runtime_error("tokenizer.ggml.scores has fewer entries than tokenizer.ggml.tokens");
+      throw std::runtime_error(
+          "tokenizer.ggml.scores has fewer entries than tokenizer.ggml.tokens");
     }
   }
   if (f.find("tokenizer.ggml.token_type")) {
@@ -96,7 +133,8 @@ VocabSpec vocab_spec_from_gguf(const GgufFile& f) {
 Vocab::Vocab(VocabSpec spec, bool spm) : spec_(std::move(spec)) {
   const size_t n = spec_.tokens.size();
   if (n == 0) throw std::runtime_error("tokenizer vocabulary is empty");
-  if (n > static_cast<size_t>(INT32_MAX)) throw std::runtime_error("tokenizer vocabulary too large");
+  if (n > static_cast<size_t>(INT32_MAX))
+    throw std::runtime_error("tokenizer vocabulary too large");
   text_.resize(n);
   attr_.assign(n, kAttrNormal);
   score_.assign(n, 0.0f);
@@ -180,9 +218,8 @@ Vocab::Vocab(VocabSpec spec, bool spm) : spec_(std::move(spec)) {
       specials_.push_back(static_cast<int32_t>(i));
     }
   }
-  std::stable_sort(specials_.begin(), specials_.end(), [&](int32_t a, int32_t b) {
-    return text(a).size() > text(b).size();
-  });
+  std::stable_sort(specials_.begin(), specials_.end(),
+                   [&](int32_t a, int32_t b) { return text(a).size() > text(b).size(); });
 
   // llama.cpp strips whitespace to the right of phi-3's special tokens.
   std::string lname = spec_.name;
@@ -202,7 +239,9 @@ int32_t Vocab::find(std::string_view t) const {
   return it == index_.end() ? -1 : it->second;
 }
 
-bool Vocab::is_eog(int32_t id) const { return std::binary_search(eog_.begin(), eog_.end(), id); }
+bool Vocab::is_eog(int32_t id) const {
+  return std::binary_search(eog_.begin(), eog_.end(), id);
+}
 
 std::vector<Fragment> Vocab::partition(std::string_view text, bool parse_special) const {
   std::vector<Fragment> frags;

@@ -28,7 +28,8 @@ std::vector<std::string> split(std::string_view s, char sep) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
   const uint8_t mode = data[0];
-  const auto sections = split(std::string_view(reinterpret_cast<const char*>(data + 1), size - 1), '\0');
+  const auto sections =
+      split(std::string_view(reinterpret_cast<const char*>(data + 1), size - 1), '\0');
   worker::VocabSpec spec;
   spec.tokens = split(sections[0], '\n');
   if (sections.size() > 1) spec.merges = split(sections[1], '\n');

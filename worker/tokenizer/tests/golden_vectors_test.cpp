@@ -25,7 +25,8 @@ std::string model_for(const std::string& name) {
 
 // REQ: M0-W-1363 M0-W-1362 WRK-D3
 TEST_P(TokenizerGolden, VectorsMatch) {
-  const std::string path = test::source_dir() + "/fixtures/tokenizer/vectors/" + GetParam() + ".json";
+  const std::string path =
+      test::source_dir() + "/fixtures/tokenizer/vectors/" + GetParam() + ".json";
   std::ifstream in(path);
   ASSERT_TRUE(in) << "missing golden vectors " << path;
   const auto doc = nlohmann::json::parse(in);
@@ -49,7 +50,8 @@ INSTANTIATE_TEST_SUITE_P(Models, TokenizerGolden,
                          ::testing::Values("qwen2", "phi-3", "stories260K"),
                          [](const auto& param_info) {
                            std::string s = param_info.param;
-                           for (char& c : s) if (c == '-') c = '_';
+                           for (char& c : s)
+                             if (c == '-') c = '_';
                            return s;
                          });
 

@@ -42,7 +42,8 @@ TEST(TokenizerHfJson, LoadsQwenTokenizerJson) {
   EXPECT_EQ(tok.eos_id(), 151645);  // <|im_end|> from tokenizer_config.json
   EXPECT_TRUE(tok.is_eog(151645));
   EXPECT_TRUE(tok.is_eog(151643));
-  EXPECT_EQ(apply_chat_template(tok, "Hi"), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(apply_chat_template(tok, "Hi"),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(tok.encode("<|im_start|>user\nHello world<|im_end|>", false, true),
             (std::vector<int32_t>{151644, 872, 198, 9707, 1879, 151645}));
 }
@@ -87,7 +88,9 @@ TEST(TokenizerHfJson, NfcPassesUnicodeNormalizationTest) {
     while (pos < field.size()) {
       size_t end = field.find(' ', pos);
       if (end == std::string::npos) end = field.size();
-      if (end > pos) unicode::append_utf8(out, static_cast<uint32_t>(std::stoul(field.substr(pos, end - pos), nullptr, 16)));
+      if (end > pos)
+        unicode::append_utf8(
+            out, static_cast<uint32_t>(std::stoul(field.substr(pos, end - pos), nullptr, 16)));
       pos = end + 1;
     }
     return out;
@@ -120,7 +123,8 @@ TEST(TokenizerHfJson, NfcPassesUnicodeNormalizationTest) {
 
 // REQ: M0-W-1361
 TEST(TokenizerHfJson, RefusesUnsupportedPipelines) {
-  const auto dir = std::filesystem::temp_directory_path() / ("hfjson_" + std::to_string(::getpid()));
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("hfjson_" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   auto write = [&](const std::string& body) {
     const auto p = dir / "tokenizer.json";
@@ -137,12 +141,18 @@ TEST(TokenizerHfJson, RefusesUnsupportedPipelines) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error("{" + model + R"(, "normalizer": {"type": "NFKC"}, "pre_tokenizer": {"type": "ByteLevel"}})", "NFKC");
-  expect_error("{" + model + R"(, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]}})", "Split regex");
+  expect_error(
+      "{" + model + R"(, "normalizer": {"type": "NFKC"}, "pre_tokenizer": {"type": "ByteLevel"}})",
+      "NFKC");
+  expect_error(
+      "{" + model +
+          R"(, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]}})",
+      "Split regex");
   expect_error(R"({"model": {"type": "WordPiece", "vocab": {}}})", "WordPiece");
   expect_error("{not json", "invalid JSON");
   // A minimal supported file loads and merges.
-  const auto tok = load_hf_json_tokenizer(write("{" + model + R"(, "pre_tokenizer": {"type": "ByteLevel", "use_regex": true}})"));
+  const auto tok = load_hf_json_tokenizer(
+      write("{" + model + R"(, "pre_tokenizer": {"type": "ByteLevel", "use_regex": true}})"));
   EXPECT_EQ(tok->encode("ab", false, false), (std::vector<int32_t>{2}));
   std::filesystem::remove_all(dir);
 }

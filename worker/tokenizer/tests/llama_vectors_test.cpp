@@ -75,15 +75,16 @@ TEST_P(TokenizerLlamaVectors, EveryIdEqualsLlamaCpp) {
       if (failures > 10) break;
     }
   }
-  std::printf("[%s] %zu vectors, %zu mismatches, tokenizer %s\n", GetParam().c_str(),
-              cases.size(), failures, tok.kind().c_str());
+  std::printf("[%s] %zu vectors, %zu mismatches, tokenizer %s\n", GetParam().c_str(), cases.size(),
+              failures, tok.kind().c_str());
 }
 
 INSTANTIATE_TEST_SUITE_P(Vocabs, TokenizerLlamaVectors,
                          ::testing::Values("qwen2", "llama-spm", "llama-bpe", "gpt-2", "phi-3"),
                          [](const auto& param_info) {
                            std::string s = param_info.param;
-                           for (char& c : s) if (c == '-') c = '_';
+                           for (char& c : s)
+                             if (c == '-') c = '_';
                            return s;
                          });
 

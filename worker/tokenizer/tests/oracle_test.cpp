@@ -18,7 +18,9 @@ std::string show(const std::vector<int32_t>& v) {
   return s;
 }
 
-std::string escaped(const std::string& s) { return nlohmann::json(s).dump(); }
+std::string escaped(const std::string& s) {
+  return nlohmann::json(s).dump();
+}
 
 void compare_with_oracle(const std::string& model, const std::vector<std::string>& texts,
                          bool specials) {
@@ -73,8 +75,8 @@ TEST(TokenizerOracle, Stories260kRandomStringsMatchLlamaCpp) {
 // REQ: M0-W-1362 M0-W-1363 WRK-D3
 TEST(TokenizerOracle, Qwen2SpecialsMatchLlamaCpp) {
   test::RandomText gen(test::test_seed());
-  const std::vector<std::string> specials = {"<|im_start|>", "<|im_end|>", "<|endoftext|>",
-                                             "<|im_start|>user\n", "<|fim_prefix|>", "<|"};
+  const std::vector<std::string> specials = {
+      "<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|im_start|>user\n", "<|fim_prefix|>", "<|"};
   std::vector<std::string> texts;
   for (int i = 0; i < 300; ++i) texts.push_back(gen.next_with_specials(specials));
   compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-qwen2.gguf", texts, true);
@@ -106,9 +108,9 @@ TEST(TokenizerOracle, DefaultPreTokenizerMatchesLlamaCpp) {
   const std::string out_dir = std::string(WORKER_BINARY_DIR) + "/tokenizer-fixtures";
   std::filesystem::create_directories(out_dir);
   const std::string out = out_dir + "/vocab-gpt2-default-pre.gguf";
-  const std::string cmd = "python3 '" + test::source_dir() +
-                          "/fixtures/tokenizer/make_vocab_variant.py' '" + test::llama_models_dir() +
-                          "/ggml-vocab-gpt-2.gguf' '" + out + "' default 2>&1";
+  const std::string cmd =
+      "python3 '" + test::source_dir() + "/fixtures/tokenizer/make_vocab_variant.py' '" +
+      test::llama_models_dir() + "/ggml-vocab-gpt-2.gguf' '" + out + "' default 2>&1";
   const std::string log = test::run_capture(cmd);
   ASSERT_TRUE(std::filesystem::exists(out)) << cmd << "\n" << log;
   const auto& tok = test::tokenizer_for(out);

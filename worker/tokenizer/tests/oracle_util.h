@@ -1,12 +1,12 @@
 #pragma once
 // Runs fixtures/tokenizer/oracle_tokenize.mjs (llama.cpp through node-llama-cpp) over a batch
 // of texts. Throws (so the test fails loudly) when node or the oracle is missing.
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <unistd.h>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -34,7 +34,8 @@ inline std::vector<OracleResult> llama_oracle(const std::string& model,
                                               const std::vector<std::string>& texts,
                                               bool specials) {
   if (run_capture("node --version 2>/dev/null").rfind("v", 0) != 0) {
-    throw std::runtime_error("node is not installed: the llama.cpp oracle (node-llama-cpp) needs it");
+    throw std::runtime_error(
+        "node is not installed: the llama.cpp oracle (node-llama-cpp) needs it");
   }
   const std::string dir = source_dir() + "/fixtures/tokenizer";
   const std::string oracle_pkg = source_dir() + "/fixtures/oracle/node_modules/node-llama-cpp";
@@ -48,8 +49,7 @@ inline std::vector<OracleResult> llama_oracle(const std::string& model,
     for (const auto& t : texts) f << nlohmann::json{{"text", t}}.dump() << "\n";
   }
   const std::string cmd = "cd '" + dir + "' && node oracle_tokenize.mjs '" + model + "'" +
-                          (specials ? " --specials" : "") + " < '" + tmp.string() +
-                          "' 2>/dev/null";
+                          (specials ? " --specials" : "") + " < '" + tmp.string() + "' 2>/dev/null";
   const std::string out = run_capture(cmd);
   std::filesystem::remove(tmp);
   std::vector<OracleResult> res;
@@ -61,7 +61,8 @@ inline std::vector<OracleResult> llama_oracle(const std::string& model,
     pos = nl + 1;
     if (line.empty()) continue;
     const auto j = nlohmann::json::parse(line);
-    res.push_back(OracleResult{j["ids"].get<std::vector<int32_t>>(), j["detok"].get<std::string>()});
+    res.push_back(
+        OracleResult{j["ids"].get<std::vector<int32_t>>(), j["detok"].get<std::string>()});
   }
   if (res.size() != texts.size()) {
     throw std::runtime_error("oracle returned " + std::to_string(res.size()) + " results for " +
@@ -72,9 +73,9 @@ inline std::vector<OracleResult> llama_oracle(const std::string& model,
 
 inline uint64_t test_seed() {
   const char* s = std::getenv("WORKER_TOKENIZER_SEED");
-  const uint64_t seed = s && *s ? std::stoull(s)
-                                : static_cast<uint64_t>(std::random_device{}()) << 32 |
-                                      std::random_device{}();
+  const uint64_t seed =
+      s && *s ? std::stoull(s)
+              : static_cast<uint64_t>(std::random_device{}()) << 32 | std::random_device{}();
   std::printf("tokenizer random-text seed: %llu (set WORKER_TOKENIZER_SEED to replay)\n",
               static_cast<unsigned long long>(seed));
   return seed;

@@ -46,18 +46,27 @@ class RandomText {
   void cp(std::string& s, uint32_t c) { unicode::append_utf8(s, c); }
 
   void piece(std::string& s) {
-    static const char* kWords[] = {"the", "Hello", "world", "GPU", "token", "isn", "don",
-                                   "LLaMA", "über", "naïve", "café", "Straße", "a", "I"};
-    static const char* kCode[] = {"int main() {\n  return 0;\n}", "for (i = 0; i < n; ++i)",
-                                  "x->y", "a == b && c != d", "#include <stdio.h>",
-                                  "def f(x):\n\treturn x**2", "if(a){b;}else{c;}", "<|",
-                                  "|>", "```", "$ ls -la ~/", "{\"k\": [1, 2.5e-3]}"};
-    static const char* kContractions[] = {"'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S",
-                                          "'LL", "'Re", "'x", "''", "n't"};
-    static const uint32_t kSpaces[] = {' ', ' ', ' ', '\t', '\n', '\r', 0xA0, 0x3000, 0x2009,
-                                       0x200B, 0x0B, 0x0C, 0x85, 0x2028};
+    static const char* kWords[] = {"the",   "Hello", "world", "GPU",  "token",  "isn", "don",
+                                   "LLaMA", "über",  "naïve", "café", "Straße", "a",   "I"};
+    static const char* kCode[] = {"int main() {\n  return 0;\n}",
+                                  "for (i = 0; i < n; ++i)",
+                                  "x->y",
+                                  "a == b && c != d",
+                                  "#include <stdio.h>",
+                                  "def f(x):\n\treturn x**2",
+                                  "if(a){b;}else{c;}",
+                                  "<|",
+                                  "|>",
+                                  "```",
+                                  "$ ls -la ~/",
+                                  "{\"k\": [1, 2.5e-3]}"};
+    static const char* kContractions[] = {"'s", "'t",  "'re", "'ve", "'m", "'ll", "'d",
+                                          "'S", "'LL", "'Re", "'x",  "''", "n't"};
+    static const uint32_t kSpaces[] = {' ',    ' ',    ' ',    '\t', '\n', '\r', 0xA0,
+                                       0x3000, 0x2009, 0x200B, 0x0B, 0x0C, 0x85, 0x2028};
     switch (pick(14)) {
-      case 0: case 1:
+      case 0:
+      case 1:
         if (pick(2)) s += ' ';
         s += kWords[pick(std::size(kWords))];
         break;
@@ -73,9 +82,21 @@ class RandomText {
       case 3:  // emoji, ZWJ sequences, skin tones, flags
         switch (pick(4)) {
           case 0: cp(s, in(0x1F600, 0x1F64F)); break;
-          case 1: cp(s, 0x1F468); cp(s, 0x200D); cp(s, 0x1F469); cp(s, 0x200D); cp(s, 0x1F467); break;
-          case 2: cp(s, 0x1F44D); cp(s, in(0x1F3FB, 0x1F3FF)); break;
-          default: cp(s, 0x1F1FA); cp(s, 0x1F1F8); break;
+          case 1:
+            cp(s, 0x1F468);
+            cp(s, 0x200D);
+            cp(s, 0x1F469);
+            cp(s, 0x200D);
+            cp(s, 0x1F467);
+            break;
+          case 2:
+            cp(s, 0x1F44D);
+            cp(s, in(0x1F3FB, 0x1F3FF));
+            break;
+          default:
+            cp(s, 0x1F1FA);
+            cp(s, 0x1F1F8);
+            break;
         }
         break;
       case 4:  // letters with combining marks (NFD forms, stacked marks)
@@ -100,7 +121,10 @@ class RandomText {
             case 0: cp(s, in(0x3B1, 0x3C9)); break;
             case 1: cp(s, in(0x410, 0x44F)); break;
             case 2: cp(s, in(0x627, 0x64A)); break;
-            case 3: cp(s, in(0x915, 0x939)); if (pick(2)) cp(s, 0x94D); break;
+            case 3:
+              cp(s, in(0x915, 0x939));
+              if (pick(2)) cp(s, 0x94D);
+              break;
             default: cp(s, in(0xE01, 0xE2E)); break;
           }
         }

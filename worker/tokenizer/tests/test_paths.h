@@ -17,7 +17,9 @@ inline std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::string(v) : fallback;
 }
-inline std::string source_dir() { return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR); }
+inline std::string source_dir() {
+  return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR);
+}
 // llama.cpp's tokenizer test vocabularies (ggml-vocab-*.gguf + .inp/.out).
 inline std::string llama_models_dir() {
   return env_or("WORKER_LLAMA_SRC", source_dir() + "/.deps/llama.cpp") + "/models";

@@ -13,9 +13,15 @@
 namespace worker {
 namespace {
 
-std::string qwen2_path() { return test::llama_models_dir() + "/ggml-vocab-qwen2.gguf"; }
-std::string spm_path() { return test::llama_models_dir() + "/ggml-vocab-llama-spm.gguf"; }
-std::string stories_path() { return test::shared_fixtures_dir() + "/stories260K.gguf"; }
+std::string qwen2_path() {
+  return test::llama_models_dir() + "/ggml-vocab-qwen2.gguf";
+}
+std::string spm_path() {
+  return test::llama_models_dir() + "/ggml-vocab-llama-spm.gguf";
+}
+std::string stories_path() {
+  return test::shared_fixtures_dir() + "/stories260K.gguf";
+}
 
 // Byte-level image of a UTF-8 string (what a GPT-2 style vocabulary stores).
 std::string bl(std::string_view s) {
@@ -29,7 +35,8 @@ VocabSpec tiny_bpe_spec() {
   VocabSpec s;
   s.model = "gpt2";
   s.pre = "qwen2";
-  for (int b = 0; b < 256; ++b) s.tokens.push_back(unicode::byte_to_unicode(static_cast<uint8_t>(b)));
+  for (int b = 0; b < 256; ++b)
+    s.tokens.push_back(unicode::byte_to_unicode(static_cast<uint8_t>(b)));
   s.token_types.assign(256, 1);
   for (const char* m : {"h e", "l l", "he ll", "hell o", "Ġ w", "Ġw o"}) s.merges.push_back(m);
   for (const char* t : {"he", "ll", "hell", "hello", "Ġw", "Ġwo"}) {
@@ -232,7 +239,8 @@ TEST(TokenizerUnit, ChatMlTemplateAndRefusals) {
 // REQ: WRK-D7 M0-W-1362
 TEST(TokenizerUnit, StreamDecoderEmitsOnlyWholeUtf8) {
   const Tokenizer& tok = test::tokenizer_for(qwen2_path());
-  const std::string text = "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 🦀🧬 中文ꙮ ok 👨‍👩‍👧 𓀀𓀁";
+  const std::string text =
+      "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 🦀🧬 中文ꙮ ok 👨‍👩‍👧 𓀀𓀁";
   const auto ids = tok.encode(text, false, false);
   size_t partial_pieces = 0;
   for (int32_t id : ids) partial_pieces += !utf8::is_valid(tok.token_to_piece(id));
