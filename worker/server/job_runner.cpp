@@ -210,7 +210,9 @@ void JobRunner::loop() {
       busy_.store(true);
     }
     if (metrics_) metrics_->set_queue_depth(static_cast<int64_t>(queued_count_.load()));
-    run_job(job);
+    JobEvent terminal = run_job(job);
+    // Bookkeeping first, terminal event last: a client that saw the terminal event sees the
+    // runner idle, the metrics counted and the job id finished.
     {
       std::lock_guard lock(mu_);
       running_.reset();
@@ -219,17 +221,16 @@ void JobRunner::loop() {
       if (recent_.size() > kRecentIds) recent_.erase(recent_.begin());
     }
     completed_.fetch_add(1);
+    job->send_terminal(std::move(terminal));
     cv_.notify_all();
   }
 }
 
-void JobRunner::run_job(const std::shared_ptr<Job>& job) {
+JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
   const auto t0 = Clock::now();
   if (job->cancel_reason() != CancelReason::None) {
-    if (job->send_terminal(make_error_event(ErrorCode::Cancelled, "job cancelled before start")) &&
-        metrics_)
-      metrics_->count_request("cancelled");
-    return;
+    if (metrics_) metrics_->count_request("cancelled");
+    return make_error_event(ErrorCode::Cancelled, "job cancelled before start");
   }
   log::info("execute_start", {{"job_id", job->id},
                               {"prompt_tokens", job->prompt_token_count},
@@ -305,17 +306,15 @@ void JobRunner::run_job(const std::shared_ptr<Job>& job) {
     outcome = timeout ? "timeout" : "cancelled";
   }
   const size_t tokens_out = result ? result->tokens.size() : 0;
-  if (failure) {
-    job->send_terminal(std::move(*failure));
-  } else {
-    nlohmann::json end = {{"type", "end"},
-                          {"tokens_out", tokens_out},
-                          {"decode_time_ms", result->decode_time_ms},
-                          {"first_token_ms", result->first_token_ms},
-                          {"stop_reason", stop_reason_name(result->stop_reason)}};
+  JobEvent terminal = failure ? std::move(*failure) : JobEvent{JobEvent::Kind::End, {}};
+  if (!failure) {
+    terminal.data = {{"type", "end"},
+                     {"tokens_out", tokens_out},
+                     {"decode_time_ms", result->decode_time_ms},
+                     {"first_token_ms", result->first_token_ms},
+                     {"stop_reason", stop_reason_name(result->stop_reason)}};
     if (result->stop_reason == StopReason::StopSequence)
-      end["stop_sequence_matched"] = result->stop_sequence_matched;
-    job->send_terminal({JobEvent::Kind::End, std::move(end)});
+      terminal.data["stop_sequence_matched"] = result->stop_sequence_matched;
     degraded_.store(false);
   }
   if (metrics_) {
@@ -328,6 +327,7 @@ void JobRunner::run_job(const std::shared_ptr<Job>& job) {
                             {"outcome", outcome},
                             {"tokens_out", tokens_out},
                             {"duration_ms", ms_since(t0)}});
+  return terminal;
 }
 
 }  // namespace worker::server

@@ -114,7 +114,7 @@ class JobRunner {
 
  private:
   void loop();
-  void run_job(const std::shared_ptr<Job>& job);
+  JobEvent run_job(const std::shared_ptr<Job>& job);  // returns the terminal event
   void check_residency();
 
   Engine& engine_;
