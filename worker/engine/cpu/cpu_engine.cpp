@@ -1,6 +1,7 @@
 // The CPU reference backend (D4, M0-W-1214): qwen2 and llama in FP32, weights read in
 // place from the mapping and dequantized one row at a time (never a full FP32 copy).
-// Every op follows llama.cpp's CPU graph for these architectures (ggml's rms_norm, rope,
+// Matmul inputs are rounded to the weight type's vec_dot_type exactly as llama.cpp's CPU
+// backend does (act_quant.h). Every op follows llama.cpp's CPU graph for these architectures (ggml's rms_norm, rope,
 // soft_max, silu) so that logits agree with llama.cpp to ~1e-5 on F32 weights.
 #include "engine/cpu/cpu_engine.h"
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "engine/cpu/act_quant.h"
 
 namespace worker {
 namespace {
@@ -139,7 +141,7 @@ const float* row_f32(const TensorInfo& w, int64_t r, float* buf) {
       }
       return buf;
     }
-    default:
+    default:  // BF16 (quantized types never come here)
       dequantize_row(w.type, src, buf, n);
       return buf;
   }
@@ -233,15 +235,28 @@ class CpuEngine final : public Engine {
     std::vector<float> attn_norm, ffn_norm, bq, bk, bv;
   };
 
-  // out[t*M + r] = dot(W row r, in[t*K ..]) for t < n: each weight row is dequantized once
-  // per call and reused by every token of the batch.
+  // out[t*M + r] = dot(W row r, in[t*K ..]) for t < n. As llama.cpp's CPU backend, each
+  // activation row is first rounded to the weight type's vec_dot_type (act_quant.h); float
+  // weight rows are expanded once per call and reused by every token of the batch.
   void matmul(const TensorInfo& W, const float* in, int64_t n, float* out) {
     const int64_t K = W.row_len(), M = W.rows();
+    if (acts_.size() < static_cast<size_t>(n)) acts_.resize(static_cast<size_t>(n));
+    for (int64_t t = 0; t < n; ++t) cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
+    const bool float_weights =
+        W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;
     pool_.parallel_for(M, [&](int64_t b, int64_t e, int th) {
       float* buf = row_bufs_[static_cast<size_t>(th)].data();
       for (int64_t r = b; r < e; ++r) {
-        const float* row = row_f32(W, r, buf);
-        for (int64_t t = 0; t < n; ++t) out[t * M + r] = dot_f32(row, in + t * K, K);
+        if (float_weights) {
+          const float* row = row_f32(W, r, buf);
+          for (int64_t t = 0; t < n; ++t) {
+            out[t * M + r] = dot_f32(row, acts_[static_cast<size_t>(t)].f.data(), K);
+          }
+        } else {
+          for (int64_t t = 0; t < n; ++t) {
+            out[t * M + r] = cpu::dot_quantized(W.type, W.row(r), acts_[static_cast<size_t>(t)], buf);
+          }
+        }
       }
     }, M * K * n);
   }
@@ -294,6 +309,7 @@ class CpuEngine final : public Engine {
   std::vector<LayerVecs> vecs_;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // [layer][pos * n_kv_dim]
   std::vector<std::vector<float>> row_bufs_;           // one dequantization row per thread
+  std::vector<cpu::QuantizedActivation> acts_;         // matmul inputs, per token
   std::vector<float> logits_;
   size_t n_logits_ = 0;
 };

@@ -1,0 +1,270 @@
+#include "engine/cpu/act_quant.h"
+
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common/errors.h"
+
+namespace worker::cpu {
+namespace {
+
+constexpr int kQ = 32;    // Q8_0 / Q4_0 / Q5_0 block
+constexpr int kQK = 256;  // K-quant super-block
+
+uint16_t rd16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// ggml's nearest_int: round half to even through the float mantissa trick.
+int nearest_int(float f) {
+  const float val = f + 12582912.f;
+  int32_t i;
+  std::memcpy(&i, &val, sizeof i);
+  return (i & 0x007fffff) - 0x00400000;
+}
+
+// quantize_row_q8_0 as the x86 build does it: d = amax/127 stored as fp16, q = x * (127/amax)
+// rounded half to even.
+void quantize_q8_0(const float* x, int64_t n, QuantizedActivation& o) {
+  const int64_t nb = n / kQ;
+  o.q.resize(static_cast<size_t>(n));
+  o.d.resize(static_cast<size_t>(nb));
+  for (int64_t b = 0; b < nb; ++b) {
+    float amax = 0.0f;
+    for (int j = 0; j < kQ; ++j) amax = std::max(amax, std::fabs(x[b * kQ + j]));
+    const float d = amax / 127.f;
+    const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+    o.d[static_cast<size_t>(b)] = fp16_to_fp32(fp32_to_fp16(d));
+    for (int j = 0; j < kQ; ++j) {
+      o.q[static_cast<size_t>(b * kQ + j)] =
+          static_cast<int8_t>(std::nearbyint(x[b * kQ + j] * id));
+    }
+  }
+}
+
+// quantize_row_q8_K_ref
+void quantize_q8_k(const float* x, int64_t n, QuantizedActivation& o) {
+  const int64_t nb = n / kQK;
+  o.q.assign(static_cast<size_t>(n), 0);
+  o.d.assign(static_cast<size_t>(nb), 0.0f);
+  o.bsum.assign(static_cast<size_t>(nb * 16), 0);
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kQK;
+    float max = 0, amax = 0;
+    for (int j = 0; j < kQK; ++j) {
+      const float ax = std::fabs(xb[j]);
+      if (ax > amax) {
+        amax = ax;
+        max = xb[j];
+      }
+    }
+    if (amax == 0.0f) continue;
+    const float iscale = -127.f / max;
+    int8_t* q = o.q.data() + b * kQK;
+    for (int j = 0; j < kQK; ++j) q[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * xb[j])));
+    for (int j = 0; j < 16; ++j) {
+      int s = 0;
+      for (int i = 0; i < 16; ++i) s += q[j * 16 + i];
+      o.bsum[static_cast<size_t>(b * 16 + j)] = s;
+    }
+    o.d[static_cast<size_t>(b)] = 1 / iscale;
+  }
+}
+
+float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
+  const int64_t nb = a.n / kQ;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 34;
+    const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
+    const int8_t* y = a.q.data() + b * kQ;
+    int sumi = 0;
+    for (int j = 0; j < kQ; ++j) sumi += qs[j] * y[j];
+    sum += static_cast<float>(sumi) * (fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)]);
+  }
+  return sum;
+}
+
+float dot_q4_0(const uint8_t* row, const QuantizedActivation& a) {
+  const int64_t nb = a.n / kQ;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 18;
+    const uint8_t* qs = blk + 2;
+    const int8_t* y = a.q.data() + b * kQ;
+    int sumi = 0;
+    for (int j = 0; j < kQ / 2; ++j) {
+      sumi += ((qs[j] & 0x0F) - 8) * y[j] + ((qs[j] >> 4) - 8) * y[j + kQ / 2];
+    }
+    sum += static_cast<float>(sumi) * (fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)]);
+  }
+  return sum;
+}
+
+float dot_q5_0(const uint8_t* row, const QuantizedActivation& a) {
+  const int64_t nb = a.n / kQ;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 22;
+    uint32_t qh;
+    std::memcpy(&qh, blk + 2, 4);
+    const uint8_t* qs = blk + 6;
+    const int8_t* y = a.q.data() + b * kQ;
+    int sumi = 0;
+    for (int j = 0; j < kQ / 2; ++j) {
+      const int xh0 = static_cast<int>(((qh >> j) << 4) & 0x10);
+      const int xh1 = static_cast<int>((qh >> (j + 12)) & 0x10);
+      sumi += (((qs[j] & 0x0F) | xh0) - 16) * y[j] + (((qs[j] >> 4) | xh1) - 16) * y[j + kQ / 2];
+    }
+    sum += static_cast<float>(sumi) * (fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)]);
+  }
+  return sum;
+}
+
+void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
+  if (j < 4) {
+    d = q[j] & 63;
+    m = q[j + 4] & 63;
+  } else {
+    d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// ggml_vec_dot_q4_K_q8_K: block layout d, dmin (fp16), scales[12], qs[128].
+float dot_q4_k(const uint8_t* row, const QuantizedActivation& a) {
+  const int64_t nb = a.n / kQK;
+  float sum = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 144;
+    const uint8_t* scales = blk + 4;
+    const uint8_t* qs = blk + 16;
+    const int8_t* y = a.q.data() + b * kQK;
+    const int32_t* bs = a.bsum.data() + b * 16;
+    int sumi = 0, summ = 0;
+    for (int j = 0; j < 4; ++j) {  // 64 elements: low nibbles (sub-block 2j), high (2j+1)
+      int sc0, m0, sc1, m1;
+      scale_min_k4(2 * j, scales, sc0, m0);
+      scale_min_k4(2 * j + 1, scales, sc1, m1);
+      int s0 = 0, s1 = 0;
+      for (int l = 0; l < 32; ++l) {
+        s0 += (qs[j * 32 + l] & 0xF) * y[j * 64 + l];
+        s1 += (qs[j * 32 + l] >> 4) * y[j * 64 + 32 + l];
+      }
+      sumi += sc0 * s0 + sc1 * s1;
+      summ += m0 * (bs[4 * j] + bs[4 * j + 1]) + m1 * (bs[4 * j + 2] + bs[4 * j + 3]);
+    }
+    const float yd = a.d[static_cast<size_t>(b)];
+    sum += fp16_to_fp32(rd16(blk)) * yd * static_cast<float>(sumi);
+    sum -= fp16_to_fp32(rd16(blk + 2)) * yd * static_cast<float>(summ);
+  }
+  return sum;
+}
+
+// ggml_vec_dot_q6_K_q8_K: block layout ql[128], qh[64], scales[16] (int8), d (fp16).
+float dot_q6_k(const uint8_t* row, const QuantizedActivation& a) {
+  const int64_t nb = a.n / kQK;
+  float sum = 0.0f;
+  int8_t v[kQK];
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 210;
+    const uint8_t* ql = blk;
+    const uint8_t* qh = blk + 128;
+    const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    for (int c = 0; c < 2; ++c) {  // two halves of 128
+      const uint8_t* q4 = ql + 64 * c;
+      const uint8_t* h = qh + 32 * c;
+      int8_t* o = v + 128 * c;
+      for (int l = 0; l < 32; ++l) {
+        o[l + 0] = static_cast<int8_t>(((q4[l] & 0xF) | (((h[l] >> 0) & 3) << 4)) - 32);
+        o[l + 32] = static_cast<int8_t>(((q4[l + 32] & 0xF) | (((h[l] >> 2) & 3) << 4)) - 32);
+        o[l + 64] = static_cast<int8_t>(((q4[l] >> 4) | (((h[l] >> 4) & 3) << 4)) - 32);
+        o[l + 96] = static_cast<int8_t>(((q4[l + 32] >> 4) | (((h[l] >> 6) & 3) << 4)) - 32);
+      }
+    }
+    const int8_t* y = a.q.data() + b * kQK;
+    int sumi = 0;
+    for (int g = 0; g < 16; ++g) {
+      int s = 0;
+      for (int l = 0; l < 16; ++l) s += v[g * 16 + l] * y[g * 16 + l];
+      sumi += sc[g] * s;
+    }
+    sum += fp16_to_fp32(rd16(blk + 208)) * a.d[static_cast<size_t>(b)] * static_cast<float>(sumi);
+  }
+  return sum;
+}
+
+float dot_f32(const float* x, const float* y, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += x[i + j] * y[i + j];
+  }
+  for (; i < n; ++i) acc[i & 7] += x[i] * y[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
+void quantize_activation(GgmlType t, const float* x, int64_t n, QuantizedActivation& o) {
+  o.weight_type = t;
+  o.n = n;
+  switch (t) {
+    case GgmlType::F32:
+      o.f.assign(x, x + n);
+      return;
+    case GgmlType::F16:
+      o.f.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) o.f[static_cast<size_t>(i)] = fp16_to_fp32(fp32_to_fp16(x[i]));
+      return;
+    case GgmlType::BF16:
+      o.f.resize(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) o.f[static_cast<size_t>(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
+      return;
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+      quantize_q8_0(x, n, o);
+      return;
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K:
+      quantize_q8_k(x, n, o);
+      return;
+    default:
+      throw WorkerError(ErrorCode::Internal, "quantize_activation: unsupported weight type " +
+                                                 std::string(ggml_type_name(static_cast<uint32_t>(t))));
+  }
+}
+
+float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, float* scratch) {
+  const auto* r = static_cast<const uint8_t*>(row);
+  switch (t) {
+    case GgmlType::F32:
+      if (reinterpret_cast<uintptr_t>(r) % alignof(float) == 0) {
+        return dot_f32(reinterpret_cast<const float*>(row), a.f.data(), a.n);
+      }
+      [[fallthrough]];
+    case GgmlType::F16:
+    case GgmlType::BF16:
+      dequantize_row(t, row, scratch, a.n);
+      return dot_f32(scratch, a.f.data(), a.n);
+    case GgmlType::Q8_0:
+      return dot_q8_0(r, a);
+    case GgmlType::Q4_0:
+      return dot_q4_0(r, a);
+    case GgmlType::Q5_0:
+      return dot_q5_0(r, a);
+    case GgmlType::Q4_K:
+      return dot_q4_k(r, a);
+    case GgmlType::Q6_K:
+      return dot_q6_k(r, a);
+    default:
+      throw WorkerError(ErrorCode::Internal, "dot_quantized: unsupported weight type " +
+                                                 std::string(ggml_type_name(static_cast<uint32_t>(t))));
+  }
+}
+
+}  // namespace worker::cpu

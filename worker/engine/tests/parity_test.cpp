@@ -1,0 +1,238 @@
+// Whole-model parity with llama.cpp (through node-llama-cpp, CPU, F32 KV cache) on the
+// generated fixtures: every position's log-softmax over the whole vocabulary, and 64-token
+// greedy continuations. The oracle runs once for all models (fixtures/oracle/logprobs.mjs
+// --batch); bounds per weight type are documented in reports/cpu-parity.md.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <unistd.h>
+
+#include "engine/cpu/cpu_engine.h"
+#include "engine/sampler.h"
+#include "test_paths.h"
+
+namespace worker {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kGreedy = 64;
+// Entries below this llama.cpp log-probability are not compared: llama.cpp returns float
+// probabilities, which are denormal (imprecise) below ~e^-87.
+constexpr double kFloor = -80.0;
+
+// max |d log-softmax| allowed per weight type. F32 is the acceptance bound of the issue;
+// the others are the measured maxima (reports/cpu-parity.md) with ~2x headroom. The CPU
+// engine rounds matmul inputs as llama.cpp does (F16/BF16/Q8_0/Q8_K, act_quant.h), so most
+// positions agree to ~1e-6; the rest comes from a rounding of an activation that falls the
+// other way because float sums are added in another order (one quantum, chaotic).
+const std::map<std::string, double> kBound = {
+    {"f32", 1e-4}, {"f16", 5e-3}, {"bf16", 3e-2}, {"q8_0", 0.15},
+    {"q4_0", 0.15}, {"q4_k", 0.15}, {"q5_0", 0.15}, {"q6_k", 0.15},
+};
+
+struct Case {
+  std::string arch, shape, type, file;
+  std::vector<int32_t> prompt;
+  std::string oracle_out;
+  std::string name() const {
+    return arch + "-" + shape + "-" + type + "/len" + std::to_string(prompt.size());
+  }
+};
+
+std::vector<int32_t> prompt_ids(size_t n, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 g(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& t : ids) t = static_cast<int32_t>(g() % static_cast<uint64_t>(vocab));
+  return ids;
+}
+
+struct Oracle {
+  std::map<size_t, std::vector<double>> logprobs;  // NaN where llama.cpp gave none
+  std::vector<int32_t> greedy;
+  std::vector<std::map<int32_t, double>> greedy_top;  // 5 best logprobs of every step
+};
+
+Oracle read_oracle(const std::string& path) {
+  Oracle o;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("kind") == "logprobs") {
+      std::vector<double> lp;
+      for (const auto& v : j.at("logprobs")) lp.push_back(v.is_null() ? std::nan("") : v.get<double>());
+      o.logprobs[j.at("token_idx").get<size_t>()] = std::move(lp);
+    } else if (j.at("kind") == "greedy") {
+      o.greedy = j.at("tokens").get<std::vector<int32_t>>();
+      for (const auto& step : j.at("top")) {
+        std::map<int32_t, double> m;
+        for (const auto& e : step) m[e.at(0).get<int32_t>()] = e.at(1).get<double>();
+        o.greedy_top.push_back(std::move(m));
+      }
+    }
+  }
+  return o;
+}
+
+class EngineParity : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string dir = testpaths::generated_fixtures();
+    work_ = fs::temp_directory_path() /
+            ("worker-parity-" + std::to_string(static_cast<long>(::getpid())));
+    fs::create_directories(work_);
+    nlohmann::json jobs = nlohmann::json::array();
+    for (const char* arch : {"qwen2", "llama"}) {
+      for (const char* shape : {"g1", "g2", "g7"}) {
+        for (const auto& [type, bound] : kBound) {
+          const std::string file = dir + "/" + arch + "-" + shape + "-" + type + ".gguf";
+          // WORKER_PARITY_ONLY=<substring> restricts the run when debugging one model.
+          const std::string only = testpaths::env_or("WORKER_PARITY_ONLY", "");
+          if (!only.empty() && file.find(only) == std::string::npos) continue;
+          if (!fs::exists(file)) {
+            missing_.push_back(file);
+            continue;
+          }
+          const int64_t vocab = load_model(file)->config.vocab_size;
+          std::vector<size_t> lens = type == "f32" ? std::vector<size_t>{1, 17, 200}
+                                                   : std::vector<size_t>{48};
+          for (size_t len : lens) {
+            Case c{arch, shape, type, file, prompt_ids(len, vocab, 1000 + len), ""};
+            c.oracle_out = (work_ / (std::to_string(cases_.size()) + ".jsonl")).string();
+            jobs.push_back({{"model", file}, {"tokens", c.prompt}, {"greedy", kGreedy},
+                            {"out", c.oracle_out}});
+            cases_.push_back(std::move(c));
+          }
+        }
+      }
+    }
+    if (cases_.empty()) return;
+    const fs::path jobs_file = work_ / "jobs.json";
+    std::ofstream(jobs_file) << jobs.dump();
+    const std::string oracle_dir = testpaths::source_dir() + "/fixtures/oracle";
+    const std::string cmd = "cd '" + oracle_dir + "' && node logprobs.mjs --batch '" +
+                            jobs_file.string() + "' 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    if (p != nullptr) {
+      char buf[4096];
+      size_t n;
+      while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+      oracle_rc_ = pclose(p);
+    }
+    oracle_log_ = out;
+  }
+  static void TearDownTestSuite() {
+    if (!testpaths::env_or("WORKER_PARITY_KEEP", "").empty()) return;
+    std::error_code ec;
+    fs::remove_all(work_, ec);
+  }
+
+  static inline fs::path work_;
+  static inline std::vector<Case> cases_;
+  static inline std::vector<std::string> missing_;
+  static inline int oracle_rc_ = -1;
+  static inline std::string oracle_log_;
+};
+
+// REQ: M0-W-1214 M0-W-1420 M0-W-1201 WRK-D1 WRK-D2
+TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
+  ASSERT_TRUE(missing_.empty()) << "missing generated fixture " << missing_.front()
+                                << " (run fixtures/generate_all.sh)";
+  if (testpaths::env_or("WORKER_PARITY_ONLY", "").empty()) {
+    ASSERT_EQ(cases_.size(), 2u * 3u * (7u + 3u));
+  }
+  ASSERT_EQ(oracle_rc_, 0) << "oracle failed:\n" << oracle_log_;
+  std::map<std::string, double> worst_by_type;
+  nlohmann::json report = nlohmann::json::array();
+  std::shared_ptr<const Model> model;
+  std::string loaded;
+  int near_ties = 0;
+  for (const Case& c : cases_) {
+    SCOPED_TRACE(c.name());
+    if (loaded != c.file) model = load_model(c.file), loaded = c.file;
+    const Oracle o = read_oracle(c.oracle_out);
+    ASSERT_EQ(o.logprobs.size(), c.prompt.size());
+    auto engine = make_cpu_engine(model, static_cast<int32_t>(c.prompt.size()) + kGreedy + 1);
+    engine->eval(c.prompt, true);
+    double max_abs = 0;
+    size_t compared = 0, worst_pos = 0;
+    for (size_t i = 0; i < c.prompt.size(); ++i) {
+      const auto l = engine->logits_at(i);
+      const auto& ref = o.logprobs.at(i);
+      ASSERT_EQ(ref.size(), l.size());
+      double mx = l[0];
+      for (float v : l) mx = std::max(mx, static_cast<double>(v));
+      double s = 0;
+      for (float v : l) s += std::exp(static_cast<double>(v) - mx);
+      const double lse = mx + std::log(s);
+      for (size_t j = 0; j < l.size(); ++j) {
+        if (std::isnan(ref[j]) || ref[j] < kFloor) continue;
+        const double d = std::abs(static_cast<double>(l[j]) - lse - ref[j]);
+        if (d > max_abs) max_abs = d, worst_pos = i;
+        ++compared;
+      }
+    }
+    // most of the vocabulary is compared at every position (the rest is below the floor)
+    EXPECT_GT(compared * 2, c.prompt.size() * static_cast<size_t>(model->config.vocab_size));
+    EXPECT_LE(max_abs, kBound.at(c.type)) << "log-softmax differs from llama.cpp";
+    worst_by_type[c.type] = std::max(worst_by_type[c.type], max_abs);
+
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    std::mt19937_64 rng(0);
+    std::vector<int32_t> gen;
+    for (int i = 0; i < kGreedy; ++i) {
+      gen.push_back(engine->sample(greedy, gen, rng));
+      if (i + 1 < kGreedy) engine->eval(std::span<const int32_t>(&gen.back(), 1));
+    }
+    size_t first_diff = gen.size();
+    for (size_t i = 0; i < gen.size() && i < o.greedy.size(); ++i) {
+      if (gen[i] != o.greedy[i]) {
+        first_diff = i;
+        break;
+      }
+    }
+    // Continuations must be identical. The one tolerated divergence is a near-tie: at the
+    // first differing step both picks are within the type's log-softmax bound of each
+    // other in llama.cpp's own distribution (never for F32). After it, the sequences
+    // condition on different tokens and are not compared.
+    ASSERT_EQ(o.greedy.size(), gen.size());
+    double tie_gap = -1;
+    if (first_diff < gen.size()) {
+      const auto& top = o.greedy_top.at(first_diff);
+      const auto ours = top.find(gen[first_diff]);
+      ASSERT_NE(ours, top.end()) << "greedy token " << first_diff << " (" << gen[first_diff]
+                                 << ") is not among llama.cpp's 5 best";
+      tie_gap = top.at(o.greedy[first_diff]) - ours->second;
+      EXPECT_NE(c.type, "f32") << "F32 greedy continuation differs at " << first_diff;
+      EXPECT_LE(tie_gap, kBound.at(c.type))
+          << "greedy continuation differs at " << first_diff << " and it is no near-tie";
+      ++near_ties;
+    }
+    report.push_back({{"case", c.name()}, {"max_abs", max_abs}, {"worst_pos", worst_pos}, {"entries", compared},
+                      {"oracle", c.oracle_out},
+                      {"greedy_first_mismatch", first_diff == gen.size() ? -1 : static_cast<int>(first_diff)},
+                      {"near_tie_gap", tie_gap}});
+  }
+  std::printf("parity: %zu cases, %d greedy continuations diverge at a near-tie\n", cases_.size(),
+              near_ties);
+  for (const auto& [type, worst] : worst_by_type) {
+    std::printf("parity %-5s max |d log-softmax| = %.3g (bound %.3g)\n", type.c_str(), worst,
+                kBound.at(type));
+  }
+  const std::string results = testpaths::env_or("WORKER_BINARY_DIR", WORKER_BINARY_DIR);
+  std::ofstream(results + "/cpu-parity.json") << report.dump(1);
+}
+
+}  // namespace
+}  // namespace worker
