@@ -1,0 +1,103 @@
+// The CPU engine's llama.cpp-style matmul inputs: integer block dots must equal the dot of
+// the dequantized weight row (worker/gguf's dequantizers, checked against llama.cpp there)
+// with the dequantized activation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "engine/cpu/act_quant.h"
+
+namespace worker::cpu {
+namespace {
+
+// Random block bytes with sane fp16 scales at the given offsets (random bits could be NaN).
+std::vector<uint8_t> random_row(GgmlType t, int64_t n, std::mt19937& g) {
+  const size_t bytes = ggml_row_bytes(t, n);
+  std::vector<uint8_t> row(bytes);
+  for (auto& b : row) b = static_cast<uint8_t>(g());
+  size_t block = 0;
+  std::vector<size_t> scale_offsets;
+  switch (t) {
+    case GgmlType::Q8_0: block = 34, scale_offsets = {0}; break;
+    case GgmlType::Q4_0: block = 18, scale_offsets = {0}; break;
+    case GgmlType::Q5_0: block = 22, scale_offsets = {0}; break;
+    case GgmlType::Q4_K: block = 144, scale_offsets = {0, 2}; break;
+    case GgmlType::Q6_K: block = 210, scale_offsets = {208}; break;
+    default: break;
+  }
+  std::uniform_real_distribution<float> u(0.001f, 0.05f);
+  for (size_t b = 0; b < bytes / block; ++b) {
+    for (size_t off : scale_offsets) {
+      const uint16_t h = fp32_to_fp16(u(g));
+      std::memcpy(row.data() + b * block + off, &h, 2);
+    }
+  }
+  return row;
+}
+
+// REQ: M0-W-1214 WRK-D2
+TEST(EngineActQuant, IntegerBlockDotsEqualDequantizedDot) {
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  const int64_t n = 512;
+  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K,
+                     GgmlType::Q6_K}) {
+    SCOPED_TRACE(std::string(ggml_type_name(static_cast<uint32_t>(t))));
+    for (int trial = 0; trial < 20; ++trial) {
+      const auto row = random_row(t, n, g);
+      std::vector<float> x(n);
+      for (auto& v : x) v = nd(g);
+      QuantizedActivation a;
+      quantize_activation(t, x.data(), n, a);
+      std::vector<float> w(n), scratch(n);
+      dequantize_row(t, row.data(), w.data(), n);
+      const bool k = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+      const int64_t blk = k ? 256 : 32;
+      double ref = 0, mag = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double xa = static_cast<double>(a.q[static_cast<size_t>(i)]) *
+                          static_cast<double>(a.d[static_cast<size_t>(i / blk)]);
+        ref += static_cast<double>(w[static_cast<size_t>(i)]) * xa;
+        mag += std::abs(static_cast<double>(w[static_cast<size_t>(i)]) * xa);
+      }
+      const double got = static_cast<double>(dot_quantized(t, row.data(), a, scratch.data()));
+      ASSERT_NEAR(got, ref, 1e-5 * mag + 1e-6);
+    }
+  }
+}
+
+// REQ: WRK-D2
+TEST(EngineActQuant, ActivationQuantizationAsLlamaCpp) {
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> x(512);
+  for (auto& v : x) v = nd(g);
+  QuantizedActivation q8;
+  quantize_activation(GgmlType::Q8_0, x.data(), 512, q8);
+  for (size_t b = 0; b < 16; ++b) {
+    float amax = 0;
+    for (size_t j = 0; j < 32; ++j) amax = std::max(amax, std::abs(x[b * 32 + j]));
+    EXPECT_EQ(q8.d[b], fp16_to_fp32(fp32_to_fp16(amax / 127.f)));  // fp16-rounded scale
+    for (size_t j = 0; j < 32; ++j) {
+      EXPECT_LE(std::abs(q8.q[b * 32 + j]), 127);
+      EXPECT_NEAR(q8.q[b * 32 + j] * (amax / 127.f), x[b * 32 + j], amax / 127.f * 0.5f + 1e-6f);
+    }
+  }
+  QuantizedActivation qk;
+  quantize_activation(GgmlType::Q4_K, x.data(), 512, qk);
+  ASSERT_EQ(qk.bsum.size(), 32u);
+  for (size_t s = 0; s < 32; ++s) {
+    int sum = 0;
+    for (size_t j = 0; j < 16; ++j) sum += qk.q[s * 16 + j];
+    EXPECT_EQ(qk.bsum[s], sum);
+  }
+  QuantizedActivation h;
+  quantize_activation(GgmlType::F16, x.data(), 512, h);
+  for (size_t i = 0; i < 512; ++i) EXPECT_EQ(h.f[i], fp16_to_fp32(fp32_to_fp16(x[i])));
+}
+
+}  // namespace
+}  // namespace worker::cpu
