@@ -68,7 +68,9 @@ TEST_F(OpenAiTest, ChatCompletionNonStreaming) {
   EXPECT_LE(u["completion_tokens"].get<int>(), 12);
   EXPECT_EQ(u["total_tokens"].get<int>(),
             u["prompt_tokens"].get<int>() + u["completion_tokens"].get<int>());
-  if (u["completion_tokens"] == 12) EXPECT_EQ(fr, "length");
+  if (u["completion_tokens"] == 12) {
+    EXPECT_EQ(fr, "length");
+  }
 }
 
 // REQ: WRK-D5 WRK-D6

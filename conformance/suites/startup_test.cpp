@@ -27,8 +27,10 @@ std::string tmp_file(const std::string& name, const std::string& bytes) {
 }
 
 std::string read_file(const std::string& path) {
+  std::string out(fs::file_size(path), '\0');
   std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
+  f.read(out.data(), static_cast<std::streamsize>(out.size()));
+  return out;
 }
 
 struct Failure {
