@@ -5,6 +5,8 @@
 #include <cstring>
 
 #include "common/utf8.h"
+#include "oracle_util.h"
+#include "random_text.h"
 #include "test_paths.h"
 #include "tokenizer/tokenize_cli.h"
 #include "tokenizer/unicode.h"
@@ -254,6 +256,31 @@ TEST(TokenizerUnit, StreamDecoderEmitsOnlyWholeUtf8) {
   }
   all += dec.flush();
   EXPECT_EQ(all, text);
+}
+
+// Random texts through both byte-level and SPM vocabularies: every chunk is whole UTF-8 and
+// the chunks add up to the full decode.
+// REQ: WRK-D7 M0-W-1362
+TEST(TokenizerUnit, StreamDecoderRandomTextsConcatenateToDecode) {
+  test::RandomText gen(test::test_seed());
+  for (const std::string& path : {qwen2_path(), stories_path()}) {
+    const Tokenizer& tok = test::tokenizer_for(path);
+    for (int i = 0; i < 300; ++i) {
+      const std::string text = gen.next();
+      const auto ids = tok.encode(text, false, false);
+      Utf8StreamDecoder dec(tok);
+      std::string all;
+      for (int32_t id : ids) {
+        const std::string chunk = dec.push(id);
+        ASSERT_TRUE(utf8::is_valid(chunk)) << path << ": partial UTF-8 after id " << id;
+        all += chunk;
+      }
+      all += dec.flush();
+      std::string pieces;
+      for (int32_t id : ids) pieces += tok.token_to_piece(id);
+      EXPECT_EQ(all, pieces) << path << ": " << nlohmann::json(text).dump();
+    }
+  }
 }
 
 // REQ: WRK-D7 M0-W-1362
