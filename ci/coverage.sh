@@ -12,8 +12,10 @@ rc=0
 ctest --test-dir "$BUILD" --output-on-failure --timeout 900 >"$BUILD/ctest.log" 2>&1 || rc=$?
 ((rc == 0)) || { tail -80 "$BUILD/ctest.log"; echo "coverage: some tests failed (rc=$rc)" >&2; }
 LCOV=(lcov --quiet --rc lcov_branch_coverage=0)
+# lcov 1.16's geninfo prints perl "Subroutine ... redefined" noise on stderr: keep it in a log.
 "${LCOV[@]}" --capture --directory "$BUILD" --base-directory "$ROOT" \
-  --output-file "$BUILD/coverage.raw.info" --ignore-errors gcov,source
+  --output-file "$BUILD/coverage.raw.info" --ignore-errors gcov,source 2>"$BUILD/lcov.log" ||
+  { grep -v 'redefined at' "$BUILD/lcov.log" >&2; echo "coverage: lcov --capture failed" >&2; exit 1; }
 # Count the project's own code only: no system headers, no tests, no third-party sources.
 "${LCOV[@]}" --remove "$BUILD/coverage.raw.info" '/usr/*' '*/tests/*' '*/.deps/*' '*/fuzz/*' \
   "$BUILD/*" --output-file "$BUILD/coverage.info"

@@ -353,12 +353,14 @@ def build_report(root: Path, spec_path: Path, ratchet_path: Path,
             warnings.append(f"{t.full_name} ({t.file}:{t.line}) declares requirements but has "
                             "no cpu result (not built or not registered with CTest?)")
 
-    cov_lines = []
+    cov_lines, cov_source = [], None
     if coverage_summary is not None:
         if coverage_summary.exists():
             for line in coverage_summary.read_text(encoding="utf-8").splitlines():
                 if re.match(r"^\s*(lines|functions|branches)\.*:", line):
                     cov_lines.append(line.strip())
+                elif line.startswith("#") and cov_source is None:
+                    cov_source = line.lstrip("# ").strip()  # which commit/date measured it
         if not cov_lines:
             warnings.append(f"coverage summary {coverage_summary} holds no lcov summary line")
 
@@ -391,6 +393,7 @@ def build_report(root: Path, spec_path: Path, ratchet_path: Path,
         "results": {b: (result_dirs[b].as_posix() if result_dirs.get(b) else None)
                     for b in BACKENDS},
         "coverage_summary": cov_lines,
+        "coverage_source": cov_source,
         "ratchet": ratchet_ids,
         "totals": totals,
         "requirements": rows,
@@ -440,9 +443,11 @@ def render_report_md(rep: dict, root: Path) -> str:
         out.append(f"- {b}: IDs pass {pb[PASS]}, fail {pb[FAIL]}, not run {pb[NOT_RUN]}, "
                    f"no test {pb[NO_TEST]}; tests pass {tb[PASS]}, fail {tb[FAIL]}, "
                    f"not run {tb[NOT_RUN]}, no result {tb[NO_RESULT]}")
+    cov = "; ".join(rep["coverage_summary"])
+    if cov and rep.get("coverage_source"):
+        cov += f" ({md_escape(rep['coverage_source'])})"
     out.append("- line coverage (lcov, CPU build): " +
-               ("; ".join(rep["coverage_summary"]) if rep["coverage_summary"]
-                else "not measured in this run (`WORKER_COVERAGE=1 ci/test.sh`)"))
+               (cov or "not measured (`WORKER_COVERAGE=1 ci/test.sh`)"))
     out.append("")
     if rep["errors"]:
         out += ["## Gate errors", ""] + [f"- {md_escape(e)}" for e in rep["errors"]] + [""]
