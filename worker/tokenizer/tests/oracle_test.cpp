@@ -91,6 +91,24 @@ TEST(TokenizerOracle, LlamaSpmSpecialsMatchLlamaCpp) {
   compare_with_oracle(test::llama_models_dir() + "/ggml-vocab-phi-3.gguf", texts, true);
 }
 
+// The project's haiku model (fixtures/haiku, used by the M0 acceptance test) has its own small
+// byte-level BPE vocabulary with ChatML control tokens.
+// REQ: M0-W-1362 M0-W-1363 WRK-D3
+TEST(TokenizerOracle, HaikuModelMatchesLlamaCpp) {
+  const std::string model = test::source_dir() + "/fixtures/haiku/haiku-qwen2.gguf";
+  test::RandomText gen(test::test_seed());
+  std::vector<std::string> texts;
+  for (int i = 0; i < 300; ++i) texts.push_back(gen.next());
+  compare_with_oracle(model, texts, false);
+  texts.clear();
+  for (int i = 0; i < 200; ++i) {
+    texts.push_back(gen.next_with_specials({"<|im_start|>", "<|im_end|>", "<|endoftext|>"}));
+  }
+  compare_with_oracle(model, texts, true);
+  EXPECT_EQ(apply_chat_template(test::tokenizer_for(model), "Write a haiku"),
+            "<|im_start|>user\nWrite a haiku<|im_end|>\n<|im_start|>assistant\n");
+}
+
 // The other byte-level pre-tokenizers (llama3, gpt2) on llama.cpp's vocabularies.
 // REQ: M0-W-1362 WRK-D3
 TEST(TokenizerOracle, LlamaBpeAndGpt2RandomStringsMatchLlamaCpp) {
