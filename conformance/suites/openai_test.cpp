@@ -119,9 +119,11 @@ TEST(ConformanceOpenAiCompletions, SameTextAsExecute) {
   const auto& events = s.read_all();
   ASSERT_FALSE(events.empty());
   EXPECT_EQ(events.back().data, "[DONE]");
-  for (size_t k = 0; k + 1 < events.size(); ++k)
-    for (const auto& ch : nlohmann::json::parse(events[k].data)["choices"])
-      text += ch.value("text", "");
+  for (size_t k = 0; k + 1 < events.size(); ++k) {
+    const auto chunk = nlohmann::json::parse(events[k].data);
+    EXPECT_EQ(chunk["object"], "text_completion");
+    for (const auto& ch : chunk["choices"]) text += ch.value("text", "");
+  }
   EXPECT_EQ(text, expected);
   // Malformed OpenAI requests are 400s in OpenAI's error shape.
   auto bad = http_post_json(w.port(), "/v1/chat/completions", {{"model", "x"}});

@@ -211,6 +211,23 @@ TEST_F(ValidationTest, RejectedRequestsAreNotQueued) {
   EXPECT_EQ(worker().log_events("execute_start").size(), starts);
 }
 
+// M0-W-1825's oversized request (10,000 "x", max_tokens 10,000) contradicts the 1..2048
+// max_tokens rule; per D8 it is refused before admission (400, nothing allocated), the
+// process survives, and the follow-up small request succeeds.
+// REQ: M0-W-1825 WRK-D8 WRK-D11
+TEST_F(ValidationTest, OversizedRequestIsRefusedAndTheWorkerServesTheNextOne) {
+  nlohmann::json big = {{"job_id", unique_job_id("oom")},
+                        {"prompt", std::string(10000, 'x')},
+                        {"max_tokens", 10000}};
+  expect_invalid(big, "max_tokens", "range");
+  ASSERT_TRUE(worker().running());
+  JobStream js = run_job(port(), job_request("Hello", 10, 0.0));
+  EXPECT_TRUE(js.violations.empty()) << js.describe();
+  EXPECT_EQ(js.events.back().event, "end");
+  EXPECT_EQ((*js.terminal())["tokens_out"], 10);
+  EXPECT_EQ(http_get(port(), "/health").json()["status"], "healthy");
+}
+
 // REQ: WRK-D8
 TEST_F(ValidationTest, BodyOverOneMebibyteIs413) {
   auto j = base();
