@@ -38,6 +38,9 @@ SOURCE_SUFFIXES = (".cpp", ".cc", ".cu")
 PASS, FAIL, NOT_RUN, NO_RESULT, NO_TEST = "pass", "fail", "not-run", "no-result", "no-test"
 
 REQ_LINE = re.compile(r"^\s*//\s*REQ:(.*)$")
+PY_REQ_LINE = re.compile(r"^\s*#\s*REQ:(.*)$")
+PY_CLASS = re.compile(r"^class\s+(\w+)\s*[(:]")
+PY_TEST_DEF = re.compile(r"^\s+def\s+(test\w*)\s*\(")
 TEST_MACRO = re.compile(
     r"^\s*(TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\s*\(\s*(\w+)\s*,\s*(\w+)\s*\)")
 TEST_MACRO_START = re.compile(r"^\s*(TEST|TEST_F|TEST_P|TYPED_TEST|TYPED_TEST_P)\s*\(")
@@ -123,7 +126,38 @@ def test_source_files(root: Path) -> list[Path]:
             for fn in sorted(filenames):
                 if fn.endswith(SOURCE_SUFFIXES):
                     files.append(Path(dirpath) / fn)
+    # The tools' own python tests (unittest; tools/tests/run_tests.py writes gtest-style XML).
+    files += sorted((root / "tools/tests").glob("*.py")) if (root / "tools/tests").is_dir() else []
     return files
+
+
+def scan_python_file(rel: str, text: str) -> tuple[list[DeclaredTest], list[str]]:
+    """'# REQ:' lines directly above 'def test_*' (decorators may sit between) in a class."""
+    tests, errors = [], []
+    pending: list[str] = []
+    pending_line = 0
+    cls = None
+    for i, line in enumerate(text.splitlines()):
+        m = PY_REQ_LINE.match(line)
+        if m:
+            if not pending:
+                pending_line = i + 1
+            pending.extend(split_ids(m.group(1)))
+            continue
+        c = PY_CLASS.match(line)
+        if c:
+            cls = c.group(1)
+        d = PY_TEST_DEF.match(line)
+        if d and cls:
+            tests.append(DeclaredTest(suite=cls, name=d.group(1), macro="unittest", file=rel,
+                                      line=i + 1, ids=list(dict.fromkeys(pending))))
+            pending = []
+            continue
+        if pending and not line.strip().startswith("@"):
+            errors.append(f"{rel}:{pending_line}: '# REQ:' line is not directly above a "
+                          "'def test_...' method (it declares nothing)")
+            pending = []
+    return tests, errors
 
 
 def split_ids(text: str) -> list[str]:
@@ -133,6 +167,8 @@ def split_ids(text: str) -> list[str]:
 def is_test_source(rel: str) -> bool:
     """Same selection as test_source_files, for a path relative to the root."""
     parts = rel.split("/")
+    if parts[:2] == ["tools", "tests"] and len(parts) == 3 and rel.endswith(".py"):
+        return True
     if not rel.endswith(SOURCE_SUFFIXES) or "node_modules" in parts:
         return False
     if parts[0] in ("kernels", "conformance"):
@@ -194,7 +230,12 @@ def scan(root: Path, rev: str | None = None) -> ScanResult:
                                   capture_output=True).stdout
             sources.append((rel, blob.decode("utf-8", errors="replace")))
     for rel, text in sources:
-        t, e = scan_file(root / rel, rel, text)
+        if rel.endswith(".py"):
+            if text is None:
+                text = (root / rel).read_text(encoding="utf-8", errors="replace")
+            t, e = scan_python_file(rel, text)
+        else:
+            t, e = scan_file(root / rel, rel, text)
         tests.extend(t)
         errors.extend(e)
     return ScanResult(tests=tests, errors=errors)

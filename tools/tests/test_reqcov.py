@@ -240,6 +240,24 @@ class ReqcovTest(unittest.TestCase):
         self.assertIn("lines......: 81.2% (130 of 160 lines)", rep["coverage_summary"])
         self.assertIn("81.2%", (self.tmp / "out/requirements.md").read_text())
 
+    def test_python_unittest_declarations_are_scanned_and_joined(self):
+        repo = Repo(self.tmp, source="// REQ: M0-W-2\nTEST(Alpha, Two) {}\n")
+        (self.tmp / "tools/tests").mkdir(parents=True)
+        (self.tmp / "tools/tests/test_x.py").write_text(
+            "import unittest\n\n\nclass BuildTest(unittest.TestCase):\n"
+            "    # REQ: M0-W-1\n    @unittest.skipIf(False, 'x')\n"
+            "    def test_configures(self):\n        pass\n\n"
+            "    # REQ: M0-W-2\n    helper = 1\n")
+        repo.results([("Alpha", "Two", "pass"), ("BuildTest", "test_configures", "pass")])
+        rc, rep, _ = repo.report()
+        self.assertEqual([t["test"] for t in row(rep, "M0-W-1")["tests"]],
+                         ["BuildTest.test_configures"])
+        self.assertEqual(row(rep, "M0-W-1")["status"]["cpu"], "pass")
+        # The second '# REQ:' line sits above no test method: an error, not silent coverage.
+        self.assertEqual(rc, 1)
+        self.assertTrue(any("tools/tests/test_x.py:10" in e and "not directly above" in e
+                            for e in rep["errors"]), rep["errors"])
+
     def test_scan_id_and_gtest_filter(self):
         Repo(self.tmp)
         out = io.StringIO()
