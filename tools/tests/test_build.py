@@ -140,5 +140,38 @@ class HostLayerBoundaryTest(unittest.TestCase):
         self.assertEqual(bad, {})
 
 
+REPRO_IDS = {"M0-W-1826", "M0-SYS-2.3.1", "WRK-D15"}
+
+
+class ReadmeReproducibilityTest(unittest.TestCase):
+    # REQ: M0-W-1040
+    def test_readme_lists_models_with_existing_reproducibility_tests(self):
+        import sys
+        sys.path.insert(0, str(ROOT / "tools"))
+        import reqcov
+        text = (ROOT / "README.md").read_text()
+        m = re.search(r"^## Reproducibility\n(.*?)(^## |\Z)", text, re.S | re.M)
+        self.assertIsNotNone(m, "README has no '## Reproducibility' section")
+        rows = [ln for ln in m.group(1).splitlines()
+                if ln.startswith("| `") or ln.startswith("| generated")]
+        self.assertGreaterEqual(len(rows), 1, "no model rows in the reproducibility table")
+        declared = {t.full_name: set(t.ids) for t in reqcov.scan(ROOT).tests}
+        for row in rows:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            self.assertEqual(len(cells), 2, row)
+            models = re.findall(r"`([^`]+\.gguf)`", cells[0])
+            tests = re.findall(r"`([A-Za-z0-9_]+\.[A-Za-z0-9_]+)`", cells[1])
+            self.assertTrue(models and tests, row)
+            for t in tests:
+                self.assertTrue(t in declared, f"README names {t}, which no test source defines")
+                self.assertTrue(declared[t] & REPRO_IDS,
+                                f"{t} does not declare a reproducibility requirement")
+        # Every test that declares same-device reproducibility is listed somewhere.
+        listed = set(re.findall(r"`([A-Za-z0-9_]+\.[A-Za-z0-9_]+)`", m.group(1)))
+        for name, ids in declared.items():
+            if "M0-W-1826" in ids:
+                self.assertTrue(name in listed, f"{name} checks M0-W-1826 but README omits it")
+
+
 if __name__ == "__main__":
     unittest.main()
