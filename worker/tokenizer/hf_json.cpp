@@ -191,7 +191,11 @@ std::unique_ptr<Tokenizer> build_from_json(const json& j, std::string_view confi
     spec.tokens[static_cast<size_t>(id)] = text;
     spec.token_types[static_cast<size_t>(id)] = static_cast<int32_t>(TokenType::kNormal);
   }
+  if (!added.empty()) spec.extra_attrs.assign(n, 0);
   for (const Added& a : added) {
+    spec.extra_attrs[static_cast<size_t>(a.id)] =
+        (a.lstrip ? static_cast<uint32_t>(kAttrLstrip) : 0u) |
+        (a.rstrip ? static_cast<uint32_t>(kAttrRstrip) : 0u);
     spec.tokens[static_cast<size_t>(a.id)] = a.text;
     spec.token_types[static_cast<size_t>(a.id)] =
         static_cast<int32_t>(a.special ? TokenType::kControl : TokenType::kUserDefined);

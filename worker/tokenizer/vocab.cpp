@@ -154,6 +154,7 @@ Vocab::Vocab(VocabSpec spec, bool spm) : spec_(std::move(spec)) {
         default: attr_[i] = 0; break;
       }
     }
+    if (i < spec_.extra_attrs.size()) attr_[i] |= spec_.extra_attrs[i];
   }
 
   // Defaults as llama.cpp's loader; a default outside the vocabulary is dropped, a key

@@ -40,9 +40,10 @@ struct VocabSpec {
   std::string model;  // tokenizer.ggml.model: "gpt2" (byte-level BPE) or "llama" (SPM)
   std::string pre;    // tokenizer.ggml.pre (BPE pre-tokenizer name)
   std::vector<std::string> tokens;
-  std::vector<float> scores;         // empty: all 0
-  std::vector<int32_t> token_types;  // empty: all normal
-  std::vector<std::string> merges;   // "left right", rank = index
+  std::vector<float> scores;          // empty: all 0
+  std::vector<int32_t> token_types;   // empty: all normal
+  std::vector<std::string> merges;    // "left right", rank = index
+  std::vector<uint32_t> extra_attrs;  // optional per-token TokenAttr bits ORed in (lstrip/rstrip)
   std::optional<int64_t> bos_id, eos_id, eot_id, eom_id, unk_id, sep_id, pad_id;
   std::optional<bool> add_bos, add_eos, add_space_prefix;
   std::string name;           // general.name (llama.cpp keys a phi-3 quirk on it)

@@ -154,6 +154,17 @@ TEST(TokenizerHfJson, RefusesUnsupportedPipelines) {
   const auto tok = load_hf_json_tokenizer(
       write("{" + model + R"(, "pre_tokenizer": {"type": "ByteLevel", "use_regex": true}})"));
   EXPECT_EQ(tok->encode("ab", false, false), (std::vector<int32_t>{2}));
+  // Added tokens: special ones only with parse_special; lstrip/rstrip eat neighbouring spaces.
+  const std::string with_added =
+      "{" + model +
+      R"(, "added_tokens": [{"id": 3, "content": "<x>", "special": true, "rstrip": true},
+                           {"id": 4, "content": "<y>", "special": false, "lstrip": true}],
+          "pre_tokenizer": {"type": "ByteLevel", "use_regex": true}})";
+  const auto tok2 = load_hf_json_tokenizer(write(with_added));
+  EXPECT_EQ(tok2->encode("ab<x>   ab", false, true), (std::vector<int32_t>{2, 3, 2}));
+  EXPECT_EQ(tok2->encode("ab   <y>ab", false, false), (std::vector<int32_t>{2, 4, 2}));
+  EXPECT_EQ(tok2->decode({2, 3, 4}, true), "ab<x><y>");
+  EXPECT_EQ(tok2->decode({2, 3, 4}, false), "ab<y>");
   std::filesystem::remove_all(dir);
 }
 
