@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "engine/cpu/cpu_engine.h"
 #include "engine/engine.h"
 #include "engine/generation.h"
 #include "engine/parity/logits_record.h"
@@ -23,7 +24,7 @@ namespace worker {
 namespace {
 
 struct CliArgs {
-  std::string model, backend = "cpu", prompt, log_logits, job_id = "cli";
+  std::string model, backend = "cpu", prompt, log_logits, dump_checkpoints, job_id = "cli";
   std::vector<int32_t> tokens;
   bool have_tokens = false, have_prompt = false, chat = false, all_logits = false;
   bool ignore_eos = false;
@@ -36,7 +37,7 @@ const char* kUsage =
     "usage: worker-orcd generate --model F [--backend cpu|cuda] [--tokens 1,2,3 | --prompt "
     "TEXT [--chat]] [--n 64] [--temp 0] [--seed S] [--top-k K] [--top-p P] [--min-p P] "
     "[--repeat-penalty R] [--ctx N] [--gpu N] [--ignore-eos] [--log-logits FILE "
-    "[--log-values N] [--all-logits]] [--job-id ID]\n";
+    "[--log-values N] [--all-logits]] [--dump-checkpoints FILE] [--job-id ID]\n";
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -78,6 +79,7 @@ CliArgs parse(int argc, char** argv) {
     else if (k == "--log-logits") a.log_logits = val();
     else if (k == "--log-values") a.log_values = std::stoull(val());
     else if (k == "--all-logits") a.all_logits = true;
+    else if (k == "--dump-checkpoints") a.dump_checkpoints = val();
     else if (k == "--job-id") a.job_id = val();
     else throw std::invalid_argument("unknown argument '" + k + "'");
   }
@@ -86,6 +88,8 @@ CliArgs parse(int argc, char** argv) {
     throw std::invalid_argument("give exactly one of --tokens and --prompt");
   if (a.have_tokens && a.tokens.empty()) throw std::invalid_argument("--tokens is empty");
   if (a.n < 0) throw std::invalid_argument("--n must be >= 0");
+  if (!a.dump_checkpoints.empty() && a.backend != "cpu")
+    throw std::invalid_argument("--dump-checkpoints is implemented by the cpu backend only");
   return a;
 }
 
@@ -116,7 +120,25 @@ int engine_cli_main(int argc, char** argv) {
         a.have_prompt ? tokenize_prompt(*tok, a.prompt, a.chat) : a.tokens;
     if (prompt.empty()) throw WorkerError(ErrorCode::InvalidRequest, "empty prompt");
     const int32_t ctx = a.ctx > 0 ? a.ctx : static_cast<int32_t>(prompt.size()) + a.n + 1;
-    auto engine = make_engine(a.backend, model, ctx, a.gpu);
+    std::ofstream ckpt;
+    std::unique_ptr<Engine> engine;
+    if (!a.dump_checkpoints.empty()) {
+      ckpt.open(a.dump_checkpoints);
+      if (!ckpt) throw WorkerError(ErrorCode::Internal, "cannot open " + a.dump_checkpoints);
+      // One D16-shaped record per layer checkpoint and token (every value).
+      engine = make_cpu_engine(model, ctx, [&](std::string_view name, int layer, int32_t pos,
+                                               std::span<const float> v) {
+        const std::string cp =
+            layer < 0 ? std::string(name) : "blk." + std::to_string(layer) + "." + std::string(name);
+        ckpt << nlohmann::json{{"checkpoint", cp},          {"job_id", a.job_id},
+                               {"token_idx", pos},          {"dtype", "f32"},
+                               {"shape", {v.size()}},       {"values", std::vector<float>(v.begin(), v.end())}}
+                    .dump()
+             << '\n';
+      });
+    } else {
+      engine = make_engine(a.backend, model, ctx, a.gpu);
+    }
 
     std::ofstream log;
     if (!a.log_logits.empty()) {

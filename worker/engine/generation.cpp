@@ -23,7 +23,16 @@ const char* stop_reason_name(StopReason r) {
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& prompt, bool chat) {
   // As llama.cpp's server: BOS as the vocabulary asks; special-token texts are parsed only
   // inside the chat template, so a user typing "<|im_start|>" gets plain text tokens.
-  if (chat) return tok.encode(apply_chat_template(tok, prompt), true, true);
+  if (chat) {
+    std::string text;
+    try {
+      text = apply_chat_template(tok, prompt);
+    } catch (const std::runtime_error& e) {
+      // A model without a supported template is the request's problem (chat: true).
+      throw WorkerError(ErrorCode::InvalidRequest, std::string("chat: ") + e.what());
+    }
+    return tok.encode(text, true, true);
+  }
   return tok.encode(prompt, true, false);
 }
 

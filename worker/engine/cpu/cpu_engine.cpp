@@ -158,8 +158,12 @@ std::vector<float> tensor_f32(const TensorInfo* t) {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(std::shared_ptr<const Model> model, int32_t ctx_size)
-      : model_(std::move(model)), cfg_(model_->config), w_(model_->weights), pool_(2) {
+  CpuEngine(std::shared_ptr<const Model> model, int32_t ctx_size, CheckpointSink sink)
+      : model_(std::move(model)),
+        cfg_(model_->config),
+        w_(model_->weights),
+        pool_(2),
+        sink_(std::move(sink)) {
     const int64_t train = cfg_.n_ctx_train > 0 ? cfg_.n_ctx_train : 32768;
     int64_t n = ctx_size > 0 ? std::min<int64_t>(ctx_size, train) : std::min<int64_t>(train, 32768);
     n_ctx_ = static_cast<int32_t>(n);
@@ -299,10 +303,21 @@ class CpuEngine final : public Engine {
     }
   }
 
+  // Reports rows of `data` (one per token, `width` floats each) to the checkpoint sink.
+  void checkpoint(std::string_view name, int layer, const float* data, int64_t n, int64_t width,
+                  int32_t pos0) const {
+    if (!sink_) return;
+    for (int64_t t = 0; t < n; ++t) {
+      sink_(name, layer, pos0 + static_cast<int32_t>(t),
+            std::span<const float>(data + t * width, static_cast<size_t>(width)));
+    }
+  }
+
   std::shared_ptr<const Model> model_;
   const ModelConfig& cfg_;
   const ModelWeights& w_;
   ThreadPool pool_;
+  CheckpointSink sink_;
   int32_t n_ctx_ = 0;
   int32_t n_past_ = 0;
   std::vector<float> out_norm_;
@@ -349,7 +364,9 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
   for (size_t il = 0; il < w_.layers.size(); ++il) {
     const LayerWeights& L = w_.layers[il];
     const LayerVecs& LV = vecs_[il];
+    const int li = static_cast<int>(il);
     rms_norm(x.data(), LV.attn_norm, xn.data(), n);
+    checkpoint("attn_norm", li, xn.data(), n, D, n_past_);
     matmul(*L.wq, xn.data(), n, q.data());
     matmul(*L.wk, xn.data(), n, k.data());
     matmul(*L.wv, xn.data(), n, v.data());
@@ -363,6 +380,9 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
       rope(q.data() + t * q_dim, nh, pos);
       rope(k.data() + t * kv_dim, nkv, pos);
     }
+    checkpoint("q", li, q.data(), n, q_dim, n_past_);
+    checkpoint("k", li, k.data(), n, kv_dim, n_past_);
+    checkpoint("v", li, v.data(), n, kv_dim, n_past_);
     auto& kc = k_cache_[il];
     auto& vc = v_cache_[il];
     if (kc.size() < static_cast<size_t>(n_kv_total * kv_dim)) {
@@ -400,24 +420,30 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
         }
       }
     }, n * nh * n_kv_total * hd);
+    checkpoint("attn_out", li, att.data(), n, q_dim, n_past_);
     matmul(*L.wo, att.data(), n, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    checkpoint("ffn_inp", li, x.data(), n, D, n_past_);
 
     rms_norm(x.data(), LV.ffn_norm, xn.data(), n);
+    checkpoint("ffn_norm", li, xn.data(), n, D, n_past_);
     matmul(*L.w_gate, xn.data(), n, gate.data());
     matmul(*L.w_up, xn.data(), n, up.data());
     for (size_t i = 0; i < gate.size(); ++i) {
       const float g = gate[i];
       gate[i] = (g / (1.0f + std::exp(-g))) * up[i];  // ggml_silu, then the mul
     }
+    checkpoint("ffn_act", li, gate.data(), n, F, n_past_);
     matmul(*L.w_down, gate.data(), n, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    checkpoint("l_out", li, x.data(), n, D, n_past_);
   }
 
   // Only the positions asked for go through the final norm and the LM head.
   const int64_t first = all_logits ? 0 : n - 1;
   const int64_t n_out = n - first;
   rms_norm(x.data() + first * D, out_norm_, xn.data(), n_out);
+  checkpoint("result_norm", -1, xn.data(), n_out, D, n_past_ + static_cast<int32_t>(first));
   logits_.resize(static_cast<size_t>(n_out * cfg_.vocab_size));
   matmul(*w_.output, xn.data(), n_out, logits_.data());
   n_logits_ = static_cast<size_t>(n_out);
@@ -427,8 +453,13 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
 }  // namespace
 
 std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int32_t ctx_size) {
+  return make_cpu_engine(std::move(model), ctx_size, nullptr);
+}
+
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                        CheckpointSink sink) {
   if (!model) throw WorkerError(ErrorCode::Internal, "make_cpu_engine: no model");
-  return std::make_unique<CpuEngine>(std::move(model), ctx_size);
+  return std::make_unique<CpuEngine>(std::move(model), ctx_size, std::move(sink));
 }
 
 }  // namespace worker

@@ -1,7 +1,9 @@
 // CPU backend against the real stories260K model and llama.cpp's greedy continuation.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -98,6 +100,50 @@ TEST(EngineCpuStories, ContextOverflowIsInvalidRequest) {
   }
   const std::vector<int32_t> bad = {100000};
   EXPECT_THROW(e->eval(bad), WorkerError);
+}
+
+}  // namespace
+}  // namespace worker
+
+namespace worker {
+namespace {
+
+// The per-layer checkpoint sink sees every layer's tensors for every token, with the
+// widths of the model, and l_out of one layer is what the next layer normalises.
+TEST(EngineCpuStories, CheckpointSinkReportsEveryLayer) {
+  auto model = load_stories();
+  ASSERT_TRUE(model);
+  const auto& cfg = model->config;
+  std::map<std::string, int> count;
+  std::map<std::pair<int, int32_t>, std::vector<float>> l_out, ffn_inp;
+  auto e = make_cpu_engine(model, 16, [&](std::string_view name, int layer, int32_t pos,
+                                          std::span<const float> v) {
+    count[std::string(name)]++;
+    for (float x : v) ASSERT_TRUE(std::isfinite(x));
+    if (name == "q") {
+      EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_head * cfg.head_dim));
+    } else if (name == "k") {
+      EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_head_kv * cfg.head_dim));
+    } else if (name == "ffn_act") {
+      EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_ff));
+    }
+    if (name == "l_out") l_out[{layer, pos}].assign(v.begin(), v.end());
+    if (name == "ffn_inp") ffn_inp[{layer, pos}].assign(v.begin(), v.end());
+  });
+  const std::vector<int32_t> toks = {1, 403, 407};
+  e->eval(toks);
+  const int L = static_cast<int>(cfg.n_layer);
+  for (const char* n : {"attn_norm", "q", "k", "v", "attn_out", "ffn_inp", "ffn_norm", "ffn_act",
+                        "l_out"}) {
+    EXPECT_EQ(count[n], 3 * L) << n;
+  }
+  EXPECT_EQ(count["result_norm"], 1);  // only the position whose logits are computed
+  const std::pair<int, int32_t> key{0, 2};
+  EXPECT_NE(l_out[key], ffn_inp[key]);  // the FFN changed the residual
+  // A second eval continues the positions.
+  const int32_t next = 261;
+  e->eval(std::span<const int32_t>(&next, 1));
+  EXPECT_EQ(l_out.count({L - 1, 3}), 1u);
 }
 
 }  // namespace
