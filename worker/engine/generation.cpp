@@ -133,27 +133,34 @@ GenerationResult generate(Engine& engine, const Tokenizer& tok, const Generation
 
   engine.reset();
   res.stop_reason = StopReason::MaxTokens;
-  bool cancelled = !forward(res.prompt_tokens, 0);
-  for (int64_t i = 0; !cancelled && i < max_new; ++i) {
-    const int32_t id = engine.sample(req.sampling, res.tokens, rng);
-    if (i == 0) res.first_token_ms = ms_since(t0);
-    res.tokens.push_back(id);
-    if (tok.is_eog(id)) {
-      res.stop_reason = StopReason::Eos;
-      break;
+  bool cancelled = false;
+  try {
+    cancelled = !forward(res.prompt_tokens, 0);
+    for (int64_t i = 0; !cancelled && i < max_new; ++i) {
+      const int32_t id = engine.sample(req.sampling, res.tokens, rng);
+      if (i == 0) res.first_token_ms = ms_since(t0);
+      res.tokens.push_back(id);
+      if (tok.is_eog(id)) {
+        res.stop_reason = StopReason::Eos;
+        break;
+      }
+      emit(stops.push(decoder.push(id)), id);
+      if (stops.matched()) {
+        res.stop_reason = StopReason::StopSequence;
+        res.stop_sequence_matched = stops.matched_stop();
+        break;
+      }
+      if (i + 1 == max_new) break;  // the last token needs no forward pass
+      cancelled = !forward(std::span<const int32_t>(&res.tokens.back(), 1),
+                           static_cast<int32_t>(n_prompt + i));
     }
-    emit(stops.push(decoder.push(id)), id);
-    if (stops.matched()) {
-      res.stop_reason = StopReason::StopSequence;
-      res.stop_sequence_matched = stops.matched_stop();
-      break;
-    }
-    if (i + 1 == max_new) break;  // the last token needs no forward pass
-    cancelled = !forward(std::span<const int32_t>(&res.tokens.back(), 1),
-                         static_cast<int32_t>(n_prompt + i));
+  } catch (...) {
+    engine.reset();  // a failed job leaves no KV cache behind
+    throw;
   }
   if (cancelled) {
     res.stop_reason = StopReason::Cancelled;
+    engine.reset();  // D10: every cancelled job frees its KV cache
   } else if (res.stop_reason != StopReason::StopSequence) {
     // Held text turned out not to be a stop sequence; incomplete UTF-8 at the very end is
     // flushed as U+FFFD by the decoder.

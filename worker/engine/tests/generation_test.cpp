@@ -175,6 +175,7 @@ TEST(EngineGeneration, ShouldStopPolledBeforeEveryForwardPass) {
   EXPECT_EQ(eng.eval_calls.size(), 3u);
   EXPECT_EQ(res.tokens.size(), 3u);
   EXPECT_STREQ(stop_reason_name(res.stop_reason), "cancelled");
+  EXPECT_EQ(eng.n_past(), 0) << "a cancelled job must free its KV cache (D10)";
 }
 
 // REQ: M0-W-1420 WRK-D8
