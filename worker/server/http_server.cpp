@@ -4,6 +4,8 @@
 #include <cctype>
 #include <random>
 
+#include <sys/socket.h>
+
 #include "common/log.h"
 #include "server/peer_socket.h"
 #include "server/sse.h"
@@ -91,6 +93,11 @@ bool HttpServer::start(std::string& error) {
     return false;
   }
   thread_ = std::thread([this] { svr_.listen_after_bind(); });
+  // stop() is a no-op until the accept loop runs; wait for it so an early stop() (a failed
+  // model load) cannot leave the loop running forever.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!svr_.is_running() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   return true;
 }
 
@@ -174,6 +181,12 @@ void HttpServer::routes() {
   const size_t threads = std::max<size_t>(32, cfg_.queue_depth + 24);
   svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr_.set_payload_max_length(kMaxBodyBytes);
+  // cpp-httplib's default also sets SO_REUSEPORT, which lets a second worker bind a port
+  // that is in use; keep only SO_REUSEADDR so a busy port is an error (exit 1).
+  svr_.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
   svr_.set_keep_alive_timeout(5);
 
   svr_.Get("/health",

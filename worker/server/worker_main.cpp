@@ -244,7 +244,7 @@ int worker_main(int argc, char** argv) {
   watchdog.detach();
 
   http.begin_drain();
-  runner.stop(3000ms);  // running job: finish within 3 s or be cancelled
+  runner.stop(2500ms);  // running job: finish within 2.5 s or be cancelled
   http.wait_streams_closed(1000ms);
   http.stop();
   if (callback.joinable()) callback.join();
