@@ -74,6 +74,62 @@ TEST(TokenizerHfJson, SameIdsAsGgufBpeOnRandomStrings) {
   EXPECT_GT(nfc_changed, 0u) << "the random texts should exercise the normalizer";
 }
 
+// Against the JavaScript port of Hugging Face tokenizers (transformers.js, shipped with the
+// pinned npm package): real regex semantics, NFC and BPE from the same tokenizer.json.
+// REQ: M0-W-1361 M0-W-1363
+TEST(TokenizerHfJson, MatchesTransformersJsOnRandomStrings) {
+  const Tokenizer& hf = qwen_json();
+  test::RandomText gen(test::test_seed());
+  std::vector<std::string> texts = {"<|im_start|>user\nHi<|im_end|>"};
+  // JavaScript's \s differs from Unicode White_Space (used by Rust's regex in HF tokenizers
+  // and by llama.cpp) on U+0085 (not space in JS) and U+FEFF (space in JS only); texts with
+  // them are left out of this comparison.
+  size_t skipped = 0;
+  while (texts.size() < 1001) {
+    std::string t = gen.next();
+    if (t.find("\xC2\x85") != std::string::npos || t.find("\xEF\xBB\xBF") != std::string::npos) {
+      ++skipped;
+      continue;
+    }
+    texts.push_back(std::move(t));
+  }
+  const auto tmp =
+      std::filesystem::temp_directory_path() / ("hf_js_" + std::to_string(::getpid()) + ".jsonl");
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    for (const auto& t : texts) f << nlohmann::json{{"text", t}}.dump() << "\n";
+  }
+  const std::string out = test::run_capture("cd '" + test::source_dir() +
+                                            "/fixtures/tokenizer' && node hf_tokenize.mjs < '" +
+                                            tmp.string() + "' 2>&1");
+  std::filesystem::remove(tmp);
+  std::vector<std::vector<int32_t>> js;
+  size_t pos = 0;
+  while (pos < out.size()) {
+    size_t nl = out.find('\n', pos);
+    if (nl == std::string::npos) nl = out.size();
+    const std::string line = out.substr(pos, nl - pos);
+    pos = nl + 1;
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "transformers.js oracle failed: " << out.substr(0, 2000);
+    js.push_back(j.at("ids").get<std::vector<int32_t>>());
+  }
+  ASSERT_EQ(js.size(), texts.size()) << out.substr(0, 2000);
+  size_t mismatches = 0;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    const auto ids = hf.encode(texts[i], false, true);
+    if (ids != js[i] && ++mismatches <= 10) {
+      ADD_FAILURE() << "ids differ for " << nlohmann::json(texts[i]).dump()
+                    << "\n  transformers.js " << show(js[i]) << "\n  ours            " << show(ids);
+    }
+  }
+  std::printf(
+      "hf-json vs transformers.js: %zu texts (%zu with U+0085/U+FEFF left out), %zu mismatches\n",
+      texts.size(), skipped, mismatches);
+  EXPECT_EQ(mismatches, 0u);
+}
+
 // Every line of Unicode's NormalizationTest.txt: NFC(c1) = NFC(c2) = NFC(c3) = c2 and
 // NFC(c4) = NFC(c5) = c4.
 // REQ: M0-W-1361
