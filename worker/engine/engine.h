@@ -30,9 +30,9 @@ struct VramUsage {
 };
 
 struct BackendInfo {
-  std::string backend;  // "cpu" | "cuda"
-  bool resident = false;           // weights verified in device memory (cuda)
-  std::string sm;                  // "9.0" (cuda)
+  std::string backend;    // "cpu" | "cuda"
+  bool resident = false;  // weights verified in device memory (cuda)
+  std::string sm;         // "9.0" (cuda)
   std::string cuda_runtime_version;
   std::string device_name;
 };

@@ -61,27 +61,48 @@ CliArgs parse(int argc, char** argv) {
       if (i + 1 >= argc) throw std::invalid_argument(k + " needs a value");
       return argv[++i];
     };
-    if (k == "--model") a.model = val();
-    else if (k == "--backend") a.backend = val();
-    else if (k == "--tokens") a.tokens = parse_ids(val()), a.have_tokens = true;
-    else if (k == "--prompt") a.prompt = val(), a.have_prompt = true;
-    else if (k == "--chat") a.chat = true;
-    else if (k == "--n") a.n = std::stoi(val());
-    else if (k == "--temp") a.sampling.temperature = std::stof(val());
-    else if (k == "--seed") a.sampling.seed = std::stoull(val());
-    else if (k == "--top-k") a.sampling.top_k = std::stoi(val());
-    else if (k == "--top-p") a.sampling.top_p = std::stof(val());
-    else if (k == "--min-p") a.sampling.min_p = std::stof(val());
-    else if (k == "--repeat-penalty") a.sampling.repetition_penalty = std::stof(val());
-    else if (k == "--ctx") a.ctx = std::stoi(val());
-    else if (k == "--gpu") a.gpu = std::stoi(val());
-    else if (k == "--ignore-eos") a.ignore_eos = true;
-    else if (k == "--log-logits") a.log_logits = val();
-    else if (k == "--log-values") a.log_values = std::stoull(val());
-    else if (k == "--all-logits") a.all_logits = true;
-    else if (k == "--dump-checkpoints") a.dump_checkpoints = val();
-    else if (k == "--job-id") a.job_id = val();
-    else throw std::invalid_argument("unknown argument '" + k + "'");
+    if (k == "--model")
+      a.model = val();
+    else if (k == "--backend")
+      a.backend = val();
+    else if (k == "--tokens")
+      a.tokens = parse_ids(val()), a.have_tokens = true;
+    else if (k == "--prompt")
+      a.prompt = val(), a.have_prompt = true;
+    else if (k == "--chat")
+      a.chat = true;
+    else if (k == "--n")
+      a.n = std::stoi(val());
+    else if (k == "--temp")
+      a.sampling.temperature = std::stof(val());
+    else if (k == "--seed")
+      a.sampling.seed = std::stoull(val());
+    else if (k == "--top-k")
+      a.sampling.top_k = std::stoi(val());
+    else if (k == "--top-p")
+      a.sampling.top_p = std::stof(val());
+    else if (k == "--min-p")
+      a.sampling.min_p = std::stof(val());
+    else if (k == "--repeat-penalty")
+      a.sampling.repetition_penalty = std::stof(val());
+    else if (k == "--ctx")
+      a.ctx = std::stoi(val());
+    else if (k == "--gpu")
+      a.gpu = std::stoi(val());
+    else if (k == "--ignore-eos")
+      a.ignore_eos = true;
+    else if (k == "--log-logits")
+      a.log_logits = val();
+    else if (k == "--log-values")
+      a.log_values = std::stoull(val());
+    else if (k == "--all-logits")
+      a.all_logits = true;
+    else if (k == "--dump-checkpoints")
+      a.dump_checkpoints = val();
+    else if (k == "--job-id")
+      a.job_id = val();
+    else
+      throw std::invalid_argument("unknown argument '" + k + "'");
   }
   if (a.model.empty()) throw std::invalid_argument("--model is required");
   if (a.have_tokens == a.have_prompt)
@@ -126,16 +147,20 @@ int engine_cli_main(int argc, char** argv) {
       ckpt.open(a.dump_checkpoints);
       if (!ckpt) throw WorkerError(ErrorCode::Internal, "cannot open " + a.dump_checkpoints);
       // One D16-shaped record per layer checkpoint and token (every value).
-      engine = make_cpu_engine(model, ctx, [&](std::string_view name, int layer, int32_t pos,
-                                               std::span<const float> v) {
-        const std::string cp =
-            layer < 0 ? std::string(name) : "blk." + std::to_string(layer) + "." + std::string(name);
-        ckpt << nlohmann::json{{"checkpoint", cp},          {"job_id", a.job_id},
-                               {"token_idx", pos},          {"dtype", "f32"},
-                               {"shape", {v.size()}},       {"values", std::vector<float>(v.begin(), v.end())}}
-                    .dump()
-             << '\n';
-      });
+      engine = make_cpu_engine(
+          model, ctx, [&](std::string_view name, int layer, int32_t pos, std::span<const float> v) {
+            const std::string cp = layer < 0
+                                       ? std::string(name)
+                                       : "blk." + std::to_string(layer) + "." + std::string(name);
+            ckpt << nlohmann::json{{"checkpoint", cp},
+                                   {"job_id", a.job_id},
+                                   {"token_idx", pos},
+                                   {"dtype", "f32"},
+                                   {"shape", {v.size()}},
+                                   {"values", std::vector<float>(v.begin(), v.end())}}
+                        .dump()
+                 << '\n';
+          });
     } else {
       engine = make_engine(a.backend, model, ctx, a.gpu);
     }
@@ -154,7 +179,8 @@ int engine_cli_main(int argc, char** argv) {
     const bool all = a.all_logits && log.is_open();
     engine->eval(prompt, all);
     if (all) {
-      for (size_t i = 0; i < prompt.size(); ++i) log_pos(engine->logits_at(i), static_cast<int64_t>(i));
+      for (size_t i = 0; i < prompt.size(); ++i)
+        log_pos(engine->logits_at(i), static_cast<int64_t>(i));
     } else {
       log_pos(engine->logits(), static_cast<int64_t>(prompt.size()) - 1);
     }
@@ -177,15 +203,15 @@ int engine_cli_main(int argc, char** argv) {
     }
     const auto t2 = std::chrono::steady_clock::now();
 
-    nlohmann::json j = {{"backend", a.backend},
-                        {"model", a.model},
-                        {"prompt_tokens", prompt},
-                        {"tokens", out},
-                        {"stop_reason", stop_reason},
-                        {"prefill_ms", ms(t1 - t0)},
-                        {"decode_ms", ms(t2 - t1)},
-                        {"decode_tok_per_s",
-                         decode_evals > 0 ? decode_evals / (ms(t2 - t1) / 1000.0) : 0.0}};
+    nlohmann::json j = {
+        {"backend", a.backend},
+        {"model", a.model},
+        {"prompt_tokens", prompt},
+        {"tokens", out},
+        {"stop_reason", stop_reason},
+        {"prefill_ms", ms(t1 - t0)},
+        {"decode_ms", ms(t2 - t1)},
+        {"decode_tok_per_s", decode_evals > 0 ? decode_evals / (ms(t2 - t1) / 1000.0) : 0.0}};
     if (tok) j["text"] = tok->decode(out);
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
     return 0;

@@ -8,14 +8,10 @@ namespace worker {
 
 const char* stop_reason_name(StopReason r) {
   switch (r) {
-    case StopReason::MaxTokens:
-      return "max_tokens";
-    case StopReason::Eos:
-      return "eos";
-    case StopReason::StopSequence:
-      return "stop_sequence";
-    case StopReason::Cancelled:
-      return "cancelled";
+    case StopReason::MaxTokens: return "max_tokens";
+    case StopReason::Eos: return "eos";
+    case StopReason::StopSequence: return "stop_sequence";
+    case StopReason::Cancelled: return "cancelled";
   }
   return "unknown";
 }
@@ -106,10 +102,9 @@ GenerationResult generate(Engine& engine, const Tokenizer& tok, const Generation
   }
   const int64_t n_prompt = static_cast<int64_t>(res.prompt_tokens.size());
   if (n_prompt >= engine.n_ctx()) {
-    throw WorkerError(ErrorCode::InvalidRequest,
-                      "prompt of " + std::to_string(n_prompt) +
-                          " tokens leaves no room in the context of " +
-                          std::to_string(engine.n_ctx()) + " tokens");
+    throw WorkerError(ErrorCode::InvalidRequest, "prompt of " + std::to_string(n_prompt) +
+                                                     " tokens leaves no room in the context of " +
+                                                     std::to_string(engine.n_ctx()) + " tokens");
   }
   const int64_t max_new = std::min<int64_t>(req.max_tokens, engine.n_ctx() - n_prompt);
 

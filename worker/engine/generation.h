@@ -16,7 +16,7 @@ namespace worker {
 
 struct GenerationRequest {
   std::string prompt;
-  bool chat = false;          // wrap the prompt with the model's chat template
+  bool chat = false;  // wrap the prompt with the model's chat template
   int32_t max_tokens = 2048;
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop sequences matched on decoded text (D7)
@@ -31,8 +31,8 @@ struct GenerationResult {
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> tokens;  // generated ids
   std::string text;             // concatenated text sent to the client
-  double first_token_ms = 0;  // generate() entry -> first token sampled (tokenize + prefill)
-  double decode_time_ms = 0;  // generate() entry -> generation ended (the whole job)
+  double first_token_ms = 0;    // generate() entry -> first token sampled (tokenize + prefill)
+  double decode_time_ms = 0;    // generate() entry -> generation ended (the whole job)
 };
 
 struct GenerationCallbacks {

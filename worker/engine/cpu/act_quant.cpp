@@ -64,7 +64,8 @@ void quantize_q8_k(const float* x, int64_t n, QuantizedActivation& o) {
     if (amax == 0.0f) continue;
     const float iscale = -127.f / max;
     int8_t* q = o.q.data() + b * kQK;
-    for (int j = 0; j < kQK; ++j) q[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * xb[j])));
+    for (int j = 0; j < kQK; ++j)
+      q[j] = static_cast<int8_t>(std::min(127, nearest_int(iscale * xb[j])));
     for (int j = 0; j < 16; ++j) {
       int s = 0;
       for (int i = 0; i < 16; ++i) s += q[j * 16 + i];
@@ -213,29 +214,26 @@ void quantize_activation(GgmlType t, const float* x, int64_t n, QuantizedActivat
   o.weight_type = t;
   o.n = n;
   switch (t) {
-    case GgmlType::F32:
-      o.f.assign(x, x + n);
-      return;
+    case GgmlType::F32: o.f.assign(x, x + n); return;
     case GgmlType::F16:
       o.f.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) o.f[static_cast<size_t>(i)] = fp16_to_fp32(fp32_to_fp16(x[i]));
+      for (int64_t i = 0; i < n; ++i)
+        o.f[static_cast<size_t>(i)] = fp16_to_fp32(fp32_to_fp16(x[i]));
       return;
     case GgmlType::BF16:
       o.f.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) o.f[static_cast<size_t>(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
+      for (int64_t i = 0; i < n; ++i)
+        o.f[static_cast<size_t>(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
       return;
     case GgmlType::Q8_0:
     case GgmlType::Q4_0:
-    case GgmlType::Q5_0:
-      quantize_q8_0(x, n, o);
-      return;
+    case GgmlType::Q5_0: quantize_q8_0(x, n, o); return;
     case GgmlType::Q4_K:
-    case GgmlType::Q6_K:
-      quantize_q8_k(x, n, o);
-      return;
+    case GgmlType::Q6_K: quantize_q8_k(x, n, o); return;
     default:
-      throw WorkerError(ErrorCode::Internal, "quantize_activation: unsupported weight type " +
-                                                 std::string(ggml_type_name(static_cast<uint32_t>(t))));
+      throw WorkerError(ErrorCode::Internal,
+                        "quantize_activation: unsupported weight type " +
+                            std::string(ggml_type_name(static_cast<uint32_t>(t))));
   }
 }
 
@@ -251,19 +249,15 @@ float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, f
     case GgmlType::BF16:
       dequantize_row(t, row, scratch, a.n);
       return dot_f32(scratch, a.f.data(), a.n);
-    case GgmlType::Q8_0:
-      return dot_q8_0(r, a);
-    case GgmlType::Q4_0:
-      return dot_q4_0(r, a);
-    case GgmlType::Q5_0:
-      return dot_q5_0(r, a);
-    case GgmlType::Q4_K:
-      return dot_q4_k(r, a);
-    case GgmlType::Q6_K:
-      return dot_q6_k(r, a);
+    case GgmlType::Q8_0: return dot_q8_0(r, a);
+    case GgmlType::Q4_0: return dot_q4_0(r, a);
+    case GgmlType::Q5_0: return dot_q5_0(r, a);
+    case GgmlType::Q4_K: return dot_q4_k(r, a);
+    case GgmlType::Q6_K: return dot_q6_k(r, a);
     default:
-      throw WorkerError(ErrorCode::Internal, "dot_quantized: unsupported weight type " +
-                                                 std::string(ggml_type_name(static_cast<uint32_t>(t))));
+      throw WorkerError(ErrorCode::Internal,
+                        "dot_quantized: unsupported weight type " +
+                            std::string(ggml_type_name(static_cast<uint32_t>(t))));
   }
 }
 

@@ -1,8 +1,9 @@
 // The CPU reference backend (D4, M0-W-1214): qwen2 and llama in FP32, weights read in
 // place from the mapping and dequantized one row at a time (never a full FP32 copy).
 // Matmul inputs are rounded to the weight type's vec_dot_type exactly as llama.cpp's CPU
-// backend does (act_quant.h). Every op follows llama.cpp's CPU graph for these architectures (ggml's rms_norm, rope,
-// soft_max, silu) so that logits agree with llama.cpp to ~1e-5 on F32 weights.
+// backend does (act_quant.h). Every op follows llama.cpp's CPU graph for these architectures
+// (ggml's rms_norm, rope, soft_max, silu) so that logits agree with llama.cpp to ~1e-5 on F32
+// weights.
 #include "engine/cpu/cpu_engine.h"
 
 #include <algorithm>
@@ -44,8 +45,7 @@ class ThreadPool {
 
   // fn(begin, end, thread_index). Small jobs (`work` below ~32k multiply-adds) run on the
   // caller alone: waking a worker costs more than it saves.
-  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
-                    int64_t work) {
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn, int64_t work) {
     if (n_ == 1 || n < 2 || work < (int64_t{1} << 15)) {
       fn(0, n, 0);
       return;
@@ -173,9 +173,10 @@ class CpuEngine final : public Engine {
                             " is not a multiple of n_head_kv " + std::to_string(cfg_.n_head_kv));
     }
     if (cfg_.n_rot > cfg_.head_dim || cfg_.n_rot % 2 != 0 || cfg_.n_rot > 2048) {
-      throw WorkerError(ErrorCode::ModelLoadFailed,
-                        "cpu backend: rope dimension " + std::to_string(cfg_.n_rot) +
-                            " must be even, <= 2048 and <= head_dim " + std::to_string(cfg_.head_dim));
+      throw WorkerError(ErrorCode::ModelLoadFailed, "cpu backend: rope dimension " +
+                                                        std::to_string(cfg_.n_rot) +
+                                                        " must be even, <= 2048 and <= head_dim " +
+                                                        std::to_string(cfg_.head_dim));
     }
     // Norm weights and biases are vectors of n_embd floats: converting them once is not a
     // copy of the model.
@@ -197,7 +198,8 @@ class CpuEngine final : public Engine {
         max_row = std::max(max_row, t->row_len());
       }
     }
-    row_bufs_.assign(static_cast<size_t>(pool_.size()), std::vector<float>(static_cast<size_t>(max_row)));
+    row_bufs_.assign(static_cast<size_t>(pool_.size()),
+                     std::vector<float>(static_cast<size_t>(max_row)));
   }
 
   const ModelConfig& config() const override { return cfg_; }
@@ -226,8 +228,7 @@ class CpuEngine final : public Engine {
   std::span<const float> logits_at(size_t i) const override {
     if (i >= n_logits_) {
       throw WorkerError(ErrorCode::Internal,
-                        "logits_at(" + std::to_string(i) + "): only " +
-                            std::to_string(n_logits_) +
+                        "logits_at(" + std::to_string(i) + "): only " + std::to_string(n_logits_) +
                             " positions kept (eval with all_logits for every position)");
     }
     const size_t V = static_cast<size_t>(cfg_.vocab_size);
@@ -245,24 +246,29 @@ class CpuEngine final : public Engine {
   void matmul(const TensorInfo& W, const float* in, int64_t n, float* out) {
     const int64_t K = W.row_len(), M = W.rows();
     if (acts_.size() < static_cast<size_t>(n)) acts_.resize(static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t) cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
+    for (int64_t t = 0; t < n; ++t)
+      cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
     const bool float_weights =
         W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;
-    pool_.parallel_for(M, [&](int64_t b, int64_t e, int th) {
-      float* buf = row_bufs_[static_cast<size_t>(th)].data();
-      for (int64_t r = b; r < e; ++r) {
-        if (float_weights) {
-          const float* row = row_f32(W, r, buf);
-          for (int64_t t = 0; t < n; ++t) {
-            out[t * M + r] = dot_f32(row, acts_[static_cast<size_t>(t)].f.data(), K);
+    pool_.parallel_for(
+        M,
+        [&](int64_t b, int64_t e, int th) {
+          float* buf = row_bufs_[static_cast<size_t>(th)].data();
+          for (int64_t r = b; r < e; ++r) {
+            if (float_weights) {
+              const float* row = row_f32(W, r, buf);
+              for (int64_t t = 0; t < n; ++t) {
+                out[t * M + r] = dot_f32(row, acts_[static_cast<size_t>(t)].f.data(), K);
+              }
+            } else {
+              for (int64_t t = 0; t < n; ++t) {
+                out[t * M + r] =
+                    cpu::dot_quantized(W.type, W.row(r), acts_[static_cast<size_t>(t)], buf);
+              }
+            }
           }
-        } else {
-          for (int64_t t = 0; t < n; ++t) {
-            out[t * M + r] = cpu::dot_quantized(W.type, W.row(r), acts_[static_cast<size_t>(t)], buf);
-          }
-        }
-      }
-    }, M * K * n);
+        },
+        M * K * n);
   }
 
   // ggml_rms_norm (sum of squares in double) followed by the weight multiply.
@@ -333,10 +339,10 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) throw WorkerError(ErrorCode::InvalidRequest, "eval of zero tokens");
   if (n_past_ + n > n_ctx_) {
-    throw WorkerError(ErrorCode::InvalidRequest,
-                      "context overflow: " + std::to_string(n_past_) + " cached + " +
-                          std::to_string(n) + " new tokens exceed the context size " +
-                          std::to_string(n_ctx_));
+    throw WorkerError(ErrorCode::InvalidRequest, "context overflow: " + std::to_string(n_past_) +
+                                                     " cached + " + std::to_string(n) +
+                                                     " new tokens exceed the context size " +
+                                                     std::to_string(n_ctx_));
   }
   for (int32_t id : tokens) {
     if (id < 0 || id >= cfg_.vocab_size) {
@@ -394,32 +400,35 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
 
     // Causal GQA attention, one (token, head) pair per task; FP32 softmax as ggml's
     // soft_max_ext (scale inside, max subtracted, sum in double).
-    pool_.parallel_for(n * nh, [&](int64_t b, int64_t e, int) {
-      std::vector<float> sc(static_cast<size_t>(n_kv_total));
-      for (int64_t job = b; job < e; ++job) {
-        const int64_t t = job / nh, h = job % nh, g = h / group;
-        const int64_t n_att = n_past_ + t + 1;
-        const float* qh = q.data() + t * q_dim + h * hd;
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n_att; ++j) {
-          sc[j] = dot_f32(qh, kc.data() + j * kv_dim + g * hd, hd) * kq_scale;
-          mx = std::max(mx, sc[j]);
-        }
-        double sum = 0.0;
-        for (int64_t j = 0; j < n_att; ++j) {
-          sc[j] = std::exp(sc[j] - mx);
-          sum += static_cast<double>(sc[j]);
-        }
-        const float inv = static_cast<float>(1.0 / sum);
-        float* out = att.data() + t * q_dim + h * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int64_t j = 0; j < n_att; ++j) {
-          const float wgt = sc[j] * inv;
-          const float* vj = vc.data() + j * kv_dim + g * hd;
-          for (int64_t d = 0; d < hd; ++d) out[d] += wgt * vj[d];
-        }
-      }
-    }, n * nh * n_kv_total * hd);
+    pool_.parallel_for(
+        n * nh,
+        [&](int64_t b, int64_t e, int) {
+          std::vector<float> sc(static_cast<size_t>(n_kv_total));
+          for (int64_t job = b; job < e; ++job) {
+            const int64_t t = job / nh, h = job % nh, g = h / group;
+            const int64_t n_att = n_past_ + t + 1;
+            const float* qh = q.data() + t * q_dim + h * hd;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < n_att; ++j) {
+              sc[j] = dot_f32(qh, kc.data() + j * kv_dim + g * hd, hd) * kq_scale;
+              mx = std::max(mx, sc[j]);
+            }
+            double sum = 0.0;
+            for (int64_t j = 0; j < n_att; ++j) {
+              sc[j] = std::exp(sc[j] - mx);
+              sum += static_cast<double>(sc[j]);
+            }
+            const float inv = static_cast<float>(1.0 / sum);
+            float* out = att.data() + t * q_dim + h * hd;
+            std::fill(out, out + hd, 0.0f);
+            for (int64_t j = 0; j < n_att; ++j) {
+              const float wgt = sc[j] * inv;
+              const float* vj = vc.data() + j * kv_dim + g * hd;
+              for (int64_t d = 0; d < hd; ++d) out[d] += wgt * vj[d];
+            }
+          }
+        },
+        n * nh * n_kv_total * hd);
     checkpoint("attn_out", li, att.data(), n, q_dim, n_past_);
     matmul(*L.wo, att.data(), n, tmp.data());
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];

@@ -40,15 +40,16 @@ nlohmann::json logits_record(std::span<const float> logits, const std::string& c
                              const std::string& job_id, int64_t token_idx, size_t n_values) {
   const LogitsSummary s = summarize(logits);
   const size_t n = std::min(n_values, logits.size());
-  return {{"checkpoint", checkpoint},
-          {"job_id", job_id},
-          {"token_idx", token_idx},
-          {"dtype", "f32"},
-          {"shape", {logits.size()}},
-          {"values", std::vector<float>(logits.begin(), logits.begin() + static_cast<ptrdiff_t>(n))},
-          {"argmax", s.argmax},
-          {"logsumexp", s.logsumexp},
-          {"top", {{"ids", s.top_ids}, {"logits", s.top_logits}}}};
+  return {
+      {"checkpoint", checkpoint},
+      {"job_id", job_id},
+      {"token_idx", token_idx},
+      {"dtype", "f32"},
+      {"shape", {logits.size()}},
+      {"values", std::vector<float>(logits.begin(), logits.begin() + static_cast<ptrdiff_t>(n))},
+      {"argmax", s.argmax},
+      {"logsumexp", s.logsumexp},
+      {"top", {{"ids", s.top_ids}, {"logits", s.top_logits}}}};
 }
 
 }  // namespace worker::parity

@@ -43,8 +43,8 @@ TEST(EngineActQuant, IntegerBlockDotsEqualDequantizedDot) {
   std::mt19937 g(11);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   const int64_t n = 512;
-  for (GgmlType t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K,
-                     GgmlType::Q6_K}) {
+  for (GgmlType t :
+       {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
     SCOPED_TRACE(std::string(ggml_type_name(static_cast<uint32_t>(t))));
     for (int trial = 0; trial < 20; ++trial) {
       const auto row = random_row(t, n, g);

@@ -2,6 +2,8 @@
 // bound, 1 beyond it or on a greedy mismatch, 2 on unusable input.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -9,8 +11,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "engine/parity/logits_record.h"
 #include "test_paths.h"
@@ -34,7 +34,8 @@ class EngineCompareTool : public ::testing::Test {
   std::string write_ours(const std::vector<std::vector<float>>& l) {
     const auto p = (dir_ / "ours.jsonl").string();
     std::ofstream f(p);
-    for (size_t i = 0; i < l.size(); ++i) f << parity::logits_record(l[i], "logits", "t", static_cast<int64_t>(i)).dump() << "\n";
+    for (size_t i = 0; i < l.size(); ++i)
+      f << parity::logits_record(l[i], "logits", "t", static_cast<int64_t>(i)).dump() << "\n";
     return p;
   }
   // Oracle records: log-softmax of `l` shifted by `delta` at entry 0.

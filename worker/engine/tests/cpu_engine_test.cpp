@@ -3,8 +3,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -116,25 +116,25 @@ TEST(EngineCpuStories, CheckpointSinkReportsEveryLayer) {
   const auto& cfg = model->config;
   std::map<std::string, int> count;
   std::map<std::pair<int, int32_t>, std::vector<float>> l_out, ffn_inp;
-  auto e = make_cpu_engine(model, 16, [&](std::string_view name, int layer, int32_t pos,
-                                          std::span<const float> v) {
-    count[std::string(name)]++;
-    for (float x : v) ASSERT_TRUE(std::isfinite(x));
-    if (name == "q") {
-      EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_head * cfg.head_dim));
-    } else if (name == "k") {
-      EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_head_kv * cfg.head_dim));
-    } else if (name == "ffn_act") {
-      EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_ff));
-    }
-    if (name == "l_out") l_out[{layer, pos}].assign(v.begin(), v.end());
-    if (name == "ffn_inp") ffn_inp[{layer, pos}].assign(v.begin(), v.end());
-  });
+  auto e = make_cpu_engine(
+      model, 16, [&](std::string_view name, int layer, int32_t pos, std::span<const float> v) {
+        count[std::string(name)]++;
+        for (float x : v) ASSERT_TRUE(std::isfinite(x));
+        if (name == "q") {
+          EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_head * cfg.head_dim));
+        } else if (name == "k") {
+          EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_head_kv * cfg.head_dim));
+        } else if (name == "ffn_act") {
+          EXPECT_EQ(v.size(), static_cast<size_t>(cfg.n_ff));
+        }
+        if (name == "l_out") l_out[{layer, pos}].assign(v.begin(), v.end());
+        if (name == "ffn_inp") ffn_inp[{layer, pos}].assign(v.begin(), v.end());
+      });
   const std::vector<int32_t> toks = {1, 403, 407};
   e->eval(toks);
   const int L = static_cast<int>(cfg.n_layer);
-  for (const char* n : {"attn_norm", "q", "k", "v", "attn_out", "ffn_inp", "ffn_norm", "ffn_act",
-                        "l_out"}) {
+  for (const char* n :
+       {"attn_norm", "q", "k", "v", "attn_out", "ffn_inp", "ffn_norm", "ffn_act", "l_out"}) {
     EXPECT_EQ(count[n], 3 * L) << n;
   }
   EXPECT_EQ(count["result_norm"], 1);  // only the position whose logits are computed

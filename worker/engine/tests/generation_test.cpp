@@ -104,7 +104,7 @@ TEST(EngineStopMatcher, HoldsPossibleStartAndNeverEmitsStop) {
   EXPECT_EQ(m.push("N"), "");          // "EN" still may
   EXPECT_EQ(m.push("X"), "ENX");       // not a stop after all: released
   EXPECT_EQ(m.push("xy"), "");
-  EXPECT_EQ(m.push("zEND"), "");        // "xyz" matches first (earliest occurrence)
+  EXPECT_EQ(m.push("zEND"), "");  // "xyz" matches first (earliest occurrence)
   EXPECT_TRUE(m.matched());
   EXPECT_EQ(m.matched_stop(), "xyz");
   EXPECT_EQ(m.push("more"), "");

@@ -4,6 +4,7 @@
 // --batch); bounds per weight type are documented in reports/cpu-parity.md.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,7 +13,6 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
-#include <unistd.h>
 
 #include "engine/cpu/cpu_engine.h"
 #include "engine/sampler.h"
@@ -34,7 +34,7 @@ constexpr double kFloor = -80.0;
 // positions agree to ~1e-6; the rest comes from a rounding of an activation that falls the
 // other way because float sums are added in another order (one quantum, chaotic).
 const std::map<std::string, double> kBound = {
-    {"f32", 1e-4}, {"f16", 5e-3}, {"bf16", 3e-2}, {"q8_0", 0.15},
+    {"f32", 1e-4},  {"f16", 5e-3},  {"bf16", 3e-2}, {"q8_0", 0.15},
     {"q4_0", 0.15}, {"q4_k", 0.15}, {"q5_0", 0.15}, {"q6_k", 0.15},
 };
 
@@ -69,7 +69,8 @@ Oracle read_oracle(const std::string& path) {
     const auto j = nlohmann::json::parse(line);
     if (j.at("kind") == "logprobs") {
       std::vector<double> lp;
-      for (const auto& v : j.at("logprobs")) lp.push_back(v.is_null() ? std::nan("") : v.get<double>());
+      for (const auto& v : j.at("logprobs"))
+        lp.push_back(v.is_null() ? std::nan("") : v.get<double>());
       o.logprobs[j.at("token_idx").get<size_t>()] = std::move(lp);
     } else if (j.at("kind") == "greedy") {
       o.greedy = j.at("tokens").get<std::vector<int32_t>>();
@@ -103,12 +104,14 @@ class EngineParity : public ::testing::Test {
             continue;
           }
           const int64_t vocab = load_model(file)->config.vocab_size;
-          std::vector<size_t> lens = type == "f32" ? std::vector<size_t>{1, 17, 200}
-                                                   : std::vector<size_t>{48};
+          std::vector<size_t> lens =
+              type == "f32" ? std::vector<size_t>{1, 17, 200} : std::vector<size_t>{48};
           for (size_t len : lens) {
             Case c{arch, shape, type, file, prompt_ids(len, vocab, 1000 + len), ""};
             c.oracle_out = (work_ / (std::to_string(cases_.size()) + ".jsonl")).string();
-            jobs.push_back({{"model", file}, {"tokens", c.prompt}, {"greedy", kGreedy},
+            jobs.push_back({{"model", file},
+                            {"tokens", c.prompt},
+                            {"greedy", kGreedy},
                             {"out", c.oracle_out}});
             cases_.push_back(std::move(c));
           }
@@ -119,8 +122,8 @@ class EngineParity : public ::testing::Test {
     const fs::path jobs_file = work_ / "jobs.json";
     std::ofstream(jobs_file) << jobs.dump();
     const std::string oracle_dir = testpaths::source_dir() + "/fixtures/oracle";
-    const std::string cmd = "cd '" + oracle_dir + "' && node logprobs.mjs --batch '" +
-                            jobs_file.string() + "' 2>&1";
+    const std::string cmd =
+        "cd '" + oracle_dir + "' && node logprobs.mjs --batch '" + jobs_file.string() + "' 2>&1";
     FILE* p = popen(cmd.c_str(), "r");
     std::string out;
     if (p != nullptr) {
@@ -219,10 +222,14 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
           << "greedy continuation differs at " << first_diff << " and it is no near-tie";
       ++near_ties;
     }
-    report.push_back({{"case", c.name()}, {"max_abs", max_abs}, {"worst_pos", worst_pos}, {"entries", compared},
-                      {"oracle", c.oracle_out},
-                      {"greedy_first_mismatch", first_diff == gen.size() ? -1 : static_cast<int>(first_diff)},
-                      {"near_tie_gap", tie_gap}});
+    report.push_back(
+        {{"case", c.name()},
+         {"max_abs", max_abs},
+         {"worst_pos", worst_pos},
+         {"entries", compared},
+         {"oracle", c.oracle_out},
+         {"greedy_first_mismatch", first_diff == gen.size() ? -1 : static_cast<int>(first_diff)},
+         {"near_tie_gap", tie_gap}});
   }
   std::printf("parity: %zu cases, %d greedy continuations diverge at a near-tie\n", cases_.size(),
               near_ties);

@@ -40,7 +40,8 @@ TEST(EngineSampler, TemperatureZeroIsGreedyWithLowestIdTie) {
 // REQ: M0-W-1421
 TEST(EngineSampler, RepetitionPenaltyAsLlamaCpp) {
   std::vector<float> logits = {2.0f, -2.0f, 1.0f, 0.5f};
-  const std::vector<int32_t> history = {0, 1, 0, 0, 7, -3};  // repeats counted once; out of range ignored
+  const std::vector<int32_t> history = {0, 1, 0,
+                                        0, 7, -3};  // repeats counted once; out of range ignored
   apply_repetition_penalty(logits, 2.0f, history);
   EXPECT_FLOAT_EQ(logits[0], 1.0f);   // positive: divided once
   EXPECT_FLOAT_EQ(logits[1], -4.0f);  // negative: multiplied

@@ -11,7 +11,9 @@ inline std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return (v != nullptr && *v != '\0') ? std::string(v) : fallback;
 }
-inline std::string source_dir() { return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR); }
+inline std::string source_dir() {
+  return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR);
+}
 inline std::string shared_fixtures() {
   return env_or("WORKER_SHARED_FIXTURES", source_dir() + "/../shared/fixtures");
 }
