@@ -7,7 +7,8 @@
 #   ci/gpu-run.sh --bin DIR [--results DIR] [--report FILE] [--no-sanitize] [--skip-fixtures]
 #
 # DIR holds kernel_tests, cuda_engine_tests and optionally decode_bench, worker-orcd and
-# conformance runners (any executable named conformance_*). gtest XML goes to --results
+# conformance runners (any executable named conformance_*; each runs with
+# WORKER_BACKEND=cuda against $DIR/worker-orcd). BENCH_MODELS names the benchmark models. gtest XML goes to --results
 # (default reports/gpu-results). Fixtures: $WORKER_SHARED_FIXTURES (stories260K) and
 # $WORKER_GENERATED_FIXTURES (generated here with fixtures/generate_all.sh when empty).
 set -u
@@ -79,16 +80,92 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
 fi
 
 # Conformance suites against the real worker with the CUDA backend.
+# WORKER_SLOW_MODEL / WORKER_EOS_MODEL / HAIKU_MODEL may point at carried model files.
 if [ -x "$bin/worker-orcd" ]; then
   export WORKER_BACKEND=cuda WORKER_BIN="$bin/worker-orcd"
+  export WORKER_RESULTS_DIR=${WORKER_RESULTS_DIR:-/tmp/conformance-artifacts}
+  mkdir -p "$WORKER_RESULTS_DIR"
   for c in "$bin"/conformance_*; do
     [ -x "$c" ] || continue
     run_gtest "$(basename "$c")"
   done
 fi
 
-if [ -f "$root/tools/gpu_report.py" ]; then
-  python3 "$root/tools/gpu_report.py" --results "$results" --out "$report" --root "$root" >> "$log" 2>&1 \
-    && say "report: $report" || say "report generation FAILED"
+# Decode benchmark on the models named in $BENCH_MODELS (space separated), if any.
+if [ -x "$bin/decode_bench" ] && [ -n "${BENCH_MODELS:-}" ]; then
+  args=""
+  for m in $BENCH_MODELS; do [ -f "$m" ] && args="$args --model $m"; done
+  if [ -n "$args" ]; then
+    timeout ${BENCH_TIMEOUT:-300} "$bin/decode_bench" $args > "$results/decode_bench.txt" 2>&1 || say "decode_bench FAILED"
+    cat "$results/decode_bench.txt" | tee -a "$log"
+  fi
 fi
+
+# The committed report: commit, card, driver, per-suite counts, sanitizer summaries and
+# results per requirement ID (from the "// REQ:" lines above each test).
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "${GPU_RUN_COMMIT:-unknown}")
+python3 - "$results" "$report" "$root" "$commit" "$day" <<'PY' >> "$log" 2>&1 && say "report: $report" || say "report generation FAILED"
+import glob, os, re, sys, xml.etree.ElementTree as ET
+results, report, root, commit, day = sys.argv[1:6]
+req = {}
+for d in ("kernels/tests", "worker/cuda/tests", "conformance/suites", "conformance/haiku"):
+    for f in glob.glob(os.path.join(root, d, "*.cpp")):
+        pending = None
+        for line in open(f, encoding="utf-8", errors="replace"):
+            m = re.match(r"\s*//\s*REQ:(.*)", line)
+            if m:
+                pending = m.group(1).split()
+                continue
+            t = re.match(r"\s*TEST(?:_F|_P)?\((\w+),\s*(\w+)\)", line)
+            if t and pending:
+                req[f"{t.group(1)}.{t.group(2)}"] = pending
+            if line.strip() and not line.strip().startswith("//"):
+                pending = None
+suites, per_req, failures = [], {}, []
+for x in sorted(glob.glob(os.path.join(results, "*.xml"))):
+    name = os.path.basename(x)[:-4]
+    try:
+        tree = ET.parse(x)
+    except ET.ParseError:
+        suites.append((name, 0, 0, 0, 0, "unparseable XML"))
+        continue
+    n = p = fl = sk = 0
+    for tc in tree.iter("testcase"):
+        full = f"{tc.get('classname')}.{tc.get('name')}"
+        if tc.find("failure") is not None:
+            st = "fail"; fl += 1
+            failures.append((name, full, (tc.find("failure").get("message") or "")[:300]))
+        elif tc.get("result") == "skipped" or tc.find("skipped") is not None or tc.get("status") == "notrun":
+            st = "not run"; sk += 1
+        else:
+            st = "pass"; p += 1
+        n += 1
+        for rid in req.get(full, []):
+            per_req.setdefault(rid, []).append((full, st))
+    suites.append((name, n, p, fl, sk, ""))
+dev = open(os.path.join(results, "device.txt")).read().strip() if os.path.exists(os.path.join(results, "device.txt")) else "unknown"
+out = [f"# GPU run {day}", "",
+       f"- commit: `{commit}`", f"- card, driver, memory: {dev}",
+       "- produced by `ci/gpu-run.sh` on the device machine; gtest XML and logs under `reports/gpu-results/`", "",
+       "## Suites", "", "| suite | tests | pass | fail | not run |", "|---|---|---|---|---|"]
+for s_ in suites:
+    out.append(f"| {s_[0]} | {s_[1]} | {s_[2]} | {s_[3]} | {s_[4]} |" + (f" {s_[5]}" if s_[5] else ""))
+out += ["", "## compute-sanitizer (kernel tests)", ""]
+for tool in ("memcheck", "racecheck"):
+    f = os.path.join(results, f"sanitizer-{tool}.log")
+    if os.path.exists(f):
+        lines = [l.strip() for l in open(f, errors="replace") if "SUMMARY" in l or "[  PASSED" in l or "[  FAILED" in l]
+        out.append(f"- {tool}: " + ("; ".join(lines) if lines else "no summary (timed out?)"))
+out += ["", "## Results per requirement ID", "", "| ID | tests | pass | fail | not run |", "|---|---|---|---|---|"]
+for rid in sorted(per_req):
+    r = per_req[rid]
+    out.append(f"| {rid} | {len(r)} | {sum(1 for _, s in r if s == 'pass')} | {sum(1 for _, s in r if s == 'fail')} | {sum(1 for _, s in r if s == 'not run')} |")
+out += ["", "## Failures", ""]
+out += [f"- `{s}` {t}: {m}" for s, t, m in failures] or ["none"]
+bench = os.path.join(results, "decode_bench.txt")
+if os.path.exists(bench):
+    out += ["", "## decode_bench", "", "```", open(bench).read().rstrip(), "```"]
+os.makedirs(os.path.dirname(os.path.abspath(report)), exist_ok=True)
+open(report, "w").write("\n".join(out) + "\n")
+PY
 exit $status

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <string>
 
 #include "attention.cuh"
@@ -8,13 +9,21 @@
 namespace worker::kern {
 namespace {
 constexpr int kWarps = 8;
+constexpr int kMaxSplits = 16;  // decode: 16 blocks x 8 warps share one head's positions
 
 // D = head_dim / 32 rounded up: lane l owns dims l, l+32, ... of the head.
-template <int D>
+// Split s (blockIdx.z) of n_split walks positions p = (s*kWarps + w) + k*kWarps*n_split.
+// With n_split == 1 the block writes the output; otherwise it writes its partial
+// (max, sum, unnormalized accumulator) and attention_combine merges the splits in order.
+__device__ __forceinline__ float kv_load(const __half* p) { return __half2float(*p); }
+__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+
+template <int D, typename KV>
 __global__ void __launch_bounds__(kWarps * kWarp)
-    attention_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
-                     const __half* __restrict__ vc, float* __restrict__ out, int n_head,
-                     int n_head_kv, int hd, const int32_t* __restrict__ d_n_past) {
+    attention_kernel(const float* __restrict__ q, const KV* __restrict__ kc,
+                     const KV* __restrict__ vc, float* __restrict__ out, int n_head,
+                     int n_head_kv, int hd, const int32_t* __restrict__ d_n_past,
+                     float* __restrict__ partial) {
   __shared__ float sh_m[kWarps], sh_l[kWarps];
   __shared__ float sh_acc[kWarps][D * kWarp];
   const int h = blockIdx.x, t = blockIdx.y;
@@ -33,24 +42,25 @@ __global__ void __launch_bounds__(kWarps * kWarp)
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
-  for (int p = warp; p < n_kv; p += kWarps) {
-    const __half* kp = kc + static_cast<size_t>(p) * kv_stride + kvh * hd;
+  const int n_split = gridDim.z, split = blockIdx.z;
+  for (int p = split * kWarps + warp; p < n_kv; p += kWarps * n_split) {
+    const KV* kp = kc + static_cast<size_t>(p) * kv_stride + kvh * hd;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < D; ++i) {
       const int d = lane + 32 * i;
-      if (d < hd) s += qr[i] * __half2float(kp[d]);
+      if (d < hd) s += qr[i] * kv_load(kp + d);
     }
     s = warp_sum(s) * scale;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new);
     const float e = expf(s - m_new);
     l = l * corr + e;
-    const __half* vp = vc + static_cast<size_t>(p) * kv_stride + kvh * hd;
+    const KV* vp = vc + static_cast<size_t>(p) * kv_stride + kvh * hd;
 #pragma unroll
     for (int i = 0; i < D; ++i) {
       const int d = lane + 32 * i;
-      acc[i] = acc[i] * corr + (d < hd ? e * __half2float(vp[d]) : 0.0f);
+      acc[i] = acc[i] * corr + (d < hd ? e * kv_load(vp + d) : 0.0f);
     }
     m = m_new;
   }
@@ -66,37 +76,111 @@ __global__ void __launch_bounds__(kWarps * kWarp)
   for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sh_m[w]);
   float L = 0.0f;
   for (int w = 0; w < kWarps; ++w) L += sh_m[w] == -INFINITY ? 0.0f : sh_l[w] * expf(sh_m[w] - M);
-  float* oh = out + (static_cast<size_t>(t) * n_head + h) * hd;
+  if (n_split == 1) {
+    float* oh = out + (static_cast<size_t>(t) * n_head + h) * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+      float o = 0.0f;
+      for (int w = 0; w < kWarps; ++w) {
+        if (sh_m[w] != -INFINITY) o += sh_acc[w][d] * expf(sh_m[w] - M);
+      }
+      oh[d] = o / L;
+    }
+    return;
+  }
+  // partial layout: [t][h][split][2 + hd] = (M, L, acc[hd])
+  float* ph = partial + ((static_cast<size_t>(t) * n_head + h) * n_split + split) * (2 + hd);
+  if (threadIdx.x == 0) {
+    ph[0] = M;
+    ph[1] = L;
+  }
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float o = 0.0f;
     for (int w = 0; w < kWarps; ++w) {
       if (sh_m[w] != -INFINITY) o += sh_acc[w][d] * expf(sh_m[w] - M);
+    }
+    ph[2 + d] = o;
+  }
+}
+
+__global__ void attention_combine_kernel(const float* __restrict__ partial, float* __restrict__ out,
+                                         int n_head, int hd, int n_split) {
+  const int h = blockIdx.x, t = blockIdx.y;
+  const float* ph = partial + (static_cast<size_t>(t) * n_head + h) * n_split * (2 + hd);
+  float M = -INFINITY;
+  for (int s = 0; s < n_split; ++s) M = fmaxf(M, ph[s * (2 + hd)]);
+  float L = 0.0f;
+  for (int s = 0; s < n_split; ++s) {
+    const float m = ph[s * (2 + hd)];
+    if (m != -INFINITY) L += ph[s * (2 + hd) + 1] * expf(m - M);
+  }
+  float* oh = out + (static_cast<size_t>(t) * n_head + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+    float o = 0.0f;
+    for (int s = 0; s < n_split; ++s) {
+      const float m = ph[s * (2 + hd)];
+      if (m != -INFINITY) o += ph[s * (2 + hd) + 2 + d] * expf(m - M);
     }
     oh[d] = o / L;
   }
 }
 }  // namespace
 
-void attention(const float* q, const __half* k_cache, const __half* v_cache, float* out,
+static int attention_splits(int n_tok, int n_head) { return n_tok * n_head < 256 ? kMaxSplits : 1; }
+
+size_t attention_partial_floats(int n_tok, int n_head, int head_dim) {
+  return attention_splits(n_tok, n_head) == 1
+             ? 0
+             : static_cast<size_t>(n_tok) * n_head * kMaxSplits * (2 + head_dim);
+}
+
+template <int D, typename KV>
+void launch_attention(dim3 grid, const float* q, const void* k, const void* v, float* out,
+                      int n_head, int n_head_kv, int hd, const int32_t* d_n_past, float* partial,
+                      cudaStream_t stream) {
+  attention_kernel<D, KV><<<grid, kWarps * kWarp, 0, stream>>>(
+      q, static_cast<const KV*>(k), static_cast<const KV*>(v), out, n_head, n_head_kv, hd,
+      d_n_past, partial);
+}
+
+template <int D>
+void launch_attention(bool kv_f32, dim3 grid, const float* q, const void* k, const void* v,
+                      float* out, int n_head, int n_head_kv, int hd, const int32_t* d_n_past,
+                      float* partial, cudaStream_t stream) {
+  if (kv_f32) {
+    launch_attention<D, float>(grid, q, k, v, out, n_head, n_head_kv, hd, d_n_past, partial, stream);
+  } else {
+    launch_attention<D, __half>(grid, q, k, v, out, n_head, n_head_kv, hd, d_n_past, partial, stream);
+  }
+}
+
+void attention(const float* q, const void* k_cache, const void* v_cache, bool kv_f32, float* out,
                int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t* d_n_past,
-               cudaStream_t stream) {
+               float* partial, cudaStream_t stream) {
   if (n_head_kv <= 0 || n_head % n_head_kv != 0 || head_dim <= 0 || head_dim > 256) {
     throw WorkerError(ErrorCode::Internal,
                       "attention: unsupported shape n_head=" + std::to_string(n_head) +
                           " n_head_kv=" + std::to_string(n_head_kv) +
                           " head_dim=" + std::to_string(head_dim));
   }
-  const dim3 grid(n_head, n_tok);
-  const int threads = kWarps * kWarp;
+  const int splits = attention_splits(n_tok, n_head);
+  if (splits > 1 && partial == nullptr) {
+    throw WorkerError(ErrorCode::Internal, "attention: split-KV needs a partial buffer");
+  }
+  const dim3 grid(n_head, n_tok, splits);
   if (head_dim <= 32) {
-    attention_kernel<1><<<grid, threads, 0, stream>>>(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past);
+    launch_attention<1>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
   } else if (head_dim <= 64) {
-    attention_kernel<2><<<grid, threads, 0, stream>>>(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past);
+    launch_attention<2>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
   } else if (head_dim <= 128) {
-    attention_kernel<4><<<grid, threads, 0, stream>>>(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past);
+    launch_attention<4>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
   } else {
-    attention_kernel<8><<<grid, threads, 0, stream>>>(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past);
+    launch_attention<8>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
   }
   CUDA_CHECK_LAUNCH("attention_kernel");
+  if (splits > 1) {
+    attention_combine_kernel<<<dim3(n_head, n_tok), std::min(256, ((head_dim + 31) / 32) * 32), 0, stream>>>(
+        partial, out, n_head, head_dim, splits);
+    CUDA_CHECK_LAUNCH("attention_combine_kernel");
+  }
 }
 }  // namespace worker::kern

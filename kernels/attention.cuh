@@ -6,11 +6,18 @@
 // result does not depend on scheduling (D15). Decode (n_tok = 1) and prefill share it.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <stddef.h>
 #include <stdint.h>
 
 namespace worker::kern {
-// q, out: [n_tok][n_head][head_dim] FP32; caches: [n_ctx][n_head_kv][head_dim] FP16.
-void attention(const float* q, const __half* k_cache, const __half* v_cache, float* out,
+// Few (token, head) pairs (decode) would leave most of the GPU idle and each warp walking
+// hundreds of positions one dependent load at a time, so then the positions are split
+// over 16 blocks per pair (flash-decoding) and a second kernel merges the 16 partial
+// softmaxes in a fixed order. `partial` must hold attention_partial_floats() floats.
+// q, out: [n_tok][n_head][head_dim] FP32; caches: [n_ctx][n_head_kv][head_dim].
+size_t attention_partial_floats(int n_tok, int n_head, int head_dim);
+// kv_f32: the caches hold FP32 instead of FP16 (see rope_qkv.cuh).
+void attention(const float* q, const void* k_cache, const void* v_cache, bool kv_f32, float* out,
                int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t* d_n_past,
-               cudaStream_t stream);
+               float* partial, cudaStream_t stream);
 }

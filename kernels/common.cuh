@@ -64,6 +64,77 @@ __device__ __forceinline__ float load_float_elem(const void* p, uint32_t type, i
   }
 }
 
+
+// ---- activation rounding (what llama.cpp's CPU backend and the CPU reference do) ----
+// Before a dot product the activation row is converted to the weight type's
+// "vec_dot_type": F16 or BF16 for those weights, Q8_0 (blocks of 32) for Q4_0/Q5_0/Q8_0,
+// Q8_K (blocks of 256) for Q4_K/Q6_K. The kernels round in registers and then multiply
+// the exact dequantized values, so they see the same numbers as the CPU reference
+// (worker/engine/cpu/act_quant.cpp).
+enum class ActRound { None, F16, BF16, Q8_0, Q8_K };
+template <GgmlType T>
+__host__ __device__ constexpr ActRound act_round() {
+  if constexpr (T == GgmlType::F16) return ActRound::F16;
+  else if constexpr (T == GgmlType::BF16) return ActRound::BF16;
+  else if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0 || T == GgmlType::Q5_0) return ActRound::Q8_0;
+  else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q6_K) return ActRound::Q8_K;
+  else return ActRound::None;
+}
+
+__device__ __forceinline__ float round_f16(float x) { return __half2float(__float2half_rn(x)); }
+__device__ __forceinline__ float round_bf16(float x) {
+  return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+// Q8_0 of one block of 32 held by one thread: d = amax/127 (stored as fp16),
+// q = rint(x * 127/amax) (half to even, as the x86 build).
+__device__ __forceinline__ void round_q8_0_32(float* v) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  const float d = round_f16(amax / 127.f);
+  const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = d * rintf(v[i] * id);
+}
+
+// Q8_K of a block of 256 held as 32 values by each of 8 consecutive lanes (lane & ~7 is
+// the group): the value of largest magnitude (first in index order on ties) sets
+// iscale = -127/max; q = min(127, rint(iscale*x)); x = q / iscale. Every lane of the warp
+// must call it (shuffles).
+__device__ __forceinline__ void round_q8_k_32x8(float* v) {
+  float amax = 0.0f, mx = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const float a = fabsf(v[i]);
+    if (a > amax) {
+      amax = a;
+      mx = v[i];
+    }
+  }
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) {
+    const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+    const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+    // the partner covers lower indices when its lane is lower: it wins ties
+    const bool partner_lower = (lane ^ o) < lane;
+    if (oa > amax || (oa == amax && partner_lower)) {
+      amax = oa;
+      mx = om;
+    }
+  }
+  if (amax == 0.0f) {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] = 0.0f;
+    return;
+  }
+  const float iscale = -127.f / mx;
+  const float d = 1.0f / iscale;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) v[i] = d * fminf(127.0f, rintf(iscale * v[i]));
+}
+
 // Bytes of one block and elements per block, per type (templates below).
 template <GgmlType T> struct BlockInfo;
 template <> struct BlockInfo<GgmlType::F32> { static constexpr int kElems = 1, kBytes = 4; };

@@ -4,12 +4,44 @@
 #include "common/errors.h"
 #include "cuda_check.h"
 #include "matvec.cuh"
+#include "swiglu.cuh"
 
 namespace worker::kern {
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // 8 warps, one row each
+constexpr int kRowsPerBlock = 4;  // 4 warps, one row each: 224 blocks for a 896-row matrix
 constexpr int kMaxTok = 8;        // tokens sharing one pass over a weight row
+
+// 32 activations of sub-block sb (zeros for an inactive lane), rounded to the weight
+// type's vec_dot_type. For Q8_K every lane of the warp must take part.
+template <GgmlType T>
+__device__ __forceinline__ void load_x32(const float* __restrict__ x, int sb, bool active,
+                                         float* xv) {
+  if (active) {
+    const float4* xp = reinterpret_cast<const float4*>(x + sb * 32);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 f = xp[i];
+      xv[4 * i] = f.x; xv[4 * i + 1] = f.y; xv[4 * i + 2] = f.z; xv[4 * i + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; ++i) xv[i] = 0.0f;
+  }
+  if constexpr (act_round<T>() == ActRound::Q8_0) {
+    if (active) round_q8_0_32(xv);
+  } else if constexpr (act_round<T>() == ActRound::Q8_K) {
+    round_q8_k_32x8(xv);
+  }
+}
+
+// One activation rounded for a float weight type (F16/BF16 weights see F16/BF16 inputs).
+template <GgmlType T>
+__device__ __forceinline__ float round_x(float x) {
+  if constexpr (T == GgmlType::F16) return round_f16(x);
+  else if constexpr (T == GgmlType::BF16) return round_bf16(x);
+  else return x;
+}
 
 // Quantized types: lane handles 32-weight sub-blocks lane, lane+32, ...; each sub-block
 // is dequantized into registers once and used for every token of the tile.
@@ -28,21 +60,23 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp)
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
-  for (int sb = lane; sb < nsb; sb += kWarp) {
+#pragma unroll 2
+  for (int sb0 = 0; sb0 < nsb; sb0 += kWarp) {  // uniform trip count: Q8_K shuffles
+    const int sb = sb0 + lane;
+    const bool active = sb < nsb;
     float v[32];
-    deq32<T>(row, sb, v);
+    if (active) deq32<T>(row, sb, v);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t < nt) {
-        const float4* xp =
-            reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * cols + sb * 32);
-        float a = 0.0f;
+        float xv[32];
+        load_x32<T>(x + static_cast<size_t>(t0 + t) * cols, sb, active, xv);
+        if (active) {
+          float a = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const float4 xv = xp[i];
-          a += v[4 * i] * xv.x + v[4 * i + 1] * xv.y + v[4 * i + 2] * xv.z + v[4 * i + 3] * xv.w;
+          for (int i = 0; i < 32; ++i) a += v[i] * xv[i];
+          acc[t] += a;
         }
-        acc[t] += a;
       }
     }
   }
@@ -94,6 +128,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp)
   float acc[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+#pragma unroll 4
   for (int j = lane * 8; j < cols; j += kWarp * 8) {
     float v[8];
     load8<T>(row, j, v);
@@ -103,8 +138,9 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp)
         const float4* xp =
             reinterpret_cast<const float4*>(x + static_cast<size_t>(t0 + t) * cols + j);
         const float4 a = xp[0], b = xp[1];
-        acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
-                  v[6] * b.z + v[7] * b.w;
+        acc[t] += v[0] * round_x<T>(a.x) + v[1] * round_x<T>(a.y) + v[2] * round_x<T>(a.z) +
+                  v[3] * round_x<T>(a.w) + v[4] * round_x<T>(b.x) + v[5] * round_x<T>(b.y) +
+                  v[6] * round_x<T>(b.z) + v[7] * round_x<T>(b.w);
       }
     }
   }
@@ -137,7 +173,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp)
     const float v = load_float_elem(row, static_cast<uint32_t>(T), j);
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      if (t < nt) acc[t] += v * x[static_cast<size_t>(t0 + t) * cols + j];
+      if (t < nt) acc[t] += v * round_x<T>(x[static_cast<size_t>(t0 + t) * cols + j]);
     }
   }
 #pragma unroll
@@ -194,30 +230,223 @@ void launch_type(const WeightView& w, const float* x, float* y, int n_tok, bool 
   }
 }
 
-// x = hi + lo with hi = round(x) and lo = round(x - hi) in the 16-bit type: two GEMMs on
-// (hi, lo) carry ~22 (F16) / ~16 (BF16) bits of each activation instead of 11 / 8, so the
-// prefill stays within rounding of the FP32-activation decode path and the CPU reference.
 template <typename T>
 __device__ __forceinline__ T to_lowp(float f);
 template <>
 __device__ __forceinline__ __half to_lowp<__half>(float f) { return __float2half_rn(f); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 to_lowp<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
-__device__ __forceinline__ float from_lowp(__half h) { return __half2float(h); }
-__device__ __forceinline__ float from_lowp(__nv_bfloat16 h) { return __bfloat162float(h); }
 
 template <typename T>
-__global__ void split_kernel(const float* __restrict__ x, T* __restrict__ hi, T* __restrict__ lo,
-                             size_t n) {
+__global__ void to_lowp_kernel(const float* __restrict__ x, T* __restrict__ out, size_t n) {
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) {
-    const T h = to_lowp<T>(x[i]);
-    hi[i] = h;
-    lo[i] = to_lowp<T>(x[i] - from_lowp(h));
+  if (i < n) out[i] = to_lowp<T>(x[i]);
+}
+
+template <GgmlType T>
+__global__ void round_act_kernel(const float* __restrict__ x, float* __restrict__ out, int cols) {
+  const int lane = threadIdx.x;
+  const int nsb = cols / 32;
+  const int sb = blockIdx.y * kWarp + lane;
+  const bool active = sb < nsb;
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * cols;
+  float xv[32];
+  load_x32<T>(xr, sb, active, xv);
+  if (active) {
+    float4* o = reinterpret_cast<float4*>(out + static_cast<size_t>(blockIdx.x) * cols + sb * 32);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) o[k] = make_float4(xv[4 * k], xv[4 * k + 1], xv[4 * k + 2], xv[4 * k + 3]);
   }
 }
 
+template <GgmlType T>
+__global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int cols,
+                               int64_t n_sub, float* __restrict__ out) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n_sub) return;
+  const int per_row = cols / 32;
+  const int64_t r = i / per_row;
+  const int sb = static_cast<int>(i % per_row);
+  float v[32];
+  deq32<T>(w + static_cast<size_t>(r) * row_bytes, sb, v);
+  float4* o = reinterpret_cast<float4*>(out + r * cols + sb * 32);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+}
+
+template <GgmlType T>
+void launch_dequant(const WeightView& w, float* out, cudaStream_t s) {
+  if (w.cols % 32 != 0) throw WorkerError(ErrorCode::Internal, "dequantize_to_f32: bad row length");
+  const int64_t n_sub = w.rows * (w.cols / 32);
+  dequant_kernel<T><<<static_cast<unsigned>((n_sub + 127) / 128), 128, 0, s>>>(
+      static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols), n_sub, out);
+  CUDA_CHECK_LAUNCH("dequant_kernel");
+}
+
+
+// ---- decode-only fused launches: Q/K/V in one grid; gate+up+SwiGLU in one grid ----
+
+// One warp's dot product of a weight row with x (n_tok = 1), summed over the warp.
+template <GgmlType T>
+__device__ __forceinline__ float row_dot(const uint8_t* __restrict__ row, int cols,
+                                         const float* __restrict__ x, int lane) {
+  float acc = 0.0f;
+  if constexpr (BlockInfo<T>::kElems > 1) {
+    const int nsb = cols / 32;
+    for (int sb0 = 0; sb0 < nsb; sb0 += kWarp) {
+      const int sb = sb0 + lane;
+      const bool active = sb < nsb;
+      float v[32], xv[32];
+      if (active) deq32<T>(row, sb, v);
+      load_x32<T>(x, sb, active, xv);
+      if (active) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) a += v[i] * xv[i];
+        acc += a;
+      }
+    }
+  } else if (cols % 8 == 0) {
+#pragma unroll 4
+    for (int j = lane * 8; j < cols; j += kWarp * 8) {
+      float v[8];
+      load8<T>(row, j, v);
+      const float4* xp = reinterpret_cast<const float4*>(x + j);
+      const float4 a = xp[0], b = xp[1];
+      acc += v[0] * round_x<T>(a.x) + v[1] * round_x<T>(a.y) + v[2] * round_x<T>(a.z) +
+             v[3] * round_x<T>(a.w) + v[4] * round_x<T>(b.x) + v[5] * round_x<T>(b.y) +
+             v[6] * round_x<T>(b.z) + v[7] * round_x<T>(b.w);
+    }
+  } else {
+    for (int j = lane; j < cols; j += kWarp) {
+      acc += load_float_elem(row, static_cast<uint32_t>(T), j) * round_x<T>(x[j]);
+    }
+  }
+  return warp_sum(acc);
+}
+
+struct Segs {
+  const uint8_t* w[3];
+  float* y[3];
+  int rows[3];
+  int n;
+};
+
+template <GgmlType T, bool kSwiglu>
+__global__ void __launch_bounds__(kRowsPerBlock * kWarp)
+    matvec_multi_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
+                        const float* __restrict__ x) {
+  const int lane = threadIdx.x % kWarp;
+  int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
+  int s = 0;
+  while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
+  if (s >= segs.n) return;
+  const float a = row_dot<T>(segs.w[s] + static_cast<size_t>(r) * row_bytes, cols, x, lane);
+  if constexpr (kSwiglu) {
+    // same rounding as the unfused swiglu kernel: silu(g) * u
+    const float u = row_dot<T>(w_up + static_cast<size_t>(r) * row_bytes, cols, x, lane);
+    if (lane == 0) segs.y[s][r] = a / (1.0f + expf(-a)) * u;
+  } else {
+    if (lane == 0) segs.y[s][r] = a;
+  }
+}
+
+template <GgmlType T, bool kSwiglu>
+void launch_multi(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes,
+                  const float* x, cudaStream_t st) {
+  int rows = 0;
+  for (int i = 0; i < segs.n; ++i) rows += segs.rows[i];
+  matvec_multi_kernel<T, kSwiglu><<<(rows + kRowsPerBlock - 1) / kRowsPerBlock,
+                                    kRowsPerBlock * kWarp, 0, st>>>(segs, w_up, cols, row_bytes, x);
+  CUDA_CHECK_LAUNCH("matvec_multi_kernel");
+}
+
+template <bool kSwiglu>
+void dispatch_multi(uint32_t type, const Segs& segs, const uint8_t* w_up, int cols,
+                    size_t row_bytes, const float* x, cudaStream_t st) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::F32: return launch_multi<GgmlType::F32, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::F16: return launch_multi<GgmlType::F16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::BF16: return launch_multi<GgmlType::BF16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q8_0: return launch_multi<GgmlType::Q8_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q4_0: return launch_multi<GgmlType::Q4_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q5_0: return launch_multi<GgmlType::Q5_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q4_K: return launch_multi<GgmlType::Q4_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q6_K: return launch_multi<GgmlType::Q6_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    default:
+      throw WorkerError(ErrorCode::Internal,
+                        "matvec: unsupported weight type " + std::string(ggml_type_name(type)));
+  }
+}
+
+bool same_layout(const WeightView& a, const WeightView& b) {
+  return a.type == b.type && a.cols == b.cols && a.row_bytes == b.row_bytes;
+}
 }  // namespace
+
+void round_activations(uint32_t weight_type, const float* x, float* out, int n_tok, int cols,
+                       cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(n_tok), static_cast<unsigned>((cols / 32 + kWarp - 1) / kWarp));
+  switch (static_cast<GgmlType>(weight_type)) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+      round_act_kernel<GgmlType::Q8_0><<<grid, kWarp, 0, stream>>>(x, out, cols);
+      break;
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K:
+      round_act_kernel<GgmlType::Q4_K><<<grid, kWarp, 0, stream>>>(x, out, cols);
+      break;
+    default:
+      throw WorkerError(ErrorCode::Internal, "round_activations: not a quantized type");
+  }
+  CUDA_CHECK_LAUNCH("round_act_kernel");
+}
+
+void matvec_qkv(const WeightView& q, const WeightView& k, const WeightView& v, const float* x,
+                float* yq, float* yk, float* yv, cudaStream_t stream) {
+  if (!same_layout(q, k) || !same_layout(q, v)) {
+    matvec(q, x, yq, 1, false, stream);
+    matvec(k, x, yk, 1, false, stream);
+    matvec(v, x, yv, 1, false, stream);
+    return;
+  }
+  const Segs segs{{static_cast<const uint8_t*>(q.data), static_cast<const uint8_t*>(k.data),
+                   static_cast<const uint8_t*>(v.data)},
+                  {yq, yk, yv},
+                  {static_cast<int>(q.rows), static_cast<int>(k.rows), static_cast<int>(v.rows)},
+                  3};
+  dispatch_multi<false>(q.type, segs, nullptr, static_cast<int>(q.cols), q.row_bytes, x, stream);
+}
+
+void matvec_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y,
+                   float* u_scratch, cudaStream_t stream) {
+  if (!same_layout(gate, up) || gate.rows != up.rows) {
+    matvec(gate, x, y, 1, false, stream);
+    matvec(up, x, u_scratch, 1, false, stream);
+    swiglu(y, u_scratch, static_cast<size_t>(gate.rows), stream);
+    return;
+  }
+  const Segs segs{{static_cast<const uint8_t*>(gate.data), nullptr, nullptr},
+                  {y, nullptr, nullptr},
+                  {static_cast<int>(gate.rows), 0, 0},
+                  1};
+  dispatch_multi<true>(gate.type, segs, static_cast<const uint8_t*>(up.data),
+                       static_cast<int>(gate.cols), gate.row_bytes, x, stream);
+}
+
+void dequantize_to_f32(const WeightView& w, float* out, cudaStream_t stream) {
+  switch (static_cast<GgmlType>(w.type)) {
+    case GgmlType::Q8_0: return launch_dequant<GgmlType::Q8_0>(w, out, stream);
+    case GgmlType::Q4_0: return launch_dequant<GgmlType::Q4_0>(w, out, stream);
+    case GgmlType::Q5_0: return launch_dequant<GgmlType::Q5_0>(w, out, stream);
+    case GgmlType::Q4_K: return launch_dequant<GgmlType::Q4_K>(w, out, stream);
+    case GgmlType::Q6_K: return launch_dequant<GgmlType::Q6_K>(w, out, stream);
+    default:
+      throw WorkerError(ErrorCode::Internal,
+                        "dequantize_to_f32: not a quantized type: " + std::string(ggml_type_name(w.type)));
+  }
+}
 
 void matvec(const WeightView& w, const float* x, float* y, int n_tok, bool accumulate,
             cudaStream_t stream) {
@@ -266,19 +495,19 @@ void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, voi
     gemm(x, CUDA_R_32F, beta);
     return;
   }
+  // The activations are rounded to the weight type (what the CPU reference and
+  // llama.cpp do); products of 16-bit values are exact in the FP32 accumulation.
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
   if (t == GgmlType::F16) {
-    auto* hi = static_cast<__half*>(x_lowp);
-    split_kernel<__half><<<blocks, 256, 0, stream>>>(x, hi, hi + n, n);
-    CUDA_CHECK_LAUNCH("split_kernel<half>");
-    gemm(hi, CUDA_R_16F, beta);
-    gemm(hi + n, CUDA_R_16F, 1.0f);
+    auto* xh = static_cast<__half*>(x_lowp);
+    to_lowp_kernel<__half><<<blocks, 256, 0, stream>>>(x, xh, n);
+    CUDA_CHECK_LAUNCH("to_lowp_kernel<half>");
+    gemm(xh, CUDA_R_16F, beta);
   } else {
-    auto* hi = static_cast<__nv_bfloat16*>(x_lowp);
-    split_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(x, hi, hi + n, n);
-    CUDA_CHECK_LAUNCH("split_kernel<bf16>");
-    gemm(hi, CUDA_R_16BF, beta);
-    gemm(hi + n, CUDA_R_16BF, 1.0f);
+    auto* xb = static_cast<__nv_bfloat16*>(x_lowp);
+    to_lowp_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(x, xb, n);
+    CUDA_CHECK_LAUNCH("to_lowp_kernel<bf16>");
+    gemm(xb, CUDA_R_16BF, beta);
   }
 }
 

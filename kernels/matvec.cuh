@@ -5,8 +5,9 @@
 //    reduction (D15). Used for decode (n_tok = 1) and for small batches and quantized
 //    weights in prefill (up to 8 tokens share one read of each weight row).
 //  - gemm_cublas(): prefill with F16/BF16/F32 weights through cuBLAS, FP32 accumulation,
-//    pedantic math mode. For F16/BF16 the activations are split into two 16-bit parts
-//    (hi + lo) and multiplied in two GEMMs, keeping ~FP32 accuracy of the activations.
+//    pedantic math mode.
+// Every path first rounds the activations to the weight type's vec_dot_type exactly as
+// llama.cpp's CPU backend and the CPU reference do (F16/BF16, or Q8_0 / Q8_K blocks).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -28,8 +29,26 @@ void matvec(const WeightView& w, const float* x, float* y, int n_tok, bool accum
 
 // True when gemm_cublas handles this weight type.
 bool gemm_supported(uint32_t type);
-// x: [n_tok, cols] FP32; x_lowp: scratch of 2*n_tok*cols 16-bit elements (unused for F32).
+// x: [n_tok, cols] FP32; x_lowp: scratch of n_tok*cols 16-bit elements (unused for F32).
 void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, void* x_lowp,
                  float* y, int n_tok, bool accumulate, cudaStream_t stream);
+
+// Decode (one token) fusions that cut launches, the pace-setter of small-model decode:
+// Q, K and V in one grid when the three share type and row length (else three matvecs),
+// and y = silu(gate x) * (up x) in one grid (else two matvecs + swiglu via u_scratch).
+void matvec_qkv(const WeightView& q, const WeightView& k, const WeightView& v, const float* x,
+                float* yq, float* yk, float* yv, cudaStream_t stream);
+void matvec_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y,
+                   float* u_scratch, cudaStream_t stream);
+
+// out = x rounded through Q8_0 / Q8_K for a quantized weight type (the cuBLAS prefill of
+// quantized weights multiplies these values).
+void round_activations(uint32_t weight_type, const float* x, float* out, int n_tok, int cols,
+                       cudaStream_t stream);
+
+// Dequantizes a whole weight matrix into FP32 scratch (rows x cols), bit-exact with
+// dequantize_row: the prefill of quantized weights multiplies this transient copy of one
+// matrix with cuBLAS (FP32, pedantic) instead of re-reading the blocks per token tile.
+void dequantize_to_f32(const WeightView& w, float* out, cudaStream_t stream);
 
 }  // namespace worker::kern

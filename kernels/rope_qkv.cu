@@ -17,10 +17,14 @@ __device__ __forceinline__ void rotate(float* x, int i, const RopeParams& p, flo
   x[i1] = x0 * s + x1 * c;
 }
 
+__device__ __forceinline__ void kv_store(__half* p, float v) { *p = __float2half_rn(v); }
+__device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+
+template <typename KV>
 __global__ void qkv_rope_kernel(float* __restrict__ q, float* __restrict__ k,
                                 float* __restrict__ v, VecView bq, VecView bk, VecView bv,
                                 RopeParams p, const int32_t* __restrict__ d_n_past,
-                                __half* __restrict__ kc, __half* __restrict__ vc) {
+                                KV* __restrict__ kc, KV* __restrict__ vc) {
   const int t = blockIdx.x;
   const int pos = *d_n_past + t;
   const int nq = p.n_head * p.head_dim, nk = p.n_head_kv * p.head_dim;
@@ -40,19 +44,27 @@ __global__ void qkv_rope_kernel(float* __restrict__ q, float* __restrict__ k,
     rotate(x, i, p, fpos);
   }
   __syncthreads();
-  __half* kdst = kc + static_cast<size_t>(pos) * nk;
-  __half* vdst = vc + static_cast<size_t>(pos) * nk;
+  KV* kdst = kc + static_cast<size_t>(pos) * nk;
+  KV* vdst = vc + static_cast<size_t>(pos) * nk;
   for (int i = threadIdx.x; i < nk; i += blockDim.x) {
-    kdst[i] = __float2half_rn(kt[i]);
-    vdst[i] = __float2half_rn(vt[i]);
+    kv_store(kdst + i, kt[i]);
+    kv_store(vdst + i, vt[i]);
   }
 }
 }  // namespace
 
 void qkv_rope_store(float* q, float* k, float* v, VecView bq, VecView bk, VecView bv,
-                    const RopeParams& p, int n_tok, const int32_t* d_n_past, __half* k_cache,
-                    __half* v_cache, cudaStream_t stream) {
-  qkv_rope_kernel<<<n_tok, 256, 0, stream>>>(q, k, v, bq, bk, bv, p, d_n_past, k_cache, v_cache);
+                    const RopeParams& p, int n_tok, const int32_t* d_n_past, void* k_cache,
+                    void* v_cache, bool kv_f32, cudaStream_t stream) {
+  if (kv_f32) {
+    qkv_rope_kernel<float><<<n_tok, 256, 0, stream>>>(q, k, v, bq, bk, bv, p, d_n_past,
+                                                      static_cast<float*>(k_cache),
+                                                      static_cast<float*>(v_cache));
+  } else {
+    qkv_rope_kernel<__half><<<n_tok, 256, 0, stream>>>(q, k, v, bq, bk, bv, p, d_n_past,
+                                                       static_cast<__half*>(k_cache),
+                                                       static_cast<__half*>(v_cache));
+  }
   CUDA_CHECK_LAUNCH("qkv_rope_kernel");
 }
 }  // namespace worker::kern

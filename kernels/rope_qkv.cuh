@@ -2,8 +2,9 @@
 // Fused attention-input step for n_tok tokens at positions n_past..n_past+n_tok-1, n_past
 // read from device memory (graph replay): adds the optional Q/K/V biases (qwen2), rotates
 // the first n_rot dims of every Q and K head (RoPE; neox = rotate halves (qwen2), else
-// adjacent pairs (llama)), and stores K and V into this layer's FP16 cache
-// [n_ctx][n_head_kv][head_dim]. Q is rotated in place.
+// adjacent pairs (llama)), and stores K and V into this layer's cache
+// [n_ctx][n_head_kv][head_dim], FP16 (the product) or FP32 (kv_f32: the exactness mode the
+// parity tests use next to the CPU reference's FP32 cache). Q is rotated in place.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -26,6 +27,6 @@ struct RopeParams {
 };
 
 void qkv_rope_store(float* q, float* k, float* v, VecView bq, VecView bk, VecView bv,
-                    const RopeParams& p, int n_tok, const int32_t* d_n_past, __half* k_cache,
-                    __half* v_cache, cudaStream_t stream);
+                    const RopeParams& p, int n_tok, const int32_t* d_n_past, void* k_cache,
+                    void* v_cache, bool kv_f32, cudaStream_t stream);
 }  // namespace worker::kern

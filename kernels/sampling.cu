@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cub/device/device_radix_sort.cuh>
 
 #include "common.cuh"
@@ -43,34 +44,65 @@ __global__ void penalty_kernel(float* __restrict__ work, int n_vocab,
   }
 }
 
-// argmax, lowest id on ties: per-thread strided scan, then a fixed-shape tree.
-__global__ void argmax_kernel(const float* __restrict__ v, int n, int32_t* __restrict__ out) {
-  __shared__ float sv[kThreads];
-  __shared__ int si[kThreads];
-  float best = -INFINITY;
-  int bi = n;  // sentinel larger than any id
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    if (bi == n || v[i] > best) {  // strided in increasing i: the first maximum stays
-      best = v[i];
-      bi = i;
-    }
-  }
-  sv[threadIdx.x] = best;
-  si[threadIdx.x] = bi;
+// argmax, lowest id on ties, in two fixed-shape stages: kArgmaxBlocks blocks each reduce
+// a contiguous chunk, then one block reduces their kArgmaxBlocks candidates.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi, int none) {
+  return i != none && (bi == none || v > bv || (v == bv && i < bi));
+}
+
+__device__ void block_argmax(float v, int i, int none, float* sv, int* si) {
+  sv[threadIdx.x] = v;
+  si[threadIdx.x] = i;
   __syncthreads();
   for (int s = blockDim.x / 2; s > 0; s >>= 1) {
     if (threadIdx.x < s) {
       const float ov = sv[threadIdx.x + s];
       const int oi = si[threadIdx.x + s];
-      const bool take = oi != n && (si[threadIdx.x] == n || ov > sv[threadIdx.x] ||
-                                    (ov == sv[threadIdx.x] && oi < si[threadIdx.x]));
-      if (take) {
+      if (better(ov, oi, sv[threadIdx.x], si[threadIdx.x], none)) {
         sv[threadIdx.x] = ov;
         si[threadIdx.x] = oi;
       }
     }
     __syncthreads();
   }
+}
+
+constexpr int kArgmaxThreads = 256;
+
+__global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float* __restrict__ pv,
+                                      int32_t* __restrict__ pi) {
+  __shared__ float sv[kArgmaxThreads];
+  __shared__ int si[kArgmaxThreads];
+  const int chunk = (n + gridDim.x - 1) / gridDim.x;
+  const int b = blockIdx.x * chunk, e = min(n, b + chunk);
+  float best = -INFINITY;
+  int bi = n;  // "none"
+  for (int i = b + threadIdx.x; i < e; i += blockDim.x) {
+    if (bi == n || v[i] > best) {  // increasing i per thread: the first maximum stays
+      best = v[i];
+      bi = i;
+    }
+  }
+  block_argmax(best, bi, n, sv, si);
+  if (threadIdx.x == 0) {
+    pv[blockIdx.x] = sv[0];
+    pi[blockIdx.x] = si[0];
+  }
+}
+
+__global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t* __restrict__ pi,
+                                    int nb, int n, int32_t* __restrict__ out) {
+  __shared__ float sv[kArgmaxThreads];
+  __shared__ int si[kArgmaxThreads];
+  float best = -INFINITY;
+  int bi = n;
+  for (int i = threadIdx.x; i < nb; i += blockDim.x) {
+    if (better(pv[i], pi[i], best, bi, n)) {
+      best = pv[i];
+      bi = pi[i];
+    }
+  }
+  block_argmax(best, bi, n, sv, si);
   if (threadIdx.x == 0) *out = si[0] == n ? 0 : si[0];
 }
 
@@ -184,20 +216,27 @@ void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream) {
 }
 
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
-            const int32_t* d_history, const SampleScratch& s, int32_t* d_out,
-            cudaStream_t stream) {
-  copy_kernel<<<(n_vocab + 255) / 256, 256, 0, stream>>>(logits, s.work, n_vocab);
-  CUDA_CHECK_LAUNCH("copy_kernel");
-  penalty_kernel<<<1, kThreads, 0, stream>>>(s.work, n_vocab, d_params, d_history, s.seen);
-  CUDA_CHECK_LAUNCH("penalty_kernel");
+            bool apply_penalty, const int32_t* d_history, const SampleScratch& s,
+            int32_t* d_out, cudaStream_t stream) {
+  const float* work = logits;
+  if (apply_penalty) {
+    copy_kernel<<<(n_vocab + 255) / 256, 256, 0, stream>>>(logits, s.work, n_vocab);
+    CUDA_CHECK_LAUNCH("copy_kernel");
+    penalty_kernel<<<1, kThreads, 0, stream>>>(s.work, n_vocab, d_params, d_history, s.seen);
+    CUDA_CHECK_LAUNCH("penalty_kernel");
+    work = s.work;
+  }
   if (greedy) {
-    argmax_kernel<<<1, kThreads, 0, stream>>>(s.work, n_vocab, d_out);
-    CUDA_CHECK_LAUNCH("argmax_kernel");
+    const int nb = std::min(kArgmaxBlocks, (n_vocab + kArgmaxThreads - 1) / kArgmaxThreads);
+    argmax_partial_kernel<<<nb, kArgmaxThreads, 0, stream>>>(work, n_vocab, s.part_v, s.part_i);
+    CUDA_CHECK_LAUNCH("argmax_partial_kernel");
+    argmax_final_kernel<<<1, kArgmaxThreads, 0, stream>>>(s.part_v, s.part_i, nb, n_vocab, d_out);
+    CUDA_CHECK_LAUNCH("argmax_final_kernel");
     return;
   }
   size_t bytes = s.sort_temp_bytes;
   // Stable radix sort: equal logits keep ascending ids, the CPU's (logit desc, id asc).
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(s.sort_temp, bytes, s.work, s.keys_sorted,
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(s.sort_temp, bytes, work, s.keys_sorted,
                                                        s.ids, s.ids_sorted, n_vocab, 0,
                                                        static_cast<int>(sizeof(float) * 8),
                                                        stream));

@@ -30,15 +30,21 @@ struct SampleScratch {
   int32_t* ids_sorted = nullptr;// [V]
   double* probs = nullptr;      // [V]
   int32_t* seen = nullptr;      // [V] zero between calls (penalty dedup)
+  float* part_v = nullptr;      // [kArgmaxBlocks] per-block maxima
+  int32_t* part_i = nullptr;    // [kArgmaxBlocks] their ids
   void* sort_temp = nullptr;
   size_t sort_temp_bytes = 0;
 };
 
+constexpr int kArgmaxBlocks = 256;
+
 size_t sampling_sort_temp_bytes(int n_vocab);
 // Fills ids with 0..V-1 and clears seen; call once after allocating.
 void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream);
-// history: device [max n_history]; out: device int32.
+// history: device [max n_history]; out: device int32. apply_penalty = the host's
+// knowledge that repetition_penalty != 1 and the history is not empty (else the logits
+// are used in place, saving two launches per token).
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
-            const int32_t* d_history, const SampleScratch& s, int32_t* d_out,
-            cudaStream_t stream);
+            bool apply_penalty, const int32_t* d_history, const SampleScratch& s,
+            int32_t* d_out, cudaStream_t stream);
 }  // namespace worker::kern

@@ -15,6 +15,7 @@
 #include "attention.cuh"
 #include "cuda_check.h"
 #include "embed.cuh"
+#include "engine/cpu/act_quant.h"
 #include "engine/sampler.h"
 #include "gguf/ggml_types.h"
 #include "gpu_test_util.h"
@@ -91,6 +92,25 @@ std::vector<float> dequant_all(GgmlType type, const std::vector<uint8_t>& data, 
   return out;
 }
 
+// The activations as the CPU reference rounds them for a weight type (act_quant.h).
+std::vector<float> rounded(GgmlType t, const float* x, int64_t n) {
+  cpu::QuantizedActivation qa;
+  cpu::quantize_activation(t, x, n, qa);
+  if (!qa.f.empty()) return qa.f;
+  const int64_t blk = (t == GgmlType::Q4_K || t == GgmlType::Q6_K) ? 256 : 32;
+  std::vector<float> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<float>(qa.q[i]) * qa.d[i / blk];
+  return out;
+}
+std::vector<float> rounded_rows(GgmlType t, const std::vector<float>& x, int n_tok, int64_t cols) {
+  std::vector<float> out;
+  for (int r = 0; r < n_tok; ++r) {
+    auto v = rounded(t, x.data() + r * cols, cols);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
 struct Shape {
   int64_t rows, cols;
   int n_tok;
@@ -110,11 +130,12 @@ TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
         auto x = randn(static_cast<size_t>(s.n_tok * s.cols), rng);
         auto y0 = randn(static_cast<size_t>(s.n_tok * s.rows), rng);
         const auto wf = dequant_all(type, w, s.rows, s.cols);
+        const auto xr = rounded_rows(type, x, s.n_tok, s.cols);
         std::vector<double> ref(y0.size());
         for (int t = 0; t < s.n_tok; ++t)
           for (int64_t r = 0; r < s.rows; ++r) {
             double a = acc ? y0[t * s.rows + r] : 0.0;
-            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * x[t * s.cols + j];
+            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * xr[t * s.cols + j];
             ref[t * s.rows + r] = a;
           }
         DevArray<uint8_t> dw(w);
@@ -142,11 +163,12 @@ TEST(KernelMatvec, OddRowLengthFloatTypes) {
       auto w = random_rows(type, rows, cols, rng);
       auto x = randn(static_cast<size_t>(n_tok * cols), rng);
       const auto wf = dequant_all(type, w, rows, cols);
+      const auto xr = rounded_rows(type, x, n_tok, cols);
       std::vector<double> ref(static_cast<size_t>(n_tok * rows));
       for (int t = 0; t < n_tok; ++t)
         for (int64_t r = 0; r < rows; ++r) {
           double a = 0;
-          for (int64_t j = 0; j < cols; ++j) a += static_cast<double>(wf[r * cols + j]) * x[t * cols + j];
+          for (int64_t j = 0; j < cols; ++j) a += static_cast<double>(wf[r * cols + j]) * xr[t * cols + j];
           ref[t * rows + r] = a;
         }
       DevArray<uint8_t> dw(w);
@@ -154,6 +176,52 @@ TEST(KernelMatvec, OddRowLengthFloatTypes) {
       kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols, ggml_row_bytes(type, cols)};
       kern::matvec(v, dx.get(), dy.get(), n_tok, false, nullptr);
       EXPECT_LT(rel_err(dy.download(), ref), 2e-6) << tname(type) << " cols=" << cols;
+    }
+  }
+}
+
+// The decode fusions (Q/K/V in one grid, gate+up+SwiGLU in one grid) against the
+// reference, for every type, and with mixed types (the unfused fallback).
+// REQ: M0-W-1430 M0-W-1810 WRK-D2
+TEST(KernelMatvec, FusedQkvAndSwigluDecode) {
+  REQUIRE_GPU();
+  std::mt19937 rng(77);
+  auto ref_mv = [](const std::vector<float>& wf, int64_t rows, int64_t cols, const std::vector<float>& x) {
+    // x here is already rounded for the weight type
+    std::vector<double> y(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      double a = 0;
+      for (int64_t j = 0; j < cols; ++j) a += static_cast<double>(wf[r * cols + j]) * x[j];
+      y[r] = a;
+    }
+    return y;
+  };
+  for (GgmlType type : kAllTypes) {
+    for (GgmlType other : {type, GgmlType::Q8_0}) {
+      const int64_t cols = 512, rq = 96, rk = 32, rf = 200;
+      auto x = randn(cols, rng);
+      auto wq = random_rows(type, rq, cols, rng), wk = random_rows(type, rk, cols, rng),
+           wv = random_rows(other, rk, cols, rng);
+      auto wg = random_rows(type, rf, cols, rng), wu = random_rows(other, rf, cols, rng);
+      const auto xt = rounded(type, x.data(), cols), xo = rounded(other, x.data(), cols);
+      const auto yq = ref_mv(dequant_all(type, wq, rq, cols), rq, cols, xt);
+      const auto yk = ref_mv(dequant_all(type, wk, rk, cols), rk, cols, xt);
+      const auto yv = ref_mv(dequant_all(other, wv, rk, cols), rk, cols, xo);
+      const auto yg = ref_mv(dequant_all(type, wg, rf, cols), rf, cols, xt);
+      const auto yu = ref_mv(dequant_all(other, wu, rf, cols), rf, cols, xo);
+      std::vector<double> ysw(static_cast<size_t>(rf));
+      for (int64_t i = 0; i < rf; ++i) ysw[i] = yg[i] / (1.0 + std::exp(-yg[i])) * yu[i];
+      DevArray<uint8_t> dq(wq), dk(wk), dv(wv), dg(wg), du(wu);
+      DevArray<float> dx(x), oq(rq), ok(rk), ov(rk), og(rf), ou(rf);
+      auto V = [&](const DevArray<uint8_t>& d, GgmlType t, int64_t rows) {
+        return kern::WeightView{d.get(), static_cast<uint32_t>(t), rows, cols, ggml_row_bytes(t, cols)};
+      };
+      kern::matvec_qkv(V(dq, type, rq), V(dk, type, rk), V(dv, other, rk), dx.get(), oq.get(), ok.get(), ov.get(), nullptr);
+      kern::matvec_swiglu(V(dg, type, rf), V(du, other, rf), dx.get(), og.get(), ou.get(), nullptr);
+      EXPECT_LT(rel_err(oq.download(), yq), 2e-6) << tname(type);
+      EXPECT_LT(rel_err(ok.download(), yk), 2e-6) << tname(type);
+      EXPECT_LT(rel_err(ov.download(), yv), 2e-6) << tname(other);
+      EXPECT_LT(rel_err(og.download(), ysw), 1e-5) << tname(type) << "/" << tname(other);
     }
   }
 }
@@ -173,21 +241,22 @@ TEST(KernelGemm, CublasFloatTypesMatchReference) {
         auto x = randn(static_cast<size_t>(s.n_tok * s.cols), rng);
         auto y0 = randn(static_cast<size_t>(s.n_tok * s.rows), rng);
         const auto wf = dequant_all(type, w, s.rows, s.cols);
+        const auto xr = rounded_rows(type, x, s.n_tok, s.cols);
         std::vector<double> ref(y0.size());
         for (int t = 0; t < s.n_tok; ++t)
           for (int64_t r = 0; r < s.rows; ++r) {
             double a = acc ? y0[t * s.rows + r] : 0.0;
-            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * x[t * s.cols + j];
+            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * xr[t * s.cols + j];
             ref[t * s.rows + r] = a;
           }
         DevArray<uint8_t> dw(w);
         DevArray<float> dx(x), dy(y0.size());
-        DevArray<uint16_t> lowp(2 * x.size());
+        DevArray<uint16_t> lowp(x.size());
         if (acc) dy.upload(y0);
         kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols, ggml_row_bytes(type, s.cols)};
         kern::gemm_cublas(h, v, dx.get(), lowp.get(), dy.get(), s.n_tok, acc, nullptr);
-        // hi/lo split activations: F16 ~ 2^-22, BF16 ~ 2^-16 relative
-        const double bound = type == GgmlType::F32 ? 1e-5 : type == GgmlType::F16 ? 1e-5 : 1e-4;
+        // activations rounded as the reference does: only FP32 accumulation differs
+        const double bound = 1e-5;
         const auto got = dy.download();
         EXPECT_LT(rel_err(got, ref), bound) << tname(type) << " rows=" << s.rows << " cols=" << s.cols << " n_tok=" << s.n_tok;
         // Repetition gives identical bits (D15).
@@ -199,6 +268,33 @@ TEST(KernelGemm, CublasFloatTypesMatchReference) {
     }
   }
   cublasDestroy(h);
+}
+
+// The prefill path of quantized weights: whole-matrix dequantization, bit-exact.
+// REQ: M0-W-1201 M0-W-1430 WRK-D2
+TEST(KernelDequant, QuantTypesToF32BitExact) {
+  REQUIRE_GPU();
+  std::mt19937 rng(17);
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    const int64_t rows = 77, cols = 1024;
+    auto w = random_rows(type, rows, cols, rng);
+    const auto ref = dequant_all(type, w, rows, cols);
+    DevArray<uint8_t> dw(w);
+    DevArray<float> out(ref.size());
+    kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols, ggml_row_bytes(type, cols)};
+    kern::dequantize_to_f32(v, out.get(), nullptr);
+    const auto got = out.download();
+    ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * 4)) << tname(type);
+    // activation rounding (Q8_0 / Q8_K) equals the CPU reference's, value for value
+    const int n_tok = 3;
+    auto x = randn(static_cast<size_t>(n_tok * cols), rng);
+    x[5] = -x[200] ;  // ties in magnitude inside a block
+    const auto want = rounded_rows(type, x, n_tok, cols);
+    DevArray<float> dx(x), dr(x.size());
+    kern::round_activations(static_cast<uint32_t>(type), dx.get(), dr.get(), n_tok, static_cast<int>(cols), nullptr);
+    const auto gotr = dr.download();
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(gotr[i], want[i]) << tname(type) << " i=" << i;
+  }
 }
 
 // REQ: M0-W-1201 M0-W-1430 M0-W-1810 WRK-D2
@@ -299,9 +395,19 @@ TEST(KernelRope, BothOrderingsBiasAndCacheStore) {
     DevArray<float> dq(q), dk(k), dv(v), dbq(bq), dbk(bk), dbv(bv);
     DevArray<int32_t> npast(std::vector<int32_t>{c.n_past});
     DevArray<__half> kc(static_cast<size_t>(n_ctx * kd)), vc(static_cast<size_t>(n_ctx * kd));
+    DevArray<float> kc32(static_cast<size_t>(n_ctx * kd)), vc32(static_cast<size_t>(n_ctx * kd));
+    DevArray<float> dk2(k), dv2(v), dq2(q);
     kern::VecView Bq{c.bias ? dbq.get() : nullptr, 0}, Bk{c.bias ? dbk.get() : nullptr, 0}, Bv{c.bias ? dbv.get() : nullptr, 0};
-    kern::qkv_rope_store(dq.get(), dk.get(), dv.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(), kc.get(), vc.get(), nullptr);
+    kern::qkv_rope_store(dq.get(), dk.get(), dv.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(), kc.get(), vc.get(), false, nullptr);
+    kern::qkv_rope_store(dq2.get(), dk2.get(), dv2.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(), kc32.get(), vc32.get(), true, nullptr);
     EXPECT_LT(rel_err(dq.download(), rq), 1e-5);
+    {
+      const auto k32 = kc32.download(), v32 = vc32.download();
+      std::vector<float> gk(k32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd, k32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
+      std::vector<float> gv(v32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd, v32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
+      EXPECT_LT(rel_err(gk, rk), 1e-5);  // FP32 cache
+      EXPECT_LT(rel_err(gv, rv), 1e-6);
+    }
     const auto hk = kc.download(), hv = vc.download();
     std::vector<float> gk(k.size()), gv(v.size());
     for (size_t i = 0; i < k.size(); ++i) {
@@ -319,7 +425,8 @@ TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
   std::mt19937 rng(31);
   struct C { int nh, nkv, hd, n_past, n_tok; };
   const C cases[] = {{14, 2, 64, 0, 1}, {14, 2, 64, 511, 1}, {8, 4, 8, 0, 12}, {4, 1, 128, 33, 20},
-                     {6, 6, 32, 2000, 1}, {2, 2, 256, 7, 5}, {4, 2, 48, 100, 3}};
+                     {6, 6, 32, 2000, 1}, {2, 2, 256, 7, 5}, {4, 2, 48, 100, 3},
+                     {14, 2, 64, 3, 40}, {4, 4, 64, 1, 70}};
   for (const C& c : cases) {
     const int n_ctx = c.n_past + c.n_tok, kd = c.nkv * c.hd, qd = c.nh * c.hd;
     auto q = randn(static_cast<size_t>(c.n_tok * qd), rng);
@@ -347,13 +454,21 @@ TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
         }
       }
     DevArray<float> dq(q), out(q.size());
+    DevArray<float> part(std::max<size_t>(1, kern::attention_partial_floats(c.n_tok, c.nh, c.hd)));
     DevArray<__half> dk(kh), dv(vh);
     DevArray<int32_t> npast(std::vector<int32_t>{c.n_past});
-    kern::attention(dq.get(), dk.get(), dv.get(), out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), nullptr);
+    kern::attention(dq.get(), dk.get(), dv.get(), false, out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), part.get(), nullptr);
     const auto got = out.download();
     EXPECT_LT(rel_err(got, ref), 1e-5) << "nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd << " n_past=" << c.n_past << " n_tok=" << c.n_tok;
+    {  // FP32 cache holding the same (half-representable) values gives the same result
+      std::vector<float> k32(kh.size()), v32(vh.size());
+      for (size_t i = 0; i < kh.size(); ++i) { k32[i] = __half2float(kh[i]); v32[i] = __half2float(vh[i]); }
+      DevArray<float> dk32(k32), dv32(v32), out32(q.size());
+      kern::attention(dq.get(), dk32.get(), dv32.get(), true, out32.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), part.get(), nullptr);
+      EXPECT_LT(rel_err(out32.download(), ref), 1e-5) << "fp32 cache";
+    }
     out.poison();
-    kern::attention(dq.get(), dk.get(), dv.get(), out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), nullptr);
+    kern::attention(dq.get(), dk.get(), dv.get(), false, out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), part.get(), nullptr);
     const auto again = out.download();
     EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << "attention not reproducible";
   }
@@ -381,8 +496,10 @@ TEST(KernelSwiglu, SiluTimesUpAndResidualAdd) {
 struct SampleBufs {
   explicit SampleBufs(int V, int hist_cap)
       : work(V), keys(V), ids(V), ids_sorted(V), probs(V), seen(V),
-        temp(kern::sampling_sort_temp_bytes(V)), params(1), history(hist_cap), out(1) {
+        temp(kern::sampling_sort_temp_bytes(V)), params(1), history(hist_cap), out(1),
+        part_v(kern::kArgmaxBlocks), part_i(kern::kArgmaxBlocks) {
     s.work = work.get(); s.keys_sorted = keys.get(); s.ids = ids.get(); s.ids_sorted = ids_sorted.get();
+    s.part_v = part_v.get(); s.part_i = part_i.get();
     s.probs = probs.get(); s.seen = seen.get(); s.sort_temp = temp.get(); s.sort_temp_bytes = temp.size();
     kern::sampling_init(s, V, nullptr);
   }
@@ -393,6 +510,8 @@ struct SampleBufs {
   DevArray<uint8_t> temp;
   DevArray<kern::SampleParams> params;
   DevArray<int32_t> history, out;
+  DevArray<float> part_v;
+  DevArray<int32_t> part_i;
   kern::SampleScratch s;
 };
 
@@ -407,7 +526,8 @@ int32_t gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V, const Sa
   b.params.upload({p});
   if (!hist.empty()) b.history.upload(hist);
   b.out.poison();
-  kern::sample(logits.get(), V, b.params.get(), greedy, b.history.get(), b.s, b.out.get(), nullptr);
+  const bool penalize = sp.repetition_penalty != 1.0f && !hist.empty();
+  kern::sample(logits.get(), V, b.params.get(), greedy, penalize, b.history.get(), b.s, b.out.get(), nullptr);
   return b.out.download()[0];
 }
 
@@ -454,7 +574,7 @@ TEST(KernelSampling, GreedyLowestIdWinsTies) {
   const int V = 4099;
   std::vector<float> logits(V, -1.0f);
   logits[4000] = 5.0f;
-  logits[77] = 5.0f;
+  logits[77] = 5.0f;   // ties in different argmax blocks: the lowest id wins
   logits[3000] = 5.0f;
   SampleBufs b(V, 8);
   DevArray<float> dl(logits);

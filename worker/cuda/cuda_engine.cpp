@@ -73,9 +73,11 @@ struct Scratch {
   float *x = nullptr, *xn = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr,
         *g = nullptr, *u = nullptr, *logits = nullptr;
   void* lowp = nullptr;
+  float* attn_part = nullptr;  // split-KV attention partials (few-token batches)
+  float* wdeq = nullptr;       // one dequantized weight matrix (quantized prefill); may be null
   int32_t* io = nullptr;  // [0] = n_past, [1..B] = token ids
 
-  static void lay(Layout& L, const ModelConfig& c, int B, int rows, Scratch* s) {
+  static void lay(Layout& L, const ModelConfig& c, int B, int rows, size_t wdeq_floats, Scratch* s) {
     const size_t E = static_cast<size_t>(c.n_embd), QD = static_cast<size_t>(c.n_head * c.head_dim),
                  KD = static_cast<size_t>(c.n_head_kv * c.head_dim), F = static_cast<size_t>(c.n_ff),
                  V = static_cast<size_t>(c.vocab_size), b = static_cast<size_t>(B);
@@ -88,24 +90,33 @@ struct Scratch {
     float* g = L.take<float>(b * F);
     float* u = L.take<float>(b * F);
     float* logits = L.take<float>(static_cast<size_t>(rows) * V);
-    void* lowp = L.take<uint16_t>(2 * b * std::max({E, QD, F}));  // hi + lo halves
+    void* lowp = L.take<float>(b * std::max({E, QD, F}));  // 16-bit or rounded FP32 activations
+    size_t part = 0;
+    for (int n = 1; n <= std::min(B, 256); ++n) {
+      part = std::max(part, kern::attention_partial_floats(n, static_cast<int>(c.n_head),
+                                                           static_cast<int>(c.head_dim)));
+    }
+    float* attn_part = L.take<float>(std::max<size_t>(part, 1));
+    float* wdeq = wdeq_floats ? L.take<float>(wdeq_floats) : nullptr;
     int32_t* io = L.take<int32_t>(b + 1);
     if (s) {
+      s->attn_part = attn_part;
+      s->wdeq = wdeq;
       s->B = B;
       s->logit_rows = rows;
       s->x = x; s->xn = xn; s->q = q; s->k = k; s->v = v; s->att = att; s->g = g; s->u = u;
       s->logits = logits; s->lowp = lowp; s->io = io;
     }
   }
-  static size_t bytes(const ModelConfig& c, int B, int rows) {
+  static size_t bytes(const ModelConfig& c, int B, int rows, size_t wdeq_floats) {
     Layout L(nullptr);
-    lay(L, c, B, rows, nullptr);
+    lay(L, c, B, rows, wdeq_floats, nullptr);
     return L.used();
   }
-  void allocate(const ModelConfig& c, int B_, int rows, const char* what) {
-    buf = DeviceBuffer(bytes(c, B_, rows), what);
+  void allocate(const ModelConfig& c, int B_, int rows, size_t wdeq_floats, const char* what) {
+    buf = DeviceBuffer(bytes(c, B_, rows, wdeq_floats), what);
     Layout L(static_cast<uint8_t*>(buf.data()));
-    lay(L, c, B_, rows, this);
+    lay(L, c, B_, rows, wdeq_floats, this);
   }
 };
 
@@ -125,6 +136,8 @@ struct SampleRegion {
     s.ids_sorted = L.take<int32_t>(v);
     s.probs = L.take<double>(v);
     s.seen = L.take<int32_t>(v);
+    s.part_v = L.take<float>(kern::kArgmaxBlocks);
+    s.part_i = L.take<int32_t>(kern::kArgmaxBlocks);
     s.sort_temp = L.take<uint8_t>(sort_bytes);
     s.sort_temp_bytes = sort_bytes;
     // params and history adjacent: one host->device copy per sampled token
@@ -168,9 +181,22 @@ size_t weights_bytes(const ModelWeights& w) {
   return total;
 }
 
-size_t kv_bytes(const ModelConfig& c, int32_t n_ctx) {
+// Largest quantized layer matrix (elements): the FP32 scratch of the quantized prefill.
+size_t max_quant_matrix(const ModelWeights& w) {
+  size_t m = 0;
+  for (const auto& l : w.layers) {
+    for (const TensorInfo* t : {l.wq, l.wk, l.wv, l.wo, l.w_gate, l.w_up, l.w_down}) {
+      if (t != nullptr && !kern::gemm_supported(static_cast<uint32_t>(t->type))) {
+        m = std::max(m, static_cast<size_t>(t->n_elements()));
+      }
+    }
+  }
+  return m;
+}
+
+size_t kv_bytes(const ModelConfig& c, int32_t n_ctx, bool f32) {
   return align_up(2 * static_cast<size_t>(c.n_layer) * static_cast<size_t>(n_ctx) *
-                  static_cast<size_t>(c.n_head_kv * c.head_dim) * sizeof(__half));
+                  static_cast<size_t>(c.n_head_kv * c.head_dim) * (f32 ? 4 : 2));
 }
 
 struct LayerDev {
@@ -234,8 +260,8 @@ class CudaEngine final : public Engine {
   void final_logits(Scratch& s, int first_row, int rows);
   void decode_body();
   void decode_one(int32_t token);
-  __half* kc(size_t l) const { return kv_base_ + (2 * l) * kv_layer_elems_; }
-  __half* vc(size_t l) const { return kv_base_ + (2 * l + 1) * kv_layer_elems_; }
+  void* kc(size_t l) const { return kv_base_ + (2 * l) * kv_layer_bytes_; }
+  void* vc(size_t l) const { return kv_base_ + (2 * l + 1) * kv_layer_bytes_; }
 
   std::shared_ptr<cuda::CudaContext> ctx_;  // first: released last
   std::shared_ptr<const Model> model_;
@@ -257,8 +283,8 @@ class CudaEngine final : public Engine {
   kern::RopeParams rope_;
 
   DeviceBuffer kv_;
-  __half* kv_base_ = nullptr;
-  size_t kv_layer_elems_ = 0;
+  uint8_t* kv_base_ = nullptr;
+  size_t kv_layer_bytes_ = 0;
   Scratch dec_;    // one token, fixed addresses (graph)
   Scratch batch_;  // prefill, grows on demand
   SampleRegion samp_;
@@ -319,10 +345,10 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   upload_weights();
 
   const size_t KD = static_cast<size_t>(cfg_.n_head_kv * cfg_.head_dim);
-  kv_layer_elems_ = static_cast<size_t>(n_ctx_) * KD;
-  kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_), "KV cache");
-  kv_base_ = static_cast<__half*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, "decode scratch");
+  kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
+  kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
+  kv_base_ = static_cast<uint8_t*>(kv_.data());
+  dec_.allocate(cfg_, 1, 1, 0, "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
   samp_.buf = DeviceBuffer(SampleRegion::bytes(V, n_ctx_, sort_bytes), "sampling scratch");
@@ -449,6 +475,18 @@ void CudaEngine::mm(Scratch& s, const kern::WeightView& w, const float* x, float
                     bool acc) {
   if (n >= opt_.gemm_min_tokens && kern::gemm_supported(w.type)) {
     kern::gemm_cublas(cublas_, w, x, s.lowp, y, n, acc, stream_);
+  } else if (n >= opt_.gemm_min_tokens && s.wdeq != nullptr) {
+    // Quantized weights, many tokens: dequantize this one matrix to FP32 scratch (exactly
+    // the values the matvec uses) and let cuBLAS do the product.
+    // The activations are rounded through Q8_0/Q8_K first, as on the CPU.
+    auto* xr = static_cast<float*>(s.lowp);
+    kern::round_activations(w.type, x, xr, n, static_cast<int>(w.cols), stream_);
+    kern::dequantize_to_f32(w, s.wdeq, stream_);
+    kern::WeightView f = w;
+    f.data = s.wdeq;
+    f.type = static_cast<uint32_t>(GgmlType::F32);
+    f.row_bytes = static_cast<size_t>(w.cols) * sizeof(float);
+    kern::gemm_cublas(cublas_, f, xr, nullptr, y, n, acc, stream_);
   } else {
     kern::matvec(w, x, y, n, acc, stream_);
   }
@@ -461,17 +499,26 @@ void CudaEngine::forward(Scratch& s, int n) {
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
     kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
-    mm(s, L.wq, s.xn, s.q, n, false);
-    mm(s, L.wk, s.xn, s.k, n, false);
-    mm(s, L.wv, s.xn, s.v, n, false);
-    kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il), stream_);
-    kern::attention(s.q, kc(il), vc(il), s.att, n, rope_.n_head, rope_.n_head_kv, rope_.head_dim,
-                    s.io, stream_);
+    if (n == 1) {
+      kern::matvec_qkv(L.wq, L.wk, L.wv, s.xn, s.q, s.k, s.v, stream_);
+    } else {
+      mm(s, L.wq, s.xn, s.q, n, false);
+      mm(s, L.wk, s.xn, s.k, n, false);
+      mm(s, L.wv, s.xn, s.v, n, false);
+    }
+    kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
+                         opt_.kv_cache_f32, stream_);
+    kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head,
+                    rope_.n_head_kv, rope_.head_dim, s.io, s.attn_part, stream_);
     mm(s, L.wo, s.att, s.x, n, true);  // residual add fused: x += Wo * att
     kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
-    mm(s, L.gate, s.xn, s.g, n, false);
-    mm(s, L.up, s.xn, s.u, n, false);
-    kern::swiglu(s.g, s.u, static_cast<size_t>(n) * F, stream_);
+    if (n == 1) {
+      kern::matvec_swiglu(L.gate, L.up, s.xn, s.g, s.u, stream_);
+    } else {
+      mm(s, L.gate, s.xn, s.g, n, false);
+      mm(s, L.up, s.xn, s.u, n, false);
+      kern::swiglu(s.g, s.u, static_cast<size_t>(n) * F, stream_);
+    }
     mm(s, L.down, s.g, s.x, n, true);
   }
 }
@@ -550,7 +597,9 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     const int B = std::max(1, std::min(opt_.max_batch, n_ctx_));
     batch_.buf.reset();
     batch_.B = 0;
-    batch_.allocate(cfg_, B, std::min(B, kLogitRows), "prefill scratch");
+    batch_.allocate(cfg_, B, std::min(B, kLogitRows),
+                    B >= opt_.gemm_min_tokens ? max_quant_matrix(model_->weights) : 0,
+                    "prefill scratch");
     std::string why;
     if (!cuda::is_device_resident(batch_.buf.data(), device_, &why)) {
       throw WorkerError(ErrorCode::CudaError, "prefill scratch not in VRAM: " + why);
@@ -632,8 +681,9 @@ int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t
   CUDA_CHECK(cudaMemcpyAsync(samp_.params, pin_sample_.data(),
                              sizeof(kern::SampleParams) + history.size_bytes(),
                              cudaMemcpyHostToDevice, stream_));
-  kern::sample(d_last_, static_cast<int>(cfg_.vocab_size), samp_.params, greedy, samp_.history,
-               samp_.s, samp_.out, stream_);
+  const bool penalize = params.repetition_penalty != 1.0f && !history.empty();
+  kern::sample(d_last_, static_cast<int>(cfg_.vocab_size), samp_.params, greedy, penalize,
+               samp_.history, samp_.s, samp_.out, stream_);
   CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(int32_t), cudaMemcpyDeviceToHost,
                              stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -650,8 +700,10 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   const int B = std::max(1, std::min(options.max_batch, n_ctx));
   VramUsage u;
   u.weights = weights_bytes(model.weights);
-  u.kv_cache = kv_bytes(c, n_ctx);
-  u.scratch = Scratch::bytes(c, 1, 1) + Scratch::bytes(c, B, std::min(B, kLogitRows)) +
+  u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
+  u.scratch = Scratch::bytes(c, 1, 1, 0) +
+              Scratch::bytes(c, B, std::min(B, kLogitRows),
+                             B >= options.gemm_min_tokens ? max_quant_matrix(model.weights) : 0) +
               SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V));
   return u;
 }

@@ -16,6 +16,10 @@ struct CudaEngineOptions {
   bool use_graph = true;         // replay the decode step as a captured CUDA graph
   int gemm_min_tokens = 16;      // prefill batches from this size use cuBLAS (float weights)
   int max_batch = 512;           // prefill chunk size (bounds the activation scratch)
+  // FP32 instead of FP16 KV cache. The product uses FP16 (M0-W-1201); the parity tests
+  // use FP32 to compare the kernels with the CPU reference (FP32 cache) without the cache
+  // rounding, which activation quantization (Q8_0/Q8_K, as llama.cpp) amplifies.
+  bool kv_cache_f32 = false;
 };
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                          int gpu_device, const CudaEngineOptions& options);
