@@ -85,9 +85,14 @@ if [ -x "$bin/worker-orcd" ]; then
   export WORKER_BACKEND=cuda WORKER_BIN="$bin/worker-orcd"
   export WORKER_RESULTS_DIR=${WORKER_RESULTS_DIR:-/tmp/conformance-artifacts}
   mkdir -p "$WORKER_RESULTS_DIR"
+  # CONFORMANCE_SUITES: space-separated suite names to run (default: every one in DIR).
   for c in "$bin"/conformance_*; do
     [ -x "$c" ] || continue
-    run_gtest "$(basename "$c")"
+    name=$(basename "$c")
+    if [ -n "${CONFORMANCE_SUITES:-}" ] && ! echo " $CONFORMANCE_SUITES " | grep -q " $name "; then
+      continue
+    fi
+    GPU_TEST_TIMEOUT=${CONFORMANCE_TIMEOUT:-300} run_gtest "$name"
   done
 fi
 

@@ -252,17 +252,28 @@ void run_parity(bool kv_f32, double (*bound)(const std::string& type)) {
               kv_f32 ? "f32" : "f16", worst, worst_name.c_str(), models.size(), near_ties);
 }
 
-// With an FP32 KV cache (the CPU reference's), the kernels reproduce the reference: one
-// bound for every type.
+// Why the bounds are per type (H200 measurements in reports/perf-notes.md, "parity"): the
+// reference rounds every matmul input to the weight's vec_dot_type (F16, BF16, Q8_0, Q8_K)
+// as llama.cpp does, and so do the kernels (bit for bit, kernel tests). But FP32 sums in a
+// different order leave ~1e-6 differences in the activations, and where one crosses a
+// rounding boundary the input moves by a whole rounding step (1/127 of the block maximum
+// for Q8): F32 weights agree to ~5e-6, F16 ~3e-3, BF16 ~2e-2, quantized 0.03-0.12.
+double parity_bound(const std::string& type) {
+  if (type == "f32") return 1e-4;
+  if (type == "f16") return 1e-2;
+  if (type == "bf16") return 5e-2;
+  return 0.25;
+}
+
+// FP32 KV cache (as the CPU reference): what remains is the rounding amplification above.
 // REQ: M0-W-1201 M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2
 TEST(CudaEngine, ParityWithCpuReferenceFp32KvCache) {
   REQUIRE_GPU();
-  run_parity(true, [](const std::string&) { return 1e-2; });
+  run_parity(true, parity_bound);
 }
 
-// The product (FP16 KV cache): the cache rounding (~1e-3) is amplified by the Q8_0/Q8_K
-// (and BF16) rounding of the matmul inputs that the reference does like llama.cpp, so the
-// documented bounds are per type (reports/perf-notes.md, "parity").
+// The product (FP16 KV cache, M0-W-1201): the 2e-2 for F32/F16 weights; the cache
+// rounding (~1e-3) adds to the amplification for the others.
 // REQ: M0-W-1201 M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2
 TEST(CudaEngine, ParityWithCpuReferenceFp16KvCache) {
   REQUIRE_GPU();
