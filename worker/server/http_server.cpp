@@ -108,7 +108,7 @@ void HttpServer::attach(JobRunner& runner, const Tokenizer& tok, int32_t n_ctx,
   n_ctx_ = n_ctx;
   model_name_ = std::move(model_name);
   health_static_ = std::move(health_static);
-  vram_bytes_.store(vram_bytes);
+  metrics_.set_vram_bytes(vram_bytes);
   ready_.store(true, std::memory_order_release);
 }
 
@@ -193,7 +193,6 @@ void HttpServer::routes() {
            [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
   svr_.Get("/metrics", guarded(kAuth, [this](const httplib::Request&, httplib::Response& res) {
              if (runner_) metrics_.set_queue_depth(static_cast<int64_t>(runner_->queue_size()));
-             metrics_.set_vram_bytes(vram_bytes_.load());
              res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
            }));
   const Handler execute = guarded(kAuth | kJson | kReady | kAdmit,
@@ -325,7 +324,8 @@ void HttpServer::handle_health(httplib::Response& res) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
   h["busy"] = ready && runner_ && runner_->busy();
   h["queue_depth"] = ready && runner_ ? runner_->queue_size() : 0;
-  h["vram_bytes_used"] = vram_bytes_.load();
+  // Updated by the inference thread after every job (KV cache + scratch included).
+  h["vram_bytes_used"] = metrics_.vram_bytes();
   send_json(res, status == "loading" ? 503 : 200, h);
 }
 

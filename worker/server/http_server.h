@@ -47,7 +47,6 @@ class HttpServer {
   // quant_kind, ...). The runner and tokenizer must outlive this server's use of them.
   void attach(JobRunner& runner, const Tokenizer& tok, int32_t n_ctx, std::string model_name,
               nlohmann::json health_static, uint64_t vram_bytes);
-  void set_vram_bytes(uint64_t v) { vram_bytes_.store(v); }
 
   // Shutdown, in the order main drives it: a request arrives (/shutdown or a signal), new
   // jobs get 503 from begin_drain() on, the runner finishes, open streams drain, stop().
@@ -98,7 +97,6 @@ class HttpServer {
   int32_t n_ctx_ = 0;
   std::string model_name_;
   nlohmann::json health_static_;
-  std::atomic<uint64_t> vram_bytes_{0};
 
   std::atomic<bool> draining_{false};
   std::mutex shutdown_mu_;

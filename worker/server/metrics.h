@@ -36,6 +36,7 @@ class Metrics {
   void add_tokens(uint64_t n) { tokens_.fetch_add(n, std::memory_order_relaxed); }
   void set_queue_depth(int64_t n) { queue_depth_.store(n, std::memory_order_relaxed); }
   void set_vram_bytes(uint64_t n) { vram_bytes_.store(n, std::memory_order_relaxed); }
+  uint64_t vram_bytes() const { return vram_bytes_.load(std::memory_order_relaxed); }
 
   Histogram ttft_ms;
   Histogram inter_token_ms;

@@ -383,6 +383,40 @@ TEST_F(ServerHttp, ClosingTheSocketCancelsTheJob) {
   EXPECT_EQ(parse_sse(r->body).events.back().first, "end");
 }
 
+// REQ: M0-W-1611 WRK-D10 WRK-D9
+TEST_F(ServerHttp, ClosingAQueuedStreamRemovesItFromTheQueue) {
+  start();
+  engine_->eval_delay_ms = 20;
+  std::thread first([&] {
+    httplib::Client c("127.0.0.1", http_->port());
+    c.set_read_timeout(30, 0);
+    c.Post("/execute", json{{"prompt", "Once"}, {"max_tokens", 60}}.dump(), "application/json");
+  });
+  ASSERT_TRUE(wait_busy(true));
+  const int fd = connect_to(http_->port());
+  ASSERT_GE(fd, 0);
+  send_execute(fd, json{{"prompt", "Once"}, {"max_tokens", 60}});
+  std::string got;
+  char buf[1024];
+  while (got.find(": queued position 1") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(runner_->queue_size(), 1u);
+  const auto t0 = Clock::now();
+  ::close(fd);
+  const auto until = t0 + 2s;
+  while (runner_->queue_size() > 0 && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  EXPECT_EQ(runner_->queue_size(), 0u);
+  EXPECT_LT(ms, 100.0);
+  EXPECT_TRUE(runner_->busy()) << "the running job is not affected";
+  first.join();
+  EXPECT_EQ(metrics_.requests("ok"), 1u);
+  EXPECT_EQ(metrics_.requests("cancelled"), 1u);
+}
+
 // REQ: WRK-D5
 TEST_F(ServerHttp, OpenAiCompletionsStreamAndNonStream) {
   start();
