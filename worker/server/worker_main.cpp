@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <regex>
 #include <thread>
 
 #include "common/errors.h"
@@ -156,6 +157,12 @@ int worker_main(int argc, char** argv) {
     http.stop();
     json f = where;
     f["backend"] = opt.backend;
+    // M0-W-1020: the log line carries required and available bytes as fields too.
+    static const std::regex req_re("required (\\d+)"), avail_re("available (\\d+)");
+    std::smatch m;
+    const std::string msg = e.what();
+    if (std::regex_search(msg, m, req_re)) f["required_bytes"] = std::stoull(m[1].str());
+    if (std::regex_search(msg, m, avail_re)) f["available_bytes"] = std::stoull(m[1].str());
     const std::string code = e.code() == ErrorCode::InvalidRequest
                                  ? "MODEL_LOAD_FAILED"
                                  : std::string(error_code_name(e.code()));
