@@ -44,9 +44,10 @@ Failure start_failing(WorkerOptions o) {
   o.wait_ready = false;
   WorkerProcess w(o);
   Failure f;
-  auto code = w.wait_exit(30s);
+  // A failing start takes milliseconds (CUDA init included, about a second); 15 s means hung.
+  auto code = w.wait_exit(15s);
   if (!code) {
-    ADD_FAILURE() << "worker still running 30 s after a bad start (" << o.model << ")";
+    ADD_FAILURE() << "worker still running 15 s after a bad start (" << o.model << ")";
     f.code = w.stop();
   } else {
     f.code = *code;
