@@ -108,7 +108,7 @@ fi
 
 # The committed report: commit, card, driver, per-suite counts, sanitizer summaries and
 # results per requirement ID (from the "// REQ:" lines above each test).
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo "${GPU_RUN_COMMIT:-unknown}")
+commit=${GPU_RUN_COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
 python3 - "$results" "$report" "$root" "$commit" "$day" <<'PY' >> "$log" 2>&1 && say "report: $report" || say "report generation FAILED"
 import glob, os, re, sys, xml.etree.ElementTree as ET
 results, report, root, commit, day = sys.argv[1:6]
