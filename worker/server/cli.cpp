@@ -27,7 +27,7 @@ std::string cli_usage() {
        worker-orcd generate ...              (one generation on the command line)
 options:
   --model FILE               GGUF model file (required)
-  --port N                   HTTP port, 1..65535 (default 8080)
+  --port N                   HTTP port, 1024..65535 (default 8080)
   --bind ADDR                listen address (default 0.0.0.0)
   --gpu-device N, --gpu N    CUDA device index (default 0)
   --worker-id UUID           worker id (default: a generated UUID v4)
@@ -93,7 +93,7 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.model = value();
       have_model = !o.model.empty();
     } else if (a == "--port") {
-      o.port = parse_int<int>(a, value(), 1, 65535);
+      o.port = parse_int<int>(a, value(), 1024, 65535);  // M0-W-1100
     } else if (a == "--bind") {
       o.bind = value();
       if (o.bind.empty()) throw std::invalid_argument("--bind must not be empty");

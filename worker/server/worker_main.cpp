@@ -91,8 +91,8 @@ int worker_main(int argc, char** argv) {
   try {
     opt = parse_cli(std::vector<std::string>(argv + 1, argv + argc));
   } catch (const std::invalid_argument& e) {
-    std::fputs(cli_usage().c_str(), stderr);
-    return fail("INVALID_ARGUMENT", e.what());
+    // stderr carries JSON lines only (D14); the usage text is behind --help.
+    return fail("INVALID_ARGUMENT", std::string(e.what()) + " (see --help)");
   }
   if (opt.help) {
     std::fputs(cli_usage().c_str(), stdout);

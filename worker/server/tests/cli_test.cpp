@@ -72,15 +72,20 @@ TEST(ServerCli, AllOptionsParse) {
 TEST(ServerCli, BadValuesAreRejected) {
   EXPECT_THROW(parse({}), std::invalid_argument);  // --model required
   EXPECT_THROW(parse({"--model", "m", "--port", "0"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--port", "1023"}), std::invalid_argument);  // M0-W-1100
   EXPECT_THROW(parse({"--model", "m", "--port", "65536"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--port", "80x"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--worker-id", "not-a-uuid"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--backend", "auto"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--frobnicate"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--queue-depth", "-3"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--ctx-size", "abc"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--inference-timeout-sec", "0"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--gpu-device", "-1"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--port"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--callback-url", "ftp://x"}), std::invalid_argument);
   EXPECT_TRUE(parse({"--help"}).help);
-  EXPECT_EQ(parse({"--model", "m", "--port", "1"}).port, 1);
+  EXPECT_EQ(parse({"--model", "m", "--port", "1024"}).port, 1024);
   EXPECT_EQ(parse({"--model", "m", "--port", "65535"}).port, 65535);
 }
 
