@@ -2,8 +2,8 @@
 
 #include <chrono>
 #include <random>
-#include <stdexcept>
 #include <sstream>
+#include <stdexcept>
 
 #include "harness/test_env.h"
 #include "harness/worker_stream.h"
@@ -32,8 +32,7 @@ int count_occurrences(const std::string& text, const std::string& word) {
 }
 
 std::string make_nonce() {
-  static const char alphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  static const char alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   std::random_device rd;
   std::uniform_int_distribution<int> pick(0, 61);
   std::string s;
@@ -42,8 +41,8 @@ std::string make_nonce() {
 }
 
 std::string anti_cheat_prompt(const std::string& word, const std::string& nonce) {
-  return "Write a haiku about GPU computing that includes the word \"" + word + "\" (nonce: " +
-         nonce + ")";
+  return "Write a haiku about GPU computing that includes the word \"" + word +
+         "\" (nonce: " + nonce + ")";
 }
 
 namespace {
@@ -110,13 +109,15 @@ Attempt run_once(int port) {
   a.total_ms = ms_between(t0, Clock::now());
   a.minute_at_end = utc_now().minute;
   a.occurrences = count_occurrences(a.text, a.word);
-  if (a.first_event != "started") a.failures.push_back("first event is '" + a.first_event + "', not started");
+  if (a.first_event != "started")
+    a.failures.push_back("first event is '" + a.first_event + "', not started");
   if (a.token_events < 1) a.failures.push_back("no token event");
   if (a.last_event != "end") a.failures.push_back("last event is '" + a.last_event + "', not end");
   if (a.occurrences != 1)
     a.failures.push_back("minute word \"" + a.word + "\" occurs " + std::to_string(a.occurrences) +
                          " times (expected exactly 1)");
-  if (a.total_ms > 30000) a.failures.push_back("took " + std::to_string(a.total_ms) + " ms (> 30 s)");
+  if (a.total_ms > 30000)
+    a.failures.push_back("took " + std::to_string(a.total_ms) + " ms (> 30 s)");
   return a;
 }
 
@@ -180,9 +181,10 @@ std::vector<Attempt> run_anti_cheat(int port, const std::string& model,
      << "- Prompt: `" << last.prompt << "`\n"
      << "- Minute word: `" << last.word << "`, occurrences: " << last.occurrences << "\n"
      << "- Seed: " << last.seed << ", temperature 0.7, max_tokens 100, chat true\n"
-     << "- Token events: " << last.token_events << ", first token after "
-     << last.first_token_ms << " ms, total " << last.total_ms << " ms (limit 30000)\n\n"
-     << "## Output\n\n```\n" << last.text << "\n```\n";
+     << "- Token events: " << last.token_events << ", first token after " << last.first_token_ms
+     << " ms, total " << last.total_ms << " ms (limit 30000)\n\n"
+     << "## Output\n\n```\n"
+     << last.text << "\n```\n";
   if (!last.failures.empty()) {
     md << "\n## Failures\n\n";
     for (const auto& f : last.failures) md << "- " << f << "\n";

@@ -28,8 +28,8 @@ struct Attempt {
   int token_events = 0;
   double total_ms = 0, first_token_ms = 0;
   std::string first_event, last_event;
-  nlohmann::json end;                  // terminal payload
-  std::vector<std::string> failures;   // empty: passed
+  nlohmann::json end;                                   // terminal payload
+  std::vector<std::string> failures;                    // empty: passed
   nlohmann::json transcript = nlohmann::json::array();  // one object per SSE event
   std::string started_at_utc;
 };

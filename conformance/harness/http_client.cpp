@@ -44,8 +44,8 @@ nlohmann::json HttpResponse::json() const {
   try {
     return nlohmann::json::parse(body);
   } catch (const std::exception& e) {
-    throw std::runtime_error("HTTP " + std::to_string(status) + " body is not JSON (" +
-                             e.what() + "): " + body.substr(0, 500));
+    throw std::runtime_error("HTTP " + std::to_string(status) + " body is not JSON (" + e.what() +
+                             "): " + body.substr(0, 500));
   }
 }
 
@@ -68,7 +68,9 @@ HttpConnection::HttpConnection(const std::string& host, int port) {
   ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
-HttpConnection::~HttpConnection() { close(); }
+HttpConnection::~HttpConnection() {
+  close();
+}
 
 void HttpConnection::close() {
   if (fd_ >= 0) {
@@ -115,7 +117,8 @@ void HttpConnection::send_request(const std::string& method, const std::string& 
 bool HttpConnection::fill(Clock::time_point deadline) {
   if (eof_) return false;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw std::runtime_error("timed out waiting for the server");
     pollfd p{fd_, POLLIN, 0};
     const int r = ::poll(&p, 1, static_cast<int>(std::min<long>(left.count(), 1000)));
@@ -160,8 +163,8 @@ void HttpConnection::read_head(std::chrono::milliseconds timeout) {
   resp_.reason = status_line.size() > 13 ? status_line.substr(13) : "";
   while (pos != std::string::npos) {
     const size_t next = head.find("\r\n", pos + 2);
-    const std::string line = head.substr(pos + 2, next == std::string::npos ? std::string::npos
-                                                                             : next - pos - 2);
+    const std::string line =
+        head.substr(pos + 2, next == std::string::npos ? std::string::npos : next - pos - 2);
     pos = next;
     const size_t colon = line.find(':');
     if (colon == std::string::npos) throw std::runtime_error("bad header line: " + line);
@@ -255,8 +258,8 @@ Headers with_content_type(const RequestOptions& opts) {
 HttpResponse http_request(int port, const std::string& method, const std::string& path,
                           const std::string& body, const RequestOptions& opts) {
   HttpConnection c("127.0.0.1", port);
-  c.send_request(method, path, body, body.empty() && method == "GET" ? opts.headers
-                                                                    : with_content_type(opts));
+  c.send_request(method, path, body,
+                 body.empty() && method == "GET" ? opts.headers : with_content_type(opts));
   c.read_head(opts.timeout);
   while (auto piece = c.read_body_piece(opts.timeout)) c.response().body += *piece;
   c.response().done_at = Clock::now();
@@ -297,7 +300,8 @@ std::optional<SseEvent> SseStream::next_event(std::chrono::milliseconds timeout)
   const auto deadline = Clock::now() + timeout;
   while (pending_.empty()) {
     if (ended_) return std::nullopt;
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw std::runtime_error("timed out waiting for an SSE event");
     auto piece = conn_.read_body_piece(left);
     if (!piece) {
@@ -317,7 +321,8 @@ std::optional<SseEvent> SseStream::next_event(std::chrono::milliseconds timeout)
 const std::vector<SseEvent>& SseStream::read_all(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   while (!ended_) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     if (left.count() <= 0) throw std::runtime_error("timed out reading the SSE stream");
     next_event(left);
   }

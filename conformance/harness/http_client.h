@@ -101,7 +101,8 @@ class SseStream {
   // Waits for the next event; nullopt when the stream ended first.
   std::optional<SseEvent> next_event(std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // Reads to the end of the stream; returns all events (including those already taken).
-  const std::vector<SseEvent>& read_all(std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  const std::vector<SseEvent>& read_all(
+      std::chrono::milliseconds timeout = std::chrono::seconds(120));
   // Non-SSE body (error responses): the whole body.
   std::string read_body(std::chrono::milliseconds timeout = std::chrono::seconds(30));
   void close() { conn_.close(); }

@@ -14,12 +14,12 @@ namespace conformance {
 using Clock = std::chrono::steady_clock;
 
 struct SseEvent {
-  std::string event;      // value of the `event:` line ("message" when absent)
-  std::string data;       // `data:` lines joined with '\n'
-  std::string id;         // last `id:` value, when has_id
+  std::string event;       // value of the `event:` line ("message" when absent)
+  std::string data;        // `data:` lines joined with '\n'
+  std::string id;          // last `id:` value, when has_id
   bool has_event = false;  // an explicit `event:` line was present
   bool has_id = false;
-  int data_lines = 0;      // how many `data:` lines made up `data`
+  int data_lines = 0;         // how many `data:` lines made up `data`
   Clock::time_point arrival;  // when the blank line completing the event was received
 };
 
@@ -46,8 +46,8 @@ class SseParser {
   void process_line(std::string_view line, Clock::time_point now);
   void dispatch(Clock::time_point now);
 
-  std::string line_;          // bytes of the line being received
-  bool pending_cr_ = false;    // last byte seen was CR: a following LF belongs to it
+  std::string line_;         // bytes of the line being received
+  bool pending_cr_ = false;  // last byte seen was CR: a following LF belongs to it
   bool bom_checked_ = false;
   SseEvent current_;
   bool current_has_data_ = false;

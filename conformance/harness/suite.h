@@ -28,7 +28,8 @@ class SharedWorkerTest : public ::testing::Test {
   static void TearDownTestSuite() {
     if (proc_) {
       const int rc = proc_->stop();
-      if (rc != 0) ADD_FAILURE() << "worker exit code after SIGTERM: " << rc << "\n" << proc_->log_text();
+      if (rc != 0)
+        ADD_FAILURE() << "worker exit code after SIGTERM: " << rc << "\n" << proc_->log_text();
       proc_.reset();
     }
   }

@@ -24,13 +24,17 @@ std::string require_file(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-std::string source_dir() { return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR); }
+std::string source_dir() {
+  return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR);
+}
 
 std::string worker_bin() {
   return require_file(env_or("WORKER_BIN", CONFORMANCE_WORKER_BIN), "worker binary (WORKER_BIN)");
 }
 
-std::string test_backend() { return env_or("WORKER_BACKEND", "cpu"); }
+std::string test_backend() {
+  return env_or("WORKER_BACKEND", "cpu");
+}
 
 std::string shared_fixture(const std::string& name) {
   const std::string dir = env_or("WORKER_SHARED_FIXTURES", source_dir() + "/../shared/fixtures");
@@ -46,7 +50,9 @@ std::string generated_fixture(const std::string& name) {
                       "generated fixture (run fixtures/generate_all.sh)");
 }
 
-std::string stories_model() { return shared_fixture("stories260K.gguf"); }
+std::string stories_model() {
+  return shared_fixture("stories260K.gguf");
+}
 
 std::string haiku_model_path() {
   return env_or("HAIKU_MODEL", source_dir() + "/fixtures/haiku/haiku-qwen2.gguf");
@@ -65,13 +71,15 @@ std::string eos_model() {
 }
 
 std::string results_dir() {
-  const std::string dir = env_or("WORKER_RESULTS_DIR", std::string(WORKER_BINARY_DIR) +
-                                                           "/test-results");
+  const std::string dir =
+      env_or("WORKER_RESULTS_DIR", std::string(WORKER_BINARY_DIR) + "/test-results");
   fs::create_directories(dir);
   return dir;
 }
 
-bool file_exists(const std::string& path) { return fs::exists(path); }
+bool file_exists(const std::string& path) {
+  return fs::exists(path);
+}
 
 void write_result(const std::string& relpath, const std::string& text) {
   const fs::path p = fs::path(results_dir()) / relpath;

@@ -112,9 +112,12 @@ void WorkerProcess::reader(int fd, bool is_stderr) {
 }
 
 void WorkerProcess::reap(int status) {
-  if (WIFEXITED(status)) exit_code_ = WEXITSTATUS(status);
-  else if (WIFSIGNALED(status)) exit_code_ = 128 + WTERMSIG(status);
-  else exit_code_ = -1;
+  if (WIFEXITED(status))
+    exit_code_ = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    exit_code_ = 128 + WTERMSIG(status);
+  else
+    exit_code_ = -1;
 }
 
 bool WorkerProcess::running() {

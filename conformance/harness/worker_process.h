@@ -66,8 +66,7 @@ class WorkerProcess {
   // All log lines as text (for failure messages).
   std::string log_text() const;
   // Waits for a JSON log line whose "event" equals `event` and for which `pred` is true.
-  std::optional<LogLine> wait_for_log(const std::string& event,
-                                      std::chrono::milliseconds timeout,
+  std::optional<LogLine> wait_for_log(const std::string& event, std::chrono::milliseconds timeout,
                                       const std::function<bool(const nlohmann::json&)>& pred = {});
   std::vector<nlohmann::json> log_events(const std::string& event) const;
 

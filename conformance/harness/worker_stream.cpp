@@ -47,8 +47,7 @@ bool valid_utf8(const std::string& s) {
 namespace {
 
 bool is_rfc3339(const std::string& s) {
-  static const std::regex re(
-      R"(^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$)");
+  static const std::regex re(R"(^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$)");
   return std::regex_match(s, re);
 }
 
@@ -69,8 +68,8 @@ std::vector<std::string> check_job_stream(const std::vector<SseEvent>& events) {
   for (size_t k = 0; k < events.size(); ++k) {
     const auto& e = events[k];
     need(v, e.has_event, k, "no 'event:' line");
-    need(v, e.data_lines == 1, k, "data must be exactly one line, got " +
-                                      std::to_string(e.data_lines));
+    need(v, e.data_lines == 1, k,
+         "data must be exactly one line, got " + std::to_string(e.data_lines));
     nlohmann::json d;
     try {
       d = nlohmann::json::parse(e.data);
@@ -87,8 +86,9 @@ std::vector<std::string> check_job_stream(const std::vector<SseEvent>& events) {
       need(v, first, k, "'started' must be the first event only");
       need(v, d.contains("job_id") && d["job_id"].is_string(), k, "started.job_id missing");
       need(v, d.contains("model") && d["model"].is_string(), k, "started.model missing");
-      need(v, d.contains("started_at") && d["started_at"].is_string() &&
-                  is_rfc3339(d["started_at"].get<std::string>()),
+      need(v,
+           d.contains("started_at") && d["started_at"].is_string() &&
+               is_rfc3339(d["started_at"].get<std::string>()),
            k, "started.started_at missing or not RFC 3339");
       need(v, d.contains("seed") && d["seed"].is_number_unsigned(), k,
            "started.seed missing or not an unsigned integer");
@@ -130,8 +130,7 @@ std::vector<std::string> check_job_stream(const std::vector<SseEvent>& events) {
       need(v, last, k, "'error' must be the last event");
       need(v, d.contains("code") && d["code"].is_string(), k, "error.code missing");
       need(v, d.contains("message") && d["message"].is_string(), k, "error.message missing");
-      need(v, d.contains("retriable") && d["retriable"].is_boolean(), k,
-           "error.retriable missing");
+      need(v, d.contains("retriable") && d["retriable"].is_boolean(), k, "error.retriable missing");
     } else {
       v.push_back("event #" + std::to_string(k) + ": unknown event type '" + e.event + "'");
     }
@@ -174,10 +173,12 @@ std::vector<std::string> JobStream::pieces() const {
 std::vector<long long> JobStream::token_ids() const {
   std::vector<long long> out;
   for (const auto* t : tokens()) {
-    if (t->contains("id") && (*t)["id"].is_number_integer()) out.push_back((*t)["id"]);
+    if (t->contains("id") && (*t)["id"].is_number_integer())
+      out.push_back((*t)["id"]);
     else if (t->contains("token_id") && (*t)["token_id"].is_number_integer())
       out.push_back((*t)["token_id"]);
-    else return {};
+    else
+      return {};
   }
   return out;
 }

@@ -13,18 +13,18 @@ struct JobStream {
   std::vector<SseEvent> events;
   std::vector<nlohmann::json> payloads;  // data of each event (null if not JSON)
   std::vector<SseComment> comments;
-  std::vector<std::string> violations;   // framing + D6 order/payload problems
+  std::vector<std::string> violations;  // framing + D6 order/payload problems
   int status = 0;
   Clock::time_point sent_at, end_at;
 
   const nlohmann::json* started() const;
   const nlohmann::json* terminal() const;  // last event when it is end or error
   std::vector<const nlohmann::json*> tokens() const;
-  std::string text() const;       // concatenated token t
+  std::string text() const;  // concatenated token t
   std::vector<std::string> pieces() const;
   // Token ids when the token events carry them ("id" or "token_id"); empty otherwise.
   std::vector<long long> token_ids() const;
-  std::string describe() const;   // events as text, for failure messages
+  std::string describe() const;  // events as text, for failure messages
 };
 
 // Validates framing and D6 (order started, token*, one terminal; metrics only between;

@@ -148,9 +148,9 @@ TEST_F(ExecuteTest, EarliestOfSeveralStopSequencesWins) {
 TEST_F(ExecuteTest, Utf8PromptsGiveValidUtf8Streams) {
   const std::vector<std::string> prompts = {
       "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C",  // 你好，世界
-      "\xF0\x9F\x9A\x80\xF0\x9F\x94\xA5 GPU \xF0\x9F\x92\xBB",            // 🚀🔥 GPU 💻
+      "\xF0\x9F\x9A\x80\xF0\x9F\x94\xA5 GPU \xF0\x9F\x92\xBB",         // 🚀🔥 GPU 💻
       "Hello \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82 \xE3\x81\x93\xE3\x82\x93 "
-      "\xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7 \xF0\x9F\x98\x80"};      // mixed scripts
+      "\xD9\x85\xD8\xB1\xD8\xAD\xD8\xA8\xD8\xA7 \xF0\x9F\x98\x80"};  // mixed scripts
   for (const auto& p : prompts) {
     for (unsigned seed : {7u, 8u}) {
       JobStream js = run(job_request(p, 20, 0.7, seed));
@@ -306,8 +306,8 @@ TEST_F(ExecuteQwenTest, ChatAddsTheChatMlTurn) {
 // REQ: WRK-D7 M0-W-1362 M0-W-1824
 TEST_F(ExecuteQwenTest, ByteLevelOutputNeverSplitsUtf8) {
   for (unsigned seed = 1; seed <= 4; ++seed) {
-    JobStream js = run_job(port(), job_request("\xE6\x97\xA5\xE6\x9C\xAC GPU \xF0\x9F\x94\xA5",
-                                               40, 2.0, seed));
+    JobStream js = run_job(
+        port(), job_request("\xE6\x97\xA5\xE6\x9C\xAC GPU \xF0\x9F\x94\xA5", 40, 2.0, seed));
     EXPECT_TRUE(js.violations.empty()) << js.describe();
     EXPECT_TRUE(valid_utf8(js.text()));
   }

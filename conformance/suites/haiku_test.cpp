@@ -138,7 +138,8 @@ TEST(ConformanceHaiku, MutationCorruptWeightsFailsTheCheck) {
   int failed = 0;
   std::string seen;
   for (int run = 1; run <= 3; ++run) {
-    auto attempts = haiku::run_anti_cheat(w.port(), bad, "haiku-mutation/run" + std::to_string(run));
+    auto attempts =
+        haiku::run_anti_cheat(w.port(), bad, "haiku-mutation/run" + std::to_string(run));
     ASSERT_FALSE(attempts.empty());
     failed += !attempts.back().failures.empty();
     seen += describe(attempts);

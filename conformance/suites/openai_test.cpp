@@ -75,8 +75,8 @@ TEST_F(OpenAiTest, ChatCompletionNonStreaming) {
 
 // REQ: WRK-D5 WRK-D6
 TEST_F(OpenAiTest, ChatCompletionStreamingEqualsNonStreaming) {
-  const std::string full =
-      http_post_json(port(), "/v1/chat/completions", chat(false)).json()["choices"][0]["message"]["content"];
+  const std::string full = http_post_json(port(), "/v1/chat/completions", chat(false))
+                               .json()["choices"][0]["message"]["content"];
   SseStream s(port(), "/v1/chat/completions", chat(true));
   ASSERT_EQ(s.status(), 200);
   EXPECT_EQ(s.response().header("content-type").value_or("").rfind("text/event-stream", 0), 0u);
@@ -102,11 +102,10 @@ TEST(ConformanceOpenAiCompletions, SameTextAsExecute) {
   WorkerOptions o;
   o.model = stories_model();
   WorkerProcess w(o);
-  const std::string expected =
-      run_job(w.port(), job_request("Once upon a time", 25, 0.0)).text();
+  const std::string expected = run_job(w.port(), job_request("Once upon a time", 25, 0.0)).text();
   ASSERT_FALSE(expected.empty());
-  nlohmann::json req = {{"model", "x"}, {"prompt", "Once upon a time"}, {"max_tokens", 25},
-                        {"temperature", 0}};
+  nlohmann::json req = {
+      {"model", "x"}, {"prompt", "Once upon a time"}, {"max_tokens", 25}, {"temperature", 0}};
   auto r = http_post_json(w.port(), "/v1/completions", req);
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.json()["object"], "text_completion");
@@ -138,8 +137,9 @@ TEST_F(OpenAiTest, OfficialNpmClientStreamsUnchanged) {
   const std::string dir = source_dir() + "/conformance";
   ASSERT_TRUE(file_exists(dir + "/node_modules/openai/package.json"))
       << "the openai npm package is not installed: run `npm ci --prefix conformance`";
-  const std::string cmd = "node '" + dir + "/openai/stream_chat.mjs' 'http://127.0.0.1:" +
-                          std::to_string(port()) + "/v1' 'Write a haiku about GPU computing' 12 2>&1";
+  const std::string cmd = "node '" + dir +
+                          "/openai/stream_chat.mjs' 'http://127.0.0.1:" + std::to_string(port()) +
+                          "/v1' 'Write a haiku about GPU computing' 12 2>&1";
   std::string out;
   {
     std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
@@ -150,7 +150,8 @@ TEST_F(OpenAiTest, OfficialNpmClientStreamsUnchanged) {
   }
   const size_t brace = out.rfind("\n{");
   nlohmann::json j;
-  ASSERT_NO_THROW(j = nlohmann::json::parse(brace == std::string::npos ? out : out.substr(brace + 1)))
+  ASSERT_NO_THROW(
+      j = nlohmann::json::parse(brace == std::string::npos ? out : out.substr(brace + 1)))
       << out;
   EXPECT_GE(j["stream"]["chunks"].get<int>(), 2) << out;
   EXPECT_EQ(j["stream"]["roles"], nlohmann::json::array({"assistant"})) << out;

@@ -29,7 +29,8 @@ std::vector<nlohmann::json> read_jsonl(const std::string& path) {
 
 // REQ: WRK-D16
 TEST(ConformanceParityLog, SameEventsAndOneRecordPerEvaluatedPosition) {
-  const fs::path dir = fs::temp_directory_path() / ("conformance-logits-" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("conformance-logits-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const std::string path = (dir / "logits.jsonl").string();
   fs::remove(path);

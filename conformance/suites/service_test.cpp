@@ -17,8 +17,7 @@ namespace {
 using namespace std::chrono_literals;
 
 nlohmann::json long_job(const std::string& id) {
-  return {{"job_id", id}, {"prompt", "Once upon a time"}, {"max_tokens", 2000},
-          {"temperature", 0}};
+  return {{"job_id", id}, {"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"temperature", 0}};
 }
 
 void read_tokens(SseStream& s, int n) {
@@ -101,8 +100,12 @@ TEST(ConformanceHealth, LatencyUnderLoad) {
   RecordProperty("p50_ms", std::to_string(p50));
   RecordProperty("p99_ms", std::to_string(p99));
   write_result("health_latency_" + test_backend() + ".json",
-               nlohmann::json{{"backend", test_backend()}, {"calls", ms.size()}, {"p50_ms", p50},
-                              {"p99_ms", p99}, {"max_ms", mx}, {"busy_calls", busy}}
+               nlohmann::json{{"backend", test_backend()},
+                              {"calls", ms.size()},
+                              {"p50_ms", p50},
+                              {"p99_ms", p99},
+                              {"max_ms", mx},
+                              {"busy_calls", busy}}
                    .dump(2));
   EXPECT_LT(p99, 10.0) << "p50 " << p50 << " ms, max " << mx << " ms";
   EXPECT_EQ(w.stop(), 0);
@@ -118,8 +121,8 @@ double metric(const std::string& text, const std::string& series) {
     if (line.empty() || line[0] == '#') continue;
     const size_t sp = line.rfind(' ');
     const std::string name = line.substr(0, sp);
-    if (name == series || (series.find('{') == std::string::npos &&
-                           name.rfind(series + "{", 0) == 0)) {
+    if (name == series ||
+        (series.find('{') == std::string::npos && name.rfind(series + "{", 0) == 0)) {
       sum += std::stod(line.substr(sp + 1));
       found = true;
     }

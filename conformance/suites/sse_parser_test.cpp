@@ -114,8 +114,7 @@ TEST(ConformanceSseParser, IdField) {
 
 TEST(ConformanceSseParser, StrictViolations) {
   SseParser p;
-  parse_pieces({"evnt: typo\ndata: 1\n\nevent: nodata\n\nbare\ndata: 2\n\nevent: cut\ndata: 3"},
-               p);
+  parse_pieces({"evnt: typo\ndata: 1\n\nevent: nodata\n\nbare\ndata: 2\n\nevent: cut\ndata: 3"}, p);
   const auto& v = p.violations();
   ASSERT_EQ(v.size(), 5u);
   EXPECT_NE(v[0].find("unknown field 'evnt'"), std::string::npos);
@@ -155,8 +154,8 @@ const char* kEnd =
 
 // REQ: M0-W-1311 M0-W-1312 WRK-D6
 TEST(ConformanceStreamChecker, AcceptsAWellFormedStream) {
-  auto v = check_job_stream({ev("started", kStarted), ev("token", R"({"type":"token","t":"a","i":0})"),
-                             ev("end", kEnd)});
+  auto v = check_job_stream(
+      {ev("started", kStarted), ev("token", R"({"type":"token","t":"a","i":0})"), ev("end", kEnd)});
   EXPECT_TRUE(v.empty()) << v.front();
 }
 
@@ -165,9 +164,9 @@ TEST(ConformanceStreamChecker, RejectsBadOrderAndMissingTerminal) {
   EXPECT_FALSE(check_job_stream({ev("token", R"({"type":"token","t":"a","i":0})"),
                                  ev("started", kStarted), ev("end", kEnd)})
                    .empty());
-  EXPECT_FALSE(check_job_stream({ev("started", kStarted),
-                                 ev("token", R"({"type":"token","t":"a","i":0})")})
-                   .empty());
+  EXPECT_FALSE(
+      check_job_stream({ev("started", kStarted), ev("token", R"({"type":"token","t":"a","i":0})")})
+          .empty());
   EXPECT_FALSE(
       check_job_stream({ev("started", kStarted), ev("end", kEnd), ev("end", kEnd)}).empty());
 }

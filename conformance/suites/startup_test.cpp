@@ -187,12 +187,9 @@ TEST(ConformanceStartup, BusyPortExitsOne) {
 // REQ: M0-W-1100 WRK-D13
 TEST(ConformanceStartup, BadArgumentsExitOne) {
   const std::vector<std::vector<std::string>> cases = {
-      {"--worker-id", "not-a-uuid"},
-      {"--worker-id", "3f2504e0-4f89-41d3-9a0c-0305e82c33"},
-      {"--no-such-option"},
-      {"--queue-depth", "-3"},
-      {"--ctx-size", "abc"},
-      {"--inference-timeout-sec", "0"},
+      {"--worker-id", "not-a-uuid"}, {"--worker-id", "3f2504e0-4f89-41d3-9a0c-0305e82c33"},
+      {"--no-such-option"},          {"--queue-depth", "-3"},
+      {"--ctx-size", "abc"},         {"--inference-timeout-sec", "0"},
       {"--gpu-device", "-1"}};
   for (const auto& extra : cases) {
     Failure f = start_failing(with_model(stories_model(), extra));
@@ -232,7 +229,8 @@ TEST(ConformanceStartup, CudaWithoutADeviceExitsOne) {
   Failure f = start_failing(o);
   EXPECT_EQ(f.code, 1) << f.text;
   bool any_error = false;
-  for (const auto& l : f.logs) any_error |= l.json.is_object() && l.json.value("level", "") == "error";
+  for (const auto& l : f.logs)
+    any_error |= l.json.is_object() && l.json.value("level", "") == "error";
   EXPECT_TRUE(any_error) << f.text;
 }
 

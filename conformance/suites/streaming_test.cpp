@@ -27,8 +27,7 @@ double wait_idle(int port, std::chrono::milliseconds timeout) {
 }
 
 nlohmann::json long_job(const std::string& id) {
-  return {{"job_id", id}, {"prompt", "Once upon a time"}, {"max_tokens", 2000},
-          {"temperature", 0}};
+  return {{"job_id", id}, {"prompt", "Once upon a time"}, {"max_tokens", 2000}, {"temperature", 0}};
 }
 
 // Reads events until `n` token events have arrived.
@@ -93,17 +92,16 @@ TEST_F(StreamingTest, FirstTokenArrivesBeforeGenerationEnds) {
   RecordProperty("first_to_end_ms", std::to_string(spread_ms));
   // Streamed: the end event arrives at least half the decode time after the first token,
   // and tokens came in many separate reads.
-  EXPECT_GT(spread_ms, 0.5 * gen_ms) << "first token " << first_ms << " ms, end "
-                                     << ms_between(js.sent_at, js.events.back().arrival)
-                                     << " ms, decode " << gen_ms << " ms";
+  EXPECT_GT(spread_ms, 0.5 * gen_ms)
+      << "first token " << first_ms << " ms, end "
+      << ms_between(js.sent_at, js.events.back().arrival) << " ms, decode " << gen_ms << " ms";
   EXPECT_GT(distinct.size(), 50u);
-  std::ofstream(results_dir() + "/streaming_timing.json")
-      << nlohmann::json{{"first_token_ms", first_ms},
-                        {"first_to_end_ms", spread_ms},
-                        {"decode_time_ms", gen_ms},
-                        {"tokens", toks.size()},
-                        {"distinct_arrivals", distinct.size()}}
-             .dump(2);
+  std::ofstream(results_dir() + "/streaming_timing.json") << nlohmann::json{
+      {"first_token_ms", first_ms},
+      {"first_to_end_ms", spread_ms},
+      {"decode_time_ms", gen_ms},
+      {"tokens", toks.size()},
+      {"distinct_arrivals", distinct.size()}}.dump(2);
 }
 
 // REQ: M0-W-1330 M0-SYS-6.3.5 M0-W-1610 WRK-D10 M0-W-1510
@@ -123,9 +121,8 @@ TEST_F(StreamingTest, CancelEndpointStopsARunningJobQuickly) {
   EXPECT_EQ((*js.terminal())["retriable"], false);
   EXPECT_LT(ms, 1000.0) << "cancel to terminal event";
   RecordProperty("cancel_to_terminal_ms", std::to_string(ms));
-  auto log = worker().wait_for_log("execute_end", 5s, [&](const nlohmann::json& j) {
-    return j.value("job_id", "") == id;
-  });
+  auto log = worker().wait_for_log(
+      "execute_end", 5s, [&](const nlohmann::json& j) { return j.value("job_id", "") == id; });
   ASSERT_TRUE(log.has_value()) << "no execute_end log line for " << id;
   EXPECT_LT(ms_between(t0, log->arrival), 1000.0);
   expect_next_job_runs_normally();
@@ -161,9 +158,8 @@ TEST_F(StreamingTest, ClientDisconnectCancelsTheJob) {
   read_tokens(*s, 3);
   const auto t0 = Clock::now();
   s->close();
-  auto log = worker().wait_for_log("execute_end", 10s, [&](const nlohmann::json& j) {
-    return j.value("job_id", "") == id;
-  });
+  auto log = worker().wait_for_log(
+      "execute_end", 10s, [&](const nlohmann::json& j) { return j.value("job_id", "") == id; });
   ASSERT_TRUE(log.has_value()) << "job kept running after the client closed the socket";
   const double ms = ms_between(t0, log->arrival);
   EXPECT_EQ(log->json.value("outcome", ""), "cancelled") << log->raw;
@@ -295,8 +291,10 @@ TEST(ConformanceConcurrency, TwoHundredMixedRequestsFromSixteenClients) {
         }
         JobStream js = run_job(w.port(), req, {}, path);
         if (k % 17 == 0) {
-          if (js.status == 400) ++invalid;
-          else throw std::runtime_error("max_tokens 0 accepted");
+          if (js.status == 400)
+            ++invalid;
+          else
+            throw std::runtime_error("max_tokens 0 accepted");
           continue;
         }
         if (!js.violations.empty()) throw std::runtime_error(js.describe());

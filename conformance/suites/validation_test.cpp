@@ -40,11 +40,12 @@ class ValidationTest : public SharedWorkerTest<ValidationTest> {
     bool found = false;
     for (const auto& d : j["error"]["details"]) {
       EXPECT_TRUE(d.contains("field") && d.contains("constraint") && d.contains("message")) << d;
-      if (d.value("field", "") == field && (constraint.empty() || d.value("constraint", "") == constraint))
+      if (d.value("field", "") == field &&
+          (constraint.empty() || d.value("constraint", "") == constraint))
         found = true;
     }
-    EXPECT_TRUE(found) << "no detail {field: " << field << ", constraint: " << constraint
-                       << "} in " << r.body;
+    EXPECT_TRUE(found) << "no detail {field: " << field << ", constraint: " << constraint << "} in "
+                       << r.body;
     return j;
   }
   nlohmann::json expect_invalid(const nlohmann::json& req, const std::string& field,
@@ -85,8 +86,9 @@ TEST_F(ValidationTest, Prompt) {
   for (int i = 0; i < 32768; ++i) ok += "\xE4\xB8\x80";
   expect_invalid(with("prompt", ok + "a"), "prompt", "max_length");
   // Invalid UTF-8 inside the JSON string.
-  expect_invalid(std::string(R"({"job_id":"u1","prompt":"ab)") + "\xFF\xFE" + R"(","max_tokens":2})",
-                 "prompt", "utf8");
+  expect_invalid(
+      std::string(R"({"job_id":"u1","prompt":"ab)") + "\xFF\xFE" + R"(","max_tokens":2})", "prompt",
+      "utf8");
   // A lone surrogate escape is not a Unicode scalar value.
   expect_invalid(std::string(R"({"job_id":"u2","prompt":"a\ud800b","max_tokens":2})"), "prompt",
                  "utf8");
@@ -216,9 +218,8 @@ TEST_F(ValidationTest, RejectedRequestsAreNotQueued) {
 // process survives, and the follow-up small request succeeds.
 // REQ: M0-W-1825 WRK-D8 WRK-D11
 TEST_F(ValidationTest, OversizedRequestIsRefusedAndTheWorkerServesTheNextOne) {
-  nlohmann::json big = {{"job_id", unique_job_id("oom")},
-                        {"prompt", std::string(10000, 'x')},
-                        {"max_tokens", 10000}};
+  nlohmann::json big = {
+      {"job_id", unique_job_id("oom")}, {"prompt", std::string(10000, 'x')}, {"max_tokens", 10000}};
   expect_invalid(big, "max_tokens", "range");
   ASSERT_TRUE(worker().running());
   JobStream js = run_job(port(), job_request("Hello", 10, 0.0));
