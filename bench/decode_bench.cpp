@@ -92,12 +92,18 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--model") models.push_back(next());
-    else if (a == "--decode") n_decode = std::stoi(next());
-    else if (a == "--prefill") n_prefill = std::stoi(next());
-    else if (a == "--reps") reps = std::stoi(next());
+    if (a == "--model")
+      models.push_back(next());
+    else if (a == "--decode")
+      n_decode = std::stoi(next());
+    else if (a == "--prefill")
+      n_prefill = std::stoi(next());
+    else if (a == "--reps")
+      reps = std::stoi(next());
     else {
-      std::fprintf(stderr, "usage: decode_bench --model F.gguf [...] [--decode N] [--prefill N] [--reps N]\n");
+      std::fprintf(
+          stderr,
+          "usage: decode_bench --model F.gguf [...] [--decode N] [--prefill N] [--reps N]\n");
       return 2;
     }
   }
@@ -124,7 +130,8 @@ int main(int argc, char** argv) {
       const std::string name = path.substr(path.find_last_of('/') + 1);
       std::printf("%-28s %-6s %7.1f t/s %9.3f %9.0f %8.0f t/s %10.1f %018llx\n", name.c_str(),
                   graph ? "yes" : "no", 1000.0 / r.decode_ms, r.decode_ms, gbs,
-                  n_prefill / (r.prefill_ms * 1e-3), static_cast<double>(r.vram.total()) / 1048576.0,
+                  n_prefill / (r.prefill_ms * 1e-3),
+                  static_cast<double>(r.vram.total()) / 1048576.0,
                   static_cast<unsigned long long>(r.hash));
       std::fflush(stdout);
     }

@@ -15,15 +15,18 @@ constexpr int kMaxSplits = 16;  // decode: 16 blocks x 8 warps share one head's 
 // Split s (blockIdx.z) of n_split walks positions p = (s*kWarps + w) + k*kWarps*n_split.
 // With n_split == 1 the block writes the output; otherwise it writes its partial
 // (max, sum, unnormalized accumulator) and attention_combine merges the splits in order.
-__device__ __forceinline__ float kv_load(const __half* p) { return __half2float(*p); }
-__device__ __forceinline__ float kv_load(const float* p) { return *p; }
+__device__ __forceinline__ float kv_load(const __half* p) {
+  return __half2float(*p);
+}
+__device__ __forceinline__ float kv_load(const float* p) {
+  return *p;
+}
 
 template <int D, typename KV>
-__global__ void __launch_bounds__(kWarps * kWarp)
+__global__ void __launch_bounds__(kWarps* kWarp)
     attention_kernel(const float* __restrict__ q, const KV* __restrict__ kc,
-                     const KV* __restrict__ vc, float* __restrict__ out, int n_head,
-                     int n_head_kv, int hd, const int32_t* __restrict__ d_n_past,
-                     float* __restrict__ partial) {
+                     const KV* __restrict__ vc, float* __restrict__ out, int n_head, int n_head_kv,
+                     int hd, const int32_t* __restrict__ d_n_past, float* __restrict__ partial) {
   __shared__ float sh_m[kWarps], sh_l[kWarps];
   __shared__ float sh_acc[kWarps][D * kWarp];
   const int h = blockIdx.x, t = blockIdx.y;
@@ -125,7 +128,9 @@ __global__ void attention_combine_kernel(const float* __restrict__ partial, floa
 }
 }  // namespace
 
-static int attention_splits(int n_tok, int n_head) { return n_tok * n_head < 256 ? kMaxSplits : 1; }
+static int attention_splits(int n_tok, int n_head) {
+  return n_tok * n_head < 256 ? kMaxSplits : 1;
+}
 
 size_t attention_partial_floats(int n_tok, int n_head, int head_dim) {
   return attention_splits(n_tok, n_head) == 1
@@ -137,9 +142,9 @@ template <int D, typename KV>
 void launch_attention(dim3 grid, const float* q, const void* k, const void* v, float* out,
                       int n_head, int n_head_kv, int hd, const int32_t* d_n_past, float* partial,
                       cudaStream_t stream) {
-  attention_kernel<D, KV><<<grid, kWarps * kWarp, 0, stream>>>(
-      q, static_cast<const KV*>(k), static_cast<const KV*>(v), out, n_head, n_head_kv, hd,
-      d_n_past, partial);
+  attention_kernel<D, KV>
+      <<<grid, kWarps * kWarp, 0, stream>>>(q, static_cast<const KV*>(k), static_cast<const KV*>(v),
+                                            out, n_head, n_head_kv, hd, d_n_past, partial);
 }
 
 template <int D>
@@ -147,9 +152,11 @@ void launch_attention(bool kv_f32, dim3 grid, const float* q, const void* k, con
                       float* out, int n_head, int n_head_kv, int hd, const int32_t* d_n_past,
                       float* partial, cudaStream_t stream) {
   if (kv_f32) {
-    launch_attention<D, float>(grid, q, k, v, out, n_head, n_head_kv, hd, d_n_past, partial, stream);
+    launch_attention<D, float>(grid, q, k, v, out, n_head, n_head_kv, hd, d_n_past, partial,
+                               stream);
   } else {
-    launch_attention<D, __half>(grid, q, k, v, out, n_head, n_head_kv, hd, d_n_past, partial, stream);
+    launch_attention<D, __half>(grid, q, k, v, out, n_head, n_head_kv, hd, d_n_past, partial,
+                                stream);
   }
 }
 
@@ -168,18 +175,22 @@ void attention(const float* q, const void* k_cache, const void* v_cache, bool kv
   }
   const dim3 grid(n_head, n_tok, splits);
   if (head_dim <= 32) {
-    launch_attention<1>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
+    launch_attention<1>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
+                        d_n_past, partial, stream);
   } else if (head_dim <= 64) {
-    launch_attention<2>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
+    launch_attention<2>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
+                        d_n_past, partial, stream);
   } else if (head_dim <= 128) {
-    launch_attention<4>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
+    launch_attention<4>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
+                        d_n_past, partial, stream);
   } else {
-    launch_attention<8>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, d_n_past, partial, stream);
+    launch_attention<8>(kv_f32, grid, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
+                        d_n_past, partial, stream);
   }
   CUDA_CHECK_LAUNCH("attention_kernel");
   if (splits > 1) {
-    attention_combine_kernel<<<dim3(n_head, n_tok), std::min(256, ((head_dim + 31) / 32) * 32), 0, stream>>>(
-        partial, out, n_head, head_dim, splits);
+    attention_combine_kernel<<<dim3(n_head, n_tok), std::min(256, ((head_dim + 31) / 32) * 32), 0,
+                               stream>>>(partial, out, n_head, head_dim, splits);
     CUDA_CHECK_LAUNCH("attention_combine_kernel");
   }
 }

@@ -20,4 +20,4 @@ size_t attention_partial_floats(int n_tok, int n_head, int head_dim);
 void attention(const float* q, const void* k_cache, const void* v_cache, bool kv_f32, float* out,
                int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t* d_n_past,
                float* partial, cudaStream_t stream);
-}
+}  // namespace worker::kern

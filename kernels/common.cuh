@@ -64,7 +64,6 @@ __device__ __forceinline__ float load_float_elem(const void* p, uint32_t type, i
   }
 }
 
-
 // ---- activation rounding (what llama.cpp's CPU backend and the CPU reference do) ----
 // Before a dot product the activation row is converted to the weight type's
 // "vec_dot_type": F16 or BF16 for those weights, Q8_0 (blocks of 32) for Q4_0/Q5_0/Q8_0,
@@ -74,14 +73,21 @@ __device__ __forceinline__ float load_float_elem(const void* p, uint32_t type, i
 enum class ActRound { None, F16, BF16, Q8_0, Q8_K };
 template <GgmlType T>
 __host__ __device__ constexpr ActRound act_round() {
-  if constexpr (T == GgmlType::F16) return ActRound::F16;
-  else if constexpr (T == GgmlType::BF16) return ActRound::BF16;
-  else if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0 || T == GgmlType::Q5_0) return ActRound::Q8_0;
-  else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q6_K) return ActRound::Q8_K;
-  else return ActRound::None;
+  if constexpr (T == GgmlType::F16)
+    return ActRound::F16;
+  else if constexpr (T == GgmlType::BF16)
+    return ActRound::BF16;
+  else if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0 || T == GgmlType::Q5_0)
+    return ActRound::Q8_0;
+  else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q6_K)
+    return ActRound::Q8_K;
+  else
+    return ActRound::None;
 }
 
-__device__ __forceinline__ float round_f16(float x) { return __half2float(__float2half_rn(x)); }
+__device__ __forceinline__ float round_f16(float x) {
+  return __half2float(__float2half_rn(x));
+}
 __device__ __forceinline__ float round_bf16(float x) {
   return __bfloat162float(__float2bfloat16_rn(x));
 }
@@ -136,15 +142,40 @@ __device__ __forceinline__ void round_q8_k_32x8(float* v) {
 }
 
 // Bytes of one block and elements per block, per type (templates below).
-template <GgmlType T> struct BlockInfo;
-template <> struct BlockInfo<GgmlType::F32> { static constexpr int kElems = 1, kBytes = 4; };
-template <> struct BlockInfo<GgmlType::F16> { static constexpr int kElems = 1, kBytes = 2; };
-template <> struct BlockInfo<GgmlType::BF16> { static constexpr int kElems = 1, kBytes = 2; };
-template <> struct BlockInfo<GgmlType::Q8_0> { static constexpr int kElems = 32, kBytes = 34; };
-template <> struct BlockInfo<GgmlType::Q4_0> { static constexpr int kElems = 32, kBytes = 18; };
-template <> struct BlockInfo<GgmlType::Q5_0> { static constexpr int kElems = 32, kBytes = 22; };
-template <> struct BlockInfo<GgmlType::Q4_K> { static constexpr int kElems = 256, kBytes = 144; };
-template <> struct BlockInfo<GgmlType::Q6_K> { static constexpr int kElems = 256, kBytes = 210; };
+template <GgmlType T>
+struct BlockInfo;
+template <>
+struct BlockInfo<GgmlType::F32> {
+  static constexpr int kElems = 1, kBytes = 4;
+};
+template <>
+struct BlockInfo<GgmlType::F16> {
+  static constexpr int kElems = 1, kBytes = 2;
+};
+template <>
+struct BlockInfo<GgmlType::BF16> {
+  static constexpr int kElems = 1, kBytes = 2;
+};
+template <>
+struct BlockInfo<GgmlType::Q8_0> {
+  static constexpr int kElems = 32, kBytes = 34;
+};
+template <>
+struct BlockInfo<GgmlType::Q4_0> {
+  static constexpr int kElems = 32, kBytes = 18;
+};
+template <>
+struct BlockInfo<GgmlType::Q5_0> {
+  static constexpr int kElems = 32, kBytes = 22;
+};
+template <>
+struct BlockInfo<GgmlType::Q4_K> {
+  static constexpr int kElems = 256, kBytes = 144;
+};
+template <>
+struct BlockInfo<GgmlType::Q6_K> {
+  static constexpr int kElems = 256, kBytes = 210;
+};
 
 // Dequantizes the 32 weights [32*sb, 32*sb + 32) of a row into v. For the float types
 // the "sub-block" is just 32 consecutive elements.
@@ -157,7 +188,10 @@ __device__ __forceinline__ void deq32<GgmlType::F32>(const uint8_t* row, int sb,
 #pragma unroll
   for (int i = 0; i < 8; ++i) {
     const float4 f = p[i];
-    v[4 * i] = f.x; v[4 * i + 1] = f.y; v[4 * i + 2] = f.z; v[4 * i + 3] = f.w;
+    v[4 * i] = f.x;
+    v[4 * i + 1] = f.y;
+    v[4 * i + 2] = f.z;
+    v[4 * i + 3] = f.w;
   }
 }
 
@@ -167,7 +201,8 @@ __device__ __forceinline__ void deq32<GgmlType::F16>(const uint8_t* row, int sb,
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float2 f = __half22float2(p[i]);
-    v[2 * i] = f.x; v[2 * i + 1] = f.y;
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
   }
 }
 
@@ -177,7 +212,8 @@ __device__ __forceinline__ void deq32<GgmlType::BF16>(const uint8_t* row, int sb
 #pragma unroll
   for (int i = 0; i < 16; ++i) {
     const float2 f = __bfloat1622float2(p[i]);
-    v[2 * i] = f.x; v[2 * i + 1] = f.y;
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
   }
 }
 

@@ -40,15 +40,13 @@ void launch_q(const WeightView& t, const int32_t* tokens, int n_tok, float* out,
 }
 }  // namespace
 
-void embed(const WeightView& t, const int32_t* tokens, int n_tok, float* out,
-           cudaStream_t stream) {
+void embed(const WeightView& t, const int32_t* tokens, int n_tok, float* out, cudaStream_t stream) {
   switch (static_cast<GgmlType>(t.type)) {
     case GgmlType::F32:
     case GgmlType::F16:
     case GgmlType::BF16:
       embed_f_kernel<<<n_tok, 256, 0, stream>>>(static_cast<const uint8_t*>(t.data), t.type,
-                                                t.row_bytes, static_cast<int>(t.cols), tokens,
-                                                out);
+                                                t.row_bytes, static_cast<int>(t.cols), tokens, out);
       CUDA_CHECK_LAUNCH("embed_f_kernel");
       return;
     case GgmlType::Q8_0: return launch_q<GgmlType::Q8_0>(t, tokens, n_tok, out, stream);

@@ -22,7 +22,10 @@ __device__ __forceinline__ void load_x32(const float* __restrict__ x, int sb, bo
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float4 f = xp[i];
-      xv[4 * i] = f.x; xv[4 * i + 1] = f.y; xv[4 * i + 2] = f.z; xv[4 * i + 3] = f.w;
+      xv[4 * i] = f.x;
+      xv[4 * i + 1] = f.y;
+      xv[4 * i + 2] = f.z;
+      xv[4 * i + 3] = f.w;
     }
   } else {
 #pragma unroll
@@ -38,18 +41,20 @@ __device__ __forceinline__ void load_x32(const float* __restrict__ x, int sb, bo
 // One activation rounded for a float weight type (F16/BF16 weights see F16/BF16 inputs).
 template <GgmlType T>
 __device__ __forceinline__ float round_x(float x) {
-  if constexpr (T == GgmlType::F16) return round_f16(x);
-  else if constexpr (T == GgmlType::BF16) return round_bf16(x);
-  else return x;
+  if constexpr (T == GgmlType::F16)
+    return round_f16(x);
+  else if constexpr (T == GgmlType::BF16)
+    return round_bf16(x);
+  else
+    return x;
 }
 
 // Quantized types: lane handles 32-weight sub-blocks lane, lane+32, ...; each sub-block
 // is dequantized into registers once and used for every token of the tile.
 template <GgmlType T, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * kWarp)
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_q_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
-                    const float* __restrict__ x, float* __restrict__ y, int n_tok,
-                    int accumulate) {
+                    const float* __restrict__ x, float* __restrict__ y, int n_tok, int accumulate) {
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -97,7 +102,14 @@ __device__ __forceinline__ void load8(const uint8_t* row, int j, float* v) {
   if constexpr (T == GgmlType::F32) {
     const float4* p = reinterpret_cast<const float4*>(row) + j / 4;
     const float4 a = p[0], b = p[1];
-    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w; v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    v[0] = a.x;
+    v[1] = a.y;
+    v[2] = a.z;
+    v[3] = a.w;
+    v[4] = b.x;
+    v[5] = b.y;
+    v[6] = b.z;
+    v[7] = b.w;
   } else {
     const uint4 raw = *reinterpret_cast<const uint4*>(row + static_cast<size_t>(j) * 2);
     const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
@@ -109,16 +121,16 @@ __device__ __forceinline__ void load8(const uint8_t* row, int j, float* v) {
       } else {
         f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[i]));
       }
-      v[2 * i] = f.x; v[2 * i + 1] = f.y;
+      v[2 * i] = f.x;
+      v[2 * i + 1] = f.y;
     }
   }
 }
 
 template <GgmlType T, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * kWarp)
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_f_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
-                    const float* __restrict__ x, float* __restrict__ y, int n_tok,
-                    int accumulate) {
+                    const float* __restrict__ x, float* __restrict__ y, int n_tok, int accumulate) {
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -156,7 +168,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp)
 
 // Float rows whose length is not a multiple of 8 (tiny test models): one element per lane.
 template <GgmlType T, int NT>
-__global__ void __launch_bounds__(kRowsPerBlock * kWarp)
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_scalar_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                          const float* __restrict__ x, float* __restrict__ y, int n_tok,
                          int accumulate) {
@@ -195,8 +207,7 @@ void launch_one(const WeightView& w, const float* x, float* y, int n_tok, bool a
   if constexpr (BlockInfo<T>::kElems == 1) {
     if (w.cols % 8 != 0) {
       matvec_scalar_kernel<T, NT><<<grid, kRowsPerBlock * kWarp, 0, s>>>(
-          data, static_cast<int>(w.rows), static_cast<int>(w.cols), w.row_bytes, x, y, n_tok,
-          acc);
+          data, static_cast<int>(w.rows), static_cast<int>(w.cols), w.row_bytes, x, y, n_tok, acc);
       CUDA_CHECK_LAUNCH("matvec_scalar_kernel");
       return;
     }
@@ -233,9 +244,13 @@ void launch_type(const WeightView& w, const float* x, float* y, int n_tok, bool 
 template <typename T>
 __device__ __forceinline__ T to_lowp(float f);
 template <>
-__device__ __forceinline__ __half to_lowp<__half>(float f) { return __float2half_rn(f); }
+__device__ __forceinline__ __half to_lowp<__half>(float f) {
+  return __float2half_rn(f);
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 to_lowp<__nv_bfloat16>(float f) { return __float2bfloat16_rn(f); }
+__device__ __forceinline__ __nv_bfloat16 to_lowp<__nv_bfloat16>(float f) {
+  return __float2bfloat16_rn(f);
+}
 
 template <typename T>
 __global__ void to_lowp_kernel(const float* __restrict__ x, T* __restrict__ out, size_t n) {
@@ -255,7 +270,8 @@ __global__ void round_act_kernel(const float* __restrict__ x, float* __restrict_
   if (active) {
     float4* o = reinterpret_cast<float4*>(out + static_cast<size_t>(blockIdx.x) * cols + sb * 32);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) o[k] = make_float4(xv[4 * k], xv[4 * k + 1], xv[4 * k + 2], xv[4 * k + 3]);
+    for (int k = 0; k < 8; ++k)
+      o[k] = make_float4(xv[4 * k], xv[4 * k + 1], xv[4 * k + 2], xv[4 * k + 3]);
   }
 }
 
@@ -271,7 +287,8 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, 
   deq32<T>(w + static_cast<size_t>(r) * row_bytes, sb, v);
   float4* o = reinterpret_cast<float4*>(out + r * cols + sb * 32);
 #pragma unroll
-  for (int k = 0; k < 8; ++k) o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+  for (int k = 0; k < 8; ++k)
+    o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
 }
 
 template <GgmlType T>
@@ -282,7 +299,6 @@ void launch_dequant(const WeightView& w, float* out, cudaStream_t s) {
       static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols), n_sub, out);
   CUDA_CHECK_LAUNCH("dequant_kernel");
 }
-
 
 // ---- decode-only fused launches: Q/K/V in one grid; gate+up+SwiGLU in one grid ----
 
@@ -333,7 +349,7 @@ struct Segs {
 };
 
 template <GgmlType T, bool kSwiglu>
-__global__ void __launch_bounds__(kRowsPerBlock * kWarp)
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_multi_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
                         const float* __restrict__ x) {
   const int lane = threadIdx.x % kWarp;
@@ -352,12 +368,13 @@ __global__ void __launch_bounds__(kRowsPerBlock * kWarp)
 }
 
 template <GgmlType T, bool kSwiglu>
-void launch_multi(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes,
-                  const float* x, cudaStream_t st) {
+void launch_multi(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes, const float* x,
+                  cudaStream_t st) {
   int rows = 0;
   for (int i = 0; i < segs.n; ++i) rows += segs.rows[i];
-  matvec_multi_kernel<T, kSwiglu><<<(rows + kRowsPerBlock - 1) / kRowsPerBlock,
-                                    kRowsPerBlock * kWarp, 0, st>>>(segs, w_up, cols, row_bytes, x);
+  matvec_multi_kernel<T, kSwiglu>
+      <<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kRowsPerBlock * kWarp, 0, st>>>(
+          segs, w_up, cols, row_bytes, x);
   CUDA_CHECK_LAUNCH("matvec_multi_kernel");
 }
 
@@ -365,14 +382,22 @@ template <bool kSwiglu>
 void dispatch_multi(uint32_t type, const Segs& segs, const uint8_t* w_up, int cols,
                     size_t row_bytes, const float* x, cudaStream_t st) {
   switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: return launch_multi<GgmlType::F32, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::F16: return launch_multi<GgmlType::F16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::BF16: return launch_multi<GgmlType::BF16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q8_0: return launch_multi<GgmlType::Q8_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q4_0: return launch_multi<GgmlType::Q4_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q5_0: return launch_multi<GgmlType::Q5_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q4_K: return launch_multi<GgmlType::Q4_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q6_K: return launch_multi<GgmlType::Q6_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::F32:
+      return launch_multi<GgmlType::F32, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::F16:
+      return launch_multi<GgmlType::F16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::BF16:
+      return launch_multi<GgmlType::BF16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q8_0:
+      return launch_multi<GgmlType::Q8_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q4_0:
+      return launch_multi<GgmlType::Q4_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q5_0:
+      return launch_multi<GgmlType::Q5_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q4_K:
+      return launch_multi<GgmlType::Q4_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+    case GgmlType::Q6_K:
+      return launch_multi<GgmlType::Q6_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
     default:
       throw WorkerError(ErrorCode::Internal,
                         "matvec: unsupported weight type " + std::string(ggml_type_name(type)));
@@ -386,7 +411,8 @@ bool same_layout(const WeightView& a, const WeightView& b) {
 
 void round_activations(uint32_t weight_type, const float* x, float* out, int n_tok, int cols,
                        cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_tok), static_cast<unsigned>((cols / 32 + kWarp - 1) / kWarp));
+  const dim3 grid(static_cast<unsigned>(n_tok),
+                  static_cast<unsigned>((cols / 32 + kWarp - 1) / kWarp));
   switch (static_cast<GgmlType>(weight_type)) {
     case GgmlType::Q8_0:
     case GgmlType::Q4_0:
@@ -397,8 +423,7 @@ void round_activations(uint32_t weight_type, const float* x, float* out, int n_t
     case GgmlType::Q6_K:
       round_act_kernel<GgmlType::Q4_K><<<grid, kWarp, 0, stream>>>(x, out, cols);
       break;
-    default:
-      throw WorkerError(ErrorCode::Internal, "round_activations: not a quantized type");
+    default: throw WorkerError(ErrorCode::Internal, "round_activations: not a quantized type");
   }
   CUDA_CHECK_LAUNCH("round_act_kernel");
 }
@@ -443,8 +468,8 @@ void dequantize_to_f32(const WeightView& w, float* out, cudaStream_t stream) {
     case GgmlType::Q4_K: return launch_dequant<GgmlType::Q4_K>(w, out, stream);
     case GgmlType::Q6_K: return launch_dequant<GgmlType::Q6_K>(w, out, stream);
     default:
-      throw WorkerError(ErrorCode::Internal,
-                        "dequantize_to_f32: not a quantized type: " + std::string(ggml_type_name(w.type)));
+      throw WorkerError(ErrorCode::Internal, "dequantize_to_f32: not a quantized type: " +
+                                                 std::string(ggml_type_name(w.type)));
   }
 }
 
@@ -473,12 +498,12 @@ bool gemm_supported(uint32_t type) {
   return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
 }
 
-void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, void* x_lowp,
-                 float* y, int n_tok, bool accumulate, cudaStream_t stream) {
+void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, void* x_lowp, float* y,
+                 int n_tok, bool accumulate, cudaStream_t stream) {
   const auto t = static_cast<GgmlType>(w.type);
   if (!gemm_supported(w.type)) {
-    throw WorkerError(ErrorCode::Internal,
-                      "gemm_cublas: unsupported weight type " + std::string(ggml_type_name(w.type)));
+    throw WorkerError(ErrorCode::Internal, "gemm_cublas: unsupported weight type " +
+                                               std::string(ggml_type_name(w.type)));
   }
   CUBLAS_CHECK(cublasSetStream(handle, stream));
   const size_t n = static_cast<size_t>(n_tok) * static_cast<size_t>(w.cols);

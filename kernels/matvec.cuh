@@ -18,7 +18,7 @@ struct WeightView {
   const void* data = nullptr;  // device memory, rows of row_bytes
   uint32_t type = 0;           // GgmlType value
   int64_t rows = 0;
-  int64_t cols = 0;            // elements per row (ne[0])
+  int64_t cols = 0;  // elements per row (ne[0])
   size_t row_bytes = 0;
 };
 
@@ -30,8 +30,8 @@ void matvec(const WeightView& w, const float* x, float* y, int n_tok, bool accum
 // True when gemm_cublas handles this weight type.
 bool gemm_supported(uint32_t type);
 // x: [n_tok, cols] FP32; x_lowp: scratch of n_tok*cols 16-bit elements (unused for F32).
-void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, void* x_lowp,
-                 float* y, int n_tok, bool accumulate, cudaStream_t stream);
+void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, void* x_lowp, float* y,
+                 int n_tok, bool accumulate, cudaStream_t stream);
 
 // Decode (one token) fusions that cut launches, the pace-setter of small-model decode:
 // Q, K and V in one grid when the three share type and row length (else three matvecs),

@@ -22,8 +22,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 }  // namespace
 
-void rmsnorm(const float* x, const void* w, uint32_t w_type, float* y, int n_rows, int n,
-             float eps, cudaStream_t stream) {
+void rmsnorm(const float* x, const void* w, uint32_t w_type, float* y, int n_rows, int n, float eps,
+             cudaStream_t stream) {
   rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, w, w_type, y, n, eps);
   CUDA_CHECK_LAUNCH("rmsnorm_kernel");
 }

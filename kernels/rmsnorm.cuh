@@ -5,6 +5,6 @@
 #include <stdint.h>
 
 namespace worker::kern {
-void rmsnorm(const float* x, const void* w, uint32_t w_type, float* y, int n_rows, int n,
-             float eps, cudaStream_t stream);
+void rmsnorm(const float* x, const void* w, uint32_t w_type, float* y, int n_rows, int n, float eps,
+             cudaStream_t stream);
 }

@@ -17,14 +17,18 @@ __device__ __forceinline__ void rotate(float* x, int i, const RopeParams& p, flo
   x[i1] = x0 * s + x1 * c;
 }
 
-__device__ __forceinline__ void kv_store(__half* p, float v) { *p = __float2half_rn(v); }
-__device__ __forceinline__ void kv_store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void kv_store(__half* p, float v) {
+  *p = __float2half_rn(v);
+}
+__device__ __forceinline__ void kv_store(float* p, float v) {
+  *p = v;
+}
 
 template <typename KV>
-__global__ void qkv_rope_kernel(float* __restrict__ q, float* __restrict__ k,
-                                float* __restrict__ v, VecView bq, VecView bk, VecView bv,
-                                RopeParams p, const int32_t* __restrict__ d_n_past,
-                                KV* __restrict__ kc, KV* __restrict__ vc) {
+__global__ void qkv_rope_kernel(float* __restrict__ q, float* __restrict__ k, float* __restrict__ v,
+                                VecView bq, VecView bk, VecView bv, RopeParams p,
+                                const int32_t* __restrict__ d_n_past, KV* __restrict__ kc,
+                                KV* __restrict__ vc) {
   const int t = blockIdx.x;
   const int pos = *d_n_past + t;
   const int nq = p.n_head * p.head_dim, nk = p.n_head_kv * p.head_dim;
@@ -32,9 +36,15 @@ __global__ void qkv_rope_kernel(float* __restrict__ q, float* __restrict__ k,
   float* kt = k + static_cast<size_t>(t) * nk;
   float* vt = v + static_cast<size_t>(t) * nk;
   // Biases first (each element by one thread), then the rotations read them.
-  if (bq.data) for (int i = threadIdx.x; i < nq; i += blockDim.x) qt[i] += load_float_elem(bq.data, bq.type, i);
-  if (bk.data) for (int i = threadIdx.x; i < nk; i += blockDim.x) kt[i] += load_float_elem(bk.data, bk.type, i);
-  if (bv.data) for (int i = threadIdx.x; i < nk; i += blockDim.x) vt[i] += load_float_elem(bv.data, bv.type, i);
+  if (bq.data)
+    for (int i = threadIdx.x; i < nq; i += blockDim.x)
+      qt[i] += load_float_elem(bq.data, bq.type, i);
+  if (bk.data)
+    for (int i = threadIdx.x; i < nk; i += blockDim.x)
+      kt[i] += load_float_elem(bk.data, bk.type, i);
+  if (bv.data)
+    for (int i = threadIdx.x; i < nk; i += blockDim.x)
+      vt[i] += load_float_elem(bv.data, bv.type, i);
   __syncthreads();
   const int half_rot = p.n_rot / 2;
   const float fpos = static_cast<float>(pos);

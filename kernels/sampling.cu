@@ -25,8 +25,8 @@ __global__ void copy_kernel(const float* __restrict__ in, float* __restrict__ ou
 // Each distinct history id is penalised exactly once: the atomicExch decides which of the
 // duplicates applies it, and every outcome is the same (no order dependence).
 __global__ void penalty_kernel(float* __restrict__ work, int n_vocab,
-                               const SampleParams* __restrict__ p,
-                               const int32_t* __restrict__ hist, int32_t* __restrict__ seen) {
+                               const SampleParams* __restrict__ p, const int32_t* __restrict__ hist,
+                               int32_t* __restrict__ seen) {
   const float pen = p->repetition_penalty;
   const int nh = p->n_history;
   if (pen == 1.0f) return;
@@ -216,8 +216,8 @@ void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream) {
 }
 
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
-            bool apply_penalty, const int32_t* d_history, const SampleScratch& s,
-            int32_t* d_out, cudaStream_t stream) {
+            bool apply_penalty, const int32_t* d_history, const SampleScratch& s, int32_t* d_out,
+            cudaStream_t stream) {
   const float* work = logits;
   if (apply_penalty) {
     copy_kernel<<<(n_vocab + 255) / 256, 256, 0, stream>>>(logits, s.work, n_vocab);
@@ -236,10 +236,9 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
   }
   size_t bytes = s.sort_temp_bytes;
   // Stable radix sort: equal logits keep ascending ids, the CPU's (logit desc, id asc).
-  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(s.sort_temp, bytes, work, s.keys_sorted,
-                                                       s.ids, s.ids_sorted, n_vocab, 0,
-                                                       static_cast<int>(sizeof(float) * 8),
-                                                       stream));
+  CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+      s.sort_temp, bytes, work, s.keys_sorted, s.ids, s.ids_sorted, n_vocab, 0,
+      static_cast<int>(sizeof(float) * 8), stream));
   finalize_kernel<<<1, kThreads, 0, stream>>>(s.keys_sorted, s.ids_sorted, n_vocab, d_params,
                                               s.probs, d_out);
   CUDA_CHECK_LAUNCH("finalize_kernel");

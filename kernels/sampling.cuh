@@ -24,14 +24,14 @@ struct SampleParams {
 
 // Device scratch for a vocabulary of n_vocab; sizes from sampling_scratch_bytes().
 struct SampleScratch {
-  float* work = nullptr;        // penalized logits [V]
-  float* keys_sorted = nullptr; // [V]
-  int32_t* ids = nullptr;       // 0..V-1 [V] (constant after init)
-  int32_t* ids_sorted = nullptr;// [V]
-  double* probs = nullptr;      // [V]
-  int32_t* seen = nullptr;      // [V] zero between calls (penalty dedup)
-  float* part_v = nullptr;      // [kArgmaxBlocks] per-block maxima
-  int32_t* part_i = nullptr;    // [kArgmaxBlocks] their ids
+  float* work = nullptr;          // penalized logits [V]
+  float* keys_sorted = nullptr;   // [V]
+  int32_t* ids = nullptr;         // 0..V-1 [V] (constant after init)
+  int32_t* ids_sorted = nullptr;  // [V]
+  double* probs = nullptr;        // [V]
+  int32_t* seen = nullptr;        // [V] zero between calls (penalty dedup)
+  float* part_v = nullptr;        // [kArgmaxBlocks] per-block maxima
+  int32_t* part_i = nullptr;      // [kArgmaxBlocks] their ids
   void* sort_temp = nullptr;
   size_t sort_temp_bytes = 0;
 };
@@ -45,6 +45,6 @@ void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream);
 // knowledge that repetition_penalty != 1 and the history is not empty (else the logits
 // are used in place, saving two launches per token).
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
-            bool apply_penalty, const int32_t* d_history, const SampleScratch& s,
-            int32_t* d_out, cudaStream_t stream);
+            bool apply_penalty, const int32_t* d_history, const SampleScratch& s, int32_t* d_out,
+            cudaStream_t stream);
 }  // namespace worker::kern

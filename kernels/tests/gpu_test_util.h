@@ -17,8 +17,8 @@ inline bool have_gpu() {
   return e == cudaSuccess && n > 0;
 }
 
-#define REQUIRE_GPU()                                                   \
-  do {                                                                  \
+#define REQUIRE_GPU()                                                              \
+  do {                                                                             \
     if (!::worker::gputest::have_gpu()) GTEST_SKIP() << "not run: no CUDA device"; \
   } while (0)
 
@@ -32,14 +32,20 @@ class DevArray {
     poison();
   }
   explicit DevArray(const std::vector<T>& h) : DevArray(h.size()) { upload(h); }
-  ~DevArray() { if (p_) cudaFree(p_); }
+  ~DevArray() {
+    if (p_) cudaFree(p_);
+  }
   DevArray(const DevArray&) = delete;
   DevArray& operator=(const DevArray&) = delete;
   T* get() const { return p_; }
   size_t size() const { return n_; }
   // 0xFF bytes: NaN for float/half/double, -1 for ints; unwritten outputs show up.
-  void poison() { if (p_) cudaMemset(p_, 0xFF, sizeof(T) * n_); }
-  void upload(const std::vector<T>& h) { cudaMemcpy(p_, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice); }
+  void poison() {
+    if (p_) cudaMemset(p_, 0xFF, sizeof(T) * n_);
+  }
+  void upload(const std::vector<T>& h) {
+    cudaMemcpy(p_, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice);
+  }
   std::vector<T> download() const {
     std::vector<T> h(n_);
     cudaDeviceSynchronize();

@@ -31,9 +31,8 @@ namespace {
 using gputest::DevArray;
 using gputest::rel_err;
 
-const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,
-                              GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
-                              GgmlType::Q4_K, GgmlType::Q6_K};
+const GgmlType kAllTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
+                              GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K};
 
 std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::normal_distribution<float> d(0.0f, scale);
@@ -75,8 +74,13 @@ std::vector<uint8_t> random_rows(GgmlType type, int64_t rows, int64_t cols, std:
   for (size_t off = 0; off < data.size(); off += bb) {
     uint8_t* b = data.data() + off;
     switch (type) {
-      case GgmlType::Q8_0: case GgmlType::Q4_0: case GgmlType::Q5_0: put_half(b, sc(rng)); break;
-      case GgmlType::Q4_K: put_half(b, sc(rng)); put_half(b + 2, sc(rng)); break;
+      case GgmlType::Q8_0:
+      case GgmlType::Q4_0:
+      case GgmlType::Q5_0: put_half(b, sc(rng)); break;
+      case GgmlType::Q4_K:
+        put_half(b, sc(rng));
+        put_half(b + 2, sc(rng));
+        break;
       case GgmlType::Q6_K: put_half(b + 208, sc(rng) * 0.1f); break;
       default: break;
     }
@@ -88,7 +92,8 @@ std::vector<float> dequant_all(GgmlType type, const std::vector<uint8_t>& data, 
                                int64_t cols) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
   const size_t rb = ggml_row_bytes(type, cols);
-  for (int64_t r = 0; r < rows; ++r) dequantize_row(type, data.data() + r * rb, out.data() + r * cols, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    dequantize_row(type, data.data() + r * rb, out.data() + r * cols, cols);
   return out;
 }
 
@@ -116,13 +121,16 @@ struct Shape {
   int n_tok;
 };
 
-std::string tname(GgmlType t) { return std::string(ggml_type_name(static_cast<uint32_t>(t))); }
+std::string tname(GgmlType t) {
+  return std::string(ggml_type_name(static_cast<uint32_t>(t)));
+}
 
 // REQ: M0-W-1201 M0-W-1430 M0-W-1431 M0-W-1810 WRK-D2
 TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
   REQUIRE_GPU();
   std::mt19937 rng(1234);
-  const Shape shapes[] = {{1, 256, 1}, {37, 512, 1}, {130, 1024, 3}, {64, 4864, 8}, {96, 768, 13}, {9, 2304, 2}};
+  const Shape shapes[] = {{1, 256, 1},   {37, 512, 1},  {130, 1024, 3},
+                          {64, 4864, 8}, {96, 768, 13}, {9, 2304, 2}};
   for (GgmlType type : kAllTypes) {
     for (const Shape& s : shapes) {
       for (bool acc : {false, true}) {
@@ -135,16 +143,19 @@ TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
         for (int t = 0; t < s.n_tok; ++t)
           for (int64_t r = 0; r < s.rows; ++r) {
             double a = acc ? y0[t * s.rows + r] : 0.0;
-            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * xr[t * s.cols + j];
+            for (int64_t j = 0; j < s.cols; ++j)
+              a += static_cast<double>(wf[r * s.cols + j]) * xr[t * s.cols + j];
             ref[t * s.rows + r] = a;
           }
         DevArray<uint8_t> dw(w);
         DevArray<float> dx(x), dy(y0.size());
         if (acc) dy.upload(y0);
-        kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols, ggml_row_bytes(type, s.cols)};
+        kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols,
+                           ggml_row_bytes(type, s.cols)};
         kern::matvec(v, dx.get(), dy.get(), s.n_tok, acc, nullptr);
         const double e = rel_err(dy.download(), ref);
-        EXPECT_LT(e, 2e-6) << tname(type) << " rows=" << s.rows << " cols=" << s.cols << " n_tok=" << s.n_tok << " acc=" << acc;
+        EXPECT_LT(e, 2e-6) << tname(type) << " rows=" << s.rows << " cols=" << s.cols
+                           << " n_tok=" << s.n_tok << " acc=" << acc;
       }
     }
   }
@@ -168,12 +179,14 @@ TEST(KernelMatvec, OddRowLengthFloatTypes) {
       for (int t = 0; t < n_tok; ++t)
         for (int64_t r = 0; r < rows; ++r) {
           double a = 0;
-          for (int64_t j = 0; j < cols; ++j) a += static_cast<double>(wf[r * cols + j]) * xr[t * cols + j];
+          for (int64_t j = 0; j < cols; ++j)
+            a += static_cast<double>(wf[r * cols + j]) * xr[t * cols + j];
           ref[t * rows + r] = a;
         }
       DevArray<uint8_t> dw(w);
       DevArray<float> dx(x), dy(ref.size());
-      kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols, ggml_row_bytes(type, cols)};
+      kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols,
+                         ggml_row_bytes(type, cols)};
       kern::matvec(v, dx.get(), dy.get(), n_tok, false, nullptr);
       EXPECT_LT(rel_err(dy.download(), ref), 2e-6) << tname(type) << " cols=" << cols;
     }
@@ -186,7 +199,8 @@ TEST(KernelMatvec, OddRowLengthFloatTypes) {
 TEST(KernelMatvec, FusedQkvAndSwigluDecode) {
   REQUIRE_GPU();
   std::mt19937 rng(77);
-  auto ref_mv = [](const std::vector<float>& wf, int64_t rows, int64_t cols, const std::vector<float>& x) {
+  auto ref_mv = [](const std::vector<float>& wf, int64_t rows, int64_t cols,
+                   const std::vector<float>& x) {
     // x here is already rounded for the weight type
     std::vector<double> y(static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) {
@@ -214,9 +228,11 @@ TEST(KernelMatvec, FusedQkvAndSwigluDecode) {
       DevArray<uint8_t> dq(wq), dk(wk), dv(wv), dg(wg), du(wu);
       DevArray<float> dx(x), oq(rq), ok(rk), ov(rk), og(rf), ou(rf);
       auto V = [&](const DevArray<uint8_t>& d, GgmlType t, int64_t rows) {
-        return kern::WeightView{d.get(), static_cast<uint32_t>(t), rows, cols, ggml_row_bytes(t, cols)};
+        return kern::WeightView{d.get(), static_cast<uint32_t>(t), rows, cols,
+                                ggml_row_bytes(t, cols)};
       };
-      kern::matvec_qkv(V(dq, type, rq), V(dk, type, rk), V(dv, other, rk), dx.get(), oq.get(), ok.get(), ov.get(), nullptr);
+      kern::matvec_qkv(V(dq, type, rq), V(dk, type, rk), V(dv, other, rk), dx.get(), oq.get(),
+                       ok.get(), ov.get(), nullptr);
       kern::matvec_swiglu(V(dg, type, rf), V(du, other, rf), dx.get(), og.get(), ou.get(), nullptr);
       EXPECT_LT(rel_err(oq.download(), yq), 2e-6) << tname(type);
       EXPECT_LT(rel_err(ok.download(), yk), 2e-6) << tname(type);
@@ -246,19 +262,22 @@ TEST(KernelGemm, CublasFloatTypesMatchReference) {
         for (int t = 0; t < s.n_tok; ++t)
           for (int64_t r = 0; r < s.rows; ++r) {
             double a = acc ? y0[t * s.rows + r] : 0.0;
-            for (int64_t j = 0; j < s.cols; ++j) a += static_cast<double>(wf[r * s.cols + j]) * xr[t * s.cols + j];
+            for (int64_t j = 0; j < s.cols; ++j)
+              a += static_cast<double>(wf[r * s.cols + j]) * xr[t * s.cols + j];
             ref[t * s.rows + r] = a;
           }
         DevArray<uint8_t> dw(w);
         DevArray<float> dx(x), dy(y0.size());
         DevArray<uint16_t> lowp(x.size());
         if (acc) dy.upload(y0);
-        kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols, ggml_row_bytes(type, s.cols)};
+        kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols,
+                           ggml_row_bytes(type, s.cols)};
         kern::gemm_cublas(h, v, dx.get(), lowp.get(), dy.get(), s.n_tok, acc, nullptr);
         // activations rounded as the reference does: only FP32 accumulation differs
         const double bound = 1e-5;
         const auto got = dy.download();
-        EXPECT_LT(rel_err(got, ref), bound) << tname(type) << " rows=" << s.rows << " cols=" << s.cols << " n_tok=" << s.n_tok;
+        EXPECT_LT(rel_err(got, ref), bound)
+            << tname(type) << " rows=" << s.rows << " cols=" << s.cols << " n_tok=" << s.n_tok;
         // Repetition gives identical bits (D15).
         if (acc) dy.upload(y0);
         kern::gemm_cublas(h, v, dx.get(), lowp.get(), dy.get(), s.n_tok, acc, nullptr);
@@ -275,25 +294,29 @@ TEST(KernelGemm, CublasFloatTypesMatchReference) {
 TEST(KernelDequant, QuantTypesToF32BitExact) {
   REQUIRE_GPU();
   std::mt19937 rng(17);
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+  for (GgmlType type :
+       {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
     const int64_t rows = 77, cols = 1024;
     auto w = random_rows(type, rows, cols, rng);
     const auto ref = dequant_all(type, w, rows, cols);
     DevArray<uint8_t> dw(w);
     DevArray<float> out(ref.size());
-    kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols, ggml_row_bytes(type, cols)};
+    kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols,
+                       ggml_row_bytes(type, cols)};
     kern::dequantize_to_f32(v, out.get(), nullptr);
     const auto got = out.download();
     ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * 4)) << tname(type);
     // activation rounding (Q8_0 / Q8_K) equals the CPU reference's, value for value
     const int n_tok = 3;
     auto x = randn(static_cast<size_t>(n_tok * cols), rng);
-    x[5] = -x[200] ;  // ties in magnitude inside a block
+    x[5] = -x[200];  // ties in magnitude inside a block
     const auto want = rounded_rows(type, x, n_tok, cols);
     DevArray<float> dx(x), dr(x.size());
-    kern::round_activations(static_cast<uint32_t>(type), dx.get(), dr.get(), n_tok, static_cast<int>(cols), nullptr);
+    kern::round_activations(static_cast<uint32_t>(type), dx.get(), dr.get(), n_tok,
+                            static_cast<int>(cols), nullptr);
     const auto gotr = dr.download();
-    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(gotr[i], want[i]) << tname(type) << " i=" << i;
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_EQ(gotr[i], want[i]) << tname(type) << " i=" << i;
   }
 }
 
@@ -309,12 +332,14 @@ TEST(KernelEmbed, AllTypesGatherDequantizedRows) {
     DevArray<uint8_t> dw(w);
     DevArray<int32_t> dids(ids);
     DevArray<float> out(ids.size() * cols);
-    kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols, ggml_row_bytes(type, cols)};
+    kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols,
+                       ggml_row_bytes(type, cols)};
     kern::embed(v, dids.get(), static_cast<int>(ids.size()), out.get(), nullptr);
     const auto got = out.download();
     for (size_t t = 0; t < ids.size(); ++t)
       for (int64_t j = 0; j < cols; ++j)
-        ASSERT_EQ(got[t * cols + j], wf[ids[t] * cols + j]) << tname(type) << " token " << ids[t] << " elem " << j;
+        ASSERT_EQ(got[t * cols + j], wf[ids[t] * cols + j])
+            << tname(type) << " token " << ids[t] << " elem " << j;
   }
 }
 
@@ -349,7 +374,8 @@ TEST(KernelRmsnorm, MatchesReference) {
       }
       DevArray<float> dx(x), dy(x.size());
       DevArray<uint8_t> dw(wbytes);
-      kern::rmsnorm(dx.get(), dw.get(), static_cast<uint32_t>(wt), dy.get(), rows, n, 1e-6f, nullptr);
+      kern::rmsnorm(dx.get(), dw.get(), static_cast<uint32_t>(wt), dy.get(), rows, n, 1e-6f,
+                    nullptr);
       EXPECT_LT(rel_err(dy.download(), ref), 1e-6) << "n=" << n;
     }
   }
@@ -359,12 +385,19 @@ TEST(KernelRmsnorm, MatchesReference) {
 TEST(KernelRope, BothOrderingsBiasAndCacheStore) {
   REQUIRE_GPU();
   std::mt19937 rng(21);
-  struct C { int nh, nkv, hd, nrot, n_tok, n_past; bool neox; bool bias; };
-  const C cases[] = {{14, 2, 64, 64, 5, 0, true, true}, {8, 4, 8, 8, 3, 17, false, false},
-                     {4, 4, 128, 64, 2, 1000, false, true}, {6, 2, 32, 32, 9, 5, true, false}};
+  struct C {
+    int nh, nkv, hd, nrot, n_tok, n_past;
+    bool neox;
+    bool bias;
+  };
+  const C cases[] = {{14, 2, 64, 64, 5, 0, true, true},
+                     {8, 4, 8, 8, 3, 17, false, false},
+                     {4, 4, 128, 64, 2, 1000, false, true},
+                     {6, 2, 32, 32, 9, 5, true, false}};
   for (const C& c : cases) {
-    kern::RopeParams p{c.nh, c.nkv, c.hd, c.nrot, 10000.0f,
-                       std::pow(10000.0f, -2.0f / static_cast<float>(c.nrot)), c.neox};
+    kern::RopeParams p{c.nh,   c.nkv,    c.hd,
+                       c.nrot, 10000.0f, std::pow(10000.0f, -2.0f / static_cast<float>(c.nrot)),
+                       c.neox};
     const int qd = c.nh * c.hd, kd = c.nkv * c.hd, n_ctx = c.n_past + c.n_tok + 3;
     auto q = randn(static_cast<size_t>(c.n_tok * qd), rng);
     auto k = randn(static_cast<size_t>(c.n_tok * kd), rng);
@@ -397,14 +430,19 @@ TEST(KernelRope, BothOrderingsBiasAndCacheStore) {
     DevArray<__half> kc(static_cast<size_t>(n_ctx * kd)), vc(static_cast<size_t>(n_ctx * kd));
     DevArray<float> kc32(static_cast<size_t>(n_ctx * kd)), vc32(static_cast<size_t>(n_ctx * kd));
     DevArray<float> dk2(k), dv2(v), dq2(q);
-    kern::VecView Bq{c.bias ? dbq.get() : nullptr, 0}, Bk{c.bias ? dbk.get() : nullptr, 0}, Bv{c.bias ? dbv.get() : nullptr, 0};
-    kern::qkv_rope_store(dq.get(), dk.get(), dv.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(), kc.get(), vc.get(), false, nullptr);
-    kern::qkv_rope_store(dq2.get(), dk2.get(), dv2.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(), kc32.get(), vc32.get(), true, nullptr);
+    kern::VecView Bq{c.bias ? dbq.get() : nullptr, 0}, Bk{c.bias ? dbk.get() : nullptr, 0},
+        Bv{c.bias ? dbv.get() : nullptr, 0};
+    kern::qkv_rope_store(dq.get(), dk.get(), dv.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(),
+                         kc.get(), vc.get(), false, nullptr);
+    kern::qkv_rope_store(dq2.get(), dk2.get(), dv2.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(),
+                         kc32.get(), vc32.get(), true, nullptr);
     EXPECT_LT(rel_err(dq.download(), rq), 1e-5);
     {
       const auto k32 = kc32.download(), v32 = vc32.download();
-      std::vector<float> gk(k32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd, k32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
-      std::vector<float> gv(v32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd, v32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
+      std::vector<float> gk(k32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd,
+                            k32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
+      std::vector<float> gv(v32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd,
+                            v32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
       EXPECT_LT(rel_err(gk, rk), 1e-5);  // FP32 cache
       EXPECT_LT(rel_err(gv, rv), 1e-6);
     }
@@ -423,16 +461,22 @@ TEST(KernelRope, BothOrderingsBiasAndCacheStore) {
 TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
   REQUIRE_GPU();
   std::mt19937 rng(31);
-  struct C { int nh, nkv, hd, n_past, n_tok; };
-  const C cases[] = {{14, 2, 64, 0, 1}, {14, 2, 64, 511, 1}, {8, 4, 8, 0, 12}, {4, 1, 128, 33, 20},
-                     {6, 6, 32, 2000, 1}, {2, 2, 256, 7, 5}, {4, 2, 48, 100, 3},
-                     {14, 2, 64, 3, 40}, {4, 4, 64, 1, 70}};
+  struct C {
+    int nh, nkv, hd, n_past, n_tok;
+  };
+  const C cases[] = {{14, 2, 64, 0, 1},   {14, 2, 64, 511, 1}, {8, 4, 8, 0, 12},
+                     {4, 1, 128, 33, 20}, {6, 6, 32, 2000, 1}, {2, 2, 256, 7, 5},
+                     {4, 2, 48, 100, 3},  {14, 2, 64, 3, 40},  {4, 4, 64, 1, 70}};
   for (const C& c : cases) {
     const int n_ctx = c.n_past + c.n_tok, kd = c.nkv * c.hd, qd = c.nh * c.hd;
     auto q = randn(static_cast<size_t>(c.n_tok * qd), rng);
-    auto kf = randn(static_cast<size_t>(n_ctx * kd), rng, 2.0f), vf = randn(static_cast<size_t>(n_ctx * kd), rng);
+    auto kf = randn(static_cast<size_t>(n_ctx * kd), rng, 2.0f),
+         vf = randn(static_cast<size_t>(n_ctx * kd), rng);
     std::vector<__half> kh(kf.size()), vh(vf.size());
-    for (size_t i = 0; i < kf.size(); ++i) { kh[i] = __float2half(kf[i]); vh[i] = __float2half(vf[i]); }
+    for (size_t i = 0; i < kf.size(); ++i) {
+      kh[i] = __float2half(kf[i]);
+      vh[i] = __float2half(vf[i]);
+    }
     std::vector<double> ref(q.size());
     for (int t = 0; t < c.n_tok; ++t)
       for (int h = 0; h < c.nh; ++h) {
@@ -441,12 +485,17 @@ TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
         double mx = -1e300;
         for (int p = 0; p < n; ++p) {
           double a = 0;
-          for (int d = 0; d < c.hd; ++d) a += static_cast<double>(q[t * qd + h * c.hd + d]) * __half2float(kh[p * kd + g * c.hd + d]);
+          for (int d = 0; d < c.hd; ++d)
+            a += static_cast<double>(q[t * qd + h * c.hd + d]) *
+                 __half2float(kh[p * kd + g * c.hd + d]);
           s[p] = a / std::sqrt(static_cast<double>(c.hd));
           mx = std::max(mx, s[p]);
         }
         double sum = 0;
-        for (auto& x : s) { x = std::exp(x - mx); sum += x; }
+        for (auto& x : s) {
+          x = std::exp(x - mx);
+          sum += x;
+        }
         for (int d = 0; d < c.hd; ++d) {
           double o = 0;
           for (int p = 0; p < n; ++p) o += s[p] / sum * __half2float(vh[p * kd + g * c.hd + d]);
@@ -457,20 +506,28 @@ TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
     DevArray<float> part(std::max<size_t>(1, kern::attention_partial_floats(c.n_tok, c.nh, c.hd)));
     DevArray<__half> dk(kh), dv(vh);
     DevArray<int32_t> npast(std::vector<int32_t>{c.n_past});
-    kern::attention(dq.get(), dk.get(), dv.get(), false, out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), part.get(), nullptr);
+    kern::attention(dq.get(), dk.get(), dv.get(), false, out.get(), c.n_tok, c.nh, c.nkv, c.hd,
+                    npast.get(), part.get(), nullptr);
     const auto got = out.download();
-    EXPECT_LT(rel_err(got, ref), 1e-5) << "nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd << " n_past=" << c.n_past << " n_tok=" << c.n_tok;
+    EXPECT_LT(rel_err(got, ref), 1e-5) << "nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd
+                                       << " n_past=" << c.n_past << " n_tok=" << c.n_tok;
     {  // FP32 cache holding the same (half-representable) values gives the same result
       std::vector<float> k32(kh.size()), v32(vh.size());
-      for (size_t i = 0; i < kh.size(); ++i) { k32[i] = __half2float(kh[i]); v32[i] = __half2float(vh[i]); }
+      for (size_t i = 0; i < kh.size(); ++i) {
+        k32[i] = __half2float(kh[i]);
+        v32[i] = __half2float(vh[i]);
+      }
       DevArray<float> dk32(k32), dv32(v32), out32(q.size());
-      kern::attention(dq.get(), dk32.get(), dv32.get(), true, out32.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), part.get(), nullptr);
+      kern::attention(dq.get(), dk32.get(), dv32.get(), true, out32.get(), c.n_tok, c.nh, c.nkv,
+                      c.hd, npast.get(), part.get(), nullptr);
       EXPECT_LT(rel_err(out32.download(), ref), 1e-5) << "fp32 cache";
     }
     out.poison();
-    kern::attention(dq.get(), dk.get(), dv.get(), false, out.get(), c.n_tok, c.nh, c.nkv, c.hd, npast.get(), part.get(), nullptr);
+    kern::attention(dq.get(), dk.get(), dv.get(), false, out.get(), c.n_tok, c.nh, c.nkv, c.hd,
+                    npast.get(), part.get(), nullptr);
     const auto again = out.download();
-    EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << "attention not reproducible";
+    EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4))
+        << "attention not reproducible";
   }
 }
 
@@ -495,12 +552,28 @@ TEST(KernelSwiglu, SiluTimesUpAndResidualAdd) {
 
 struct SampleBufs {
   explicit SampleBufs(int V, int hist_cap)
-      : work(V), keys(V), ids(V), ids_sorted(V), probs(V), seen(V),
-        temp(kern::sampling_sort_temp_bytes(V)), params(1), history(hist_cap), out(1),
-        part_v(kern::kArgmaxBlocks), part_i(kern::kArgmaxBlocks) {
-    s.work = work.get(); s.keys_sorted = keys.get(); s.ids = ids.get(); s.ids_sorted = ids_sorted.get();
-    s.part_v = part_v.get(); s.part_i = part_i.get();
-    s.probs = probs.get(); s.seen = seen.get(); s.sort_temp = temp.get(); s.sort_temp_bytes = temp.size();
+      : work(V),
+        keys(V),
+        ids(V),
+        ids_sorted(V),
+        probs(V),
+        seen(V),
+        temp(kern::sampling_sort_temp_bytes(V)),
+        params(1),
+        history(hist_cap),
+        out(1),
+        part_v(kern::kArgmaxBlocks),
+        part_i(kern::kArgmaxBlocks) {
+    s.work = work.get();
+    s.keys_sorted = keys.get();
+    s.ids = ids.get();
+    s.ids_sorted = ids_sorted.get();
+    s.part_v = part_v.get();
+    s.part_i = part_i.get();
+    s.probs = probs.get();
+    s.seen = seen.get();
+    s.sort_temp = temp.get();
+    s.sort_temp_bytes = temp.size();
     kern::sampling_init(s, V, nullptr);
   }
   DevArray<float> work, keys;
@@ -518,8 +591,11 @@ struct SampleBufs {
 int32_t gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V, const SamplingParams& sp,
                    const std::vector<int32_t>& hist, std::mt19937_64& rng) {
   kern::SampleParams p;
-  p.temperature = sp.temperature; p.top_p = sp.top_p; p.min_p = sp.min_p;
-  p.repetition_penalty = sp.repetition_penalty; p.top_k = sp.top_k;
+  p.temperature = sp.temperature;
+  p.top_p = sp.top_p;
+  p.min_p = sp.min_p;
+  p.repetition_penalty = sp.repetition_penalty;
+  p.top_k = sp.top_k;
   p.n_history = static_cast<int32_t>(hist.size());
   const bool greedy = !(sp.temperature > 0.0f);
   p.u = greedy ? 0.0 : sampler_uniform(rng);
@@ -527,7 +603,8 @@ int32_t gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V, const Sa
   if (!hist.empty()) b.history.upload(hist);
   b.out.poison();
   const bool penalize = sp.repetition_penalty != 1.0f && !hist.empty();
-  kern::sample(logits.get(), V, b.params.get(), greedy, penalize, b.history.get(), b.s, b.out.get(), nullptr);
+  kern::sample(logits.get(), V, b.params.get(), greedy, penalize, b.history.get(), b.s, b.out.get(),
+               nullptr);
   return b.out.download()[0];
 }
 
@@ -538,13 +615,14 @@ TEST(KernelSampling, MatchesCpuSamplerIdForId) {
   REQUIRE_GPU();
   std::mt19937 rng(51);
   const SamplingParams configs[] = {
-      {0.0f, 1.0f, 0, 0.0f, 1.0f, 0},     {0.0f, 1.0f, 0, 0.0f, 1.3f, 0},
-      {0.7f, 1.0f, 0, 0.0f, 1.0f, 0},     {0.7f, 0.9f, 40, 0.05f, 1.1f, 0},
-      {1.5f, 0.5f, 0, 0.0f, 0.8f, 0},     {1.0f, 1.0f, 5, 0.0f, 1.0f, 0},
-      {0.3f, 0.95f, 0, 0.1f, 1.2f, 0},    {2.0f, 1.0f, 1, 0.0f, 1.0f, 0}};
+      {0.0f, 1.0f, 0, 0.0f, 1.0f, 0},  {0.0f, 1.0f, 0, 0.0f, 1.3f, 0},
+      {0.7f, 1.0f, 0, 0.0f, 1.0f, 0},  {0.7f, 0.9f, 40, 0.05f, 1.1f, 0},
+      {1.5f, 0.5f, 0, 0.0f, 0.8f, 0},  {1.0f, 1.0f, 5, 0.0f, 1.0f, 0},
+      {0.3f, 0.95f, 0, 0.1f, 1.2f, 0}, {2.0f, 1.0f, 1, 0.0f, 1.0f, 0}};
   // WORKER_KERNEL_TEST_QUICK (set under compute-sanitizer racecheck): smaller vocabularies.
   const bool quick = std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-  const std::vector<int> vocabs = quick ? std::vector<int>{512, 5000} : std::vector<int>{512, 32000, 151936};
+  const std::vector<int> vocabs =
+      quick ? std::vector<int>{512, 5000} : std::vector<int>{512, 32000, 151936};
   for (int V : vocabs) {
     SampleBufs b(V, 256);
     DevArray<float> dl(static_cast<size_t>(V));
@@ -574,7 +652,7 @@ TEST(KernelSampling, GreedyLowestIdWinsTies) {
   const int V = 4099;
   std::vector<float> logits(V, -1.0f);
   logits[4000] = 5.0f;
-  logits[77] = 5.0f;   // ties in different argmax blocks: the lowest id wins
+  logits[77] = 5.0f;  // ties in different argmax blocks: the lowest id wins
   logits[3000] = 5.0f;
   SampleBufs b(V, 8);
   DevArray<float> dl(logits);

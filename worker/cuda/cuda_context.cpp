@@ -39,7 +39,8 @@ CudaContext::CudaContext(int device) : device_(device) {
   if (device < 0 || device >= count) {
     throw WorkerError(ErrorCode::CudaError, "GPU device " + std::to_string(device) +
                                                 " does not exist (" + std::to_string(count) +
-                                                " device(s): 0.." + std::to_string(count - 1) + ")");
+                                                " device(s): 0.." + std::to_string(count - 1) +
+                                                ")");
   }
   CUDA_CHECK(cudaSetDevice(device));
   CUDA_CHECK(cudaGetDeviceProperties(&props_, device));

@@ -45,7 +45,8 @@ constexpr int kLogitRows = 32;               // prefill logits computed this man
 
 int32_t resolve_ctx(const ModelConfig& cfg, int32_t ctx_size) {
   const int64_t train = cfg.n_ctx_train > 0 ? cfg.n_ctx_train : 32768;
-  const int64_t n = ctx_size > 0 ? std::min<int64_t>(ctx_size, train) : std::min<int64_t>(train, 32768);
+  const int64_t n =
+      ctx_size > 0 ? std::min<int64_t>(ctx_size, train) : std::min<int64_t>(train, 32768);
   return static_cast<int32_t>(n);
 }
 
@@ -75,12 +76,14 @@ struct Scratch {
   void* lowp = nullptr;
   float* attn_part = nullptr;  // split-KV attention partials (few-token batches)
   float* wdeq = nullptr;       // one dequantized weight matrix (quantized prefill); may be null
-  int32_t* io = nullptr;  // [0] = n_past, [1..B] = token ids
+  int32_t* io = nullptr;       // [0] = n_past, [1..B] = token ids
 
-  static void lay(Layout& L, const ModelConfig& c, int B, int rows, size_t wdeq_floats, Scratch* s) {
+  static void lay(Layout& L, const ModelConfig& c, int B, int rows, size_t wdeq_floats,
+                  Scratch* s) {
     const size_t E = static_cast<size_t>(c.n_embd), QD = static_cast<size_t>(c.n_head * c.head_dim),
-                 KD = static_cast<size_t>(c.n_head_kv * c.head_dim), F = static_cast<size_t>(c.n_ff),
-                 V = static_cast<size_t>(c.vocab_size), b = static_cast<size_t>(B);
+                 KD = static_cast<size_t>(c.n_head_kv * c.head_dim),
+                 F = static_cast<size_t>(c.n_ff), V = static_cast<size_t>(c.vocab_size),
+                 b = static_cast<size_t>(B);
     float* x = L.take<float>(b * E);
     float* xn = L.take<float>(b * E);
     float* q = L.take<float>(b * QD);
@@ -104,8 +107,17 @@ struct Scratch {
       s->wdeq = wdeq;
       s->B = B;
       s->logit_rows = rows;
-      s->x = x; s->xn = xn; s->q = q; s->k = k; s->v = v; s->att = att; s->g = g; s->u = u;
-      s->logits = logits; s->lowp = lowp; s->io = io;
+      s->x = x;
+      s->xn = xn;
+      s->q = q;
+      s->k = k;
+      s->v = v;
+      s->att = att;
+      s->g = g;
+      s->u = u;
+      s->logits = logits;
+      s->lowp = lowp;
+      s->io = io;
     }
   }
   static size_t bytes(const ModelConfig& c, int B, int rows, size_t wdeq_floats) {
@@ -141,7 +153,8 @@ struct SampleRegion {
     s.sort_temp = L.take<uint8_t>(sort_bytes);
     s.sort_temp_bytes = sort_bytes;
     // params and history adjacent: one host->device copy per sampled token
-    auto* params = L.take<uint8_t>(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx));
+    auto* params =
+        L.take<uint8_t>(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx));
     int32_t* out = L.take<int32_t>(1);
     if (r) {
       r->s = s;
@@ -310,11 +323,11 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   if (cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || cfg_.n_head % cfg_.n_head_kv != 0 ||
       cfg_.head_dim <= 0 || cfg_.head_dim > 256 || cfg_.n_rot % 2 != 0 ||
       cfg_.n_rot > cfg_.head_dim) {
-    throw WorkerError(ErrorCode::ModelLoadFailed,
-                      "cuda backend: unsupported attention shape (n_head " +
-                          std::to_string(cfg_.n_head) + ", n_head_kv " +
-                          std::to_string(cfg_.n_head_kv) + ", head_dim " +
-                          std::to_string(cfg_.head_dim) + ", n_rot " + std::to_string(cfg_.n_rot) + ")");
+    throw WorkerError(
+        ErrorCode::ModelLoadFailed,
+        "cuda backend: unsupported attention shape (n_head " + std::to_string(cfg_.n_head) +
+            ", n_head_kv " + std::to_string(cfg_.n_head_kv) + ", head_dim " +
+            std::to_string(cfg_.head_dim) + ", n_rot " + std::to_string(cfg_.n_rot) + ")");
   }
   if (opt_.max_batch < 1) opt_.max_batch = 1;
   if (opt_.upload_chunk_bytes < 4096) opt_.upload_chunk_bytes = 4096;
@@ -358,7 +371,8 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   }
   kern::sampling_init(samp_.s, V, stream_);
   pin_io_ = PinnedBuffer(sizeof(int32_t) * (static_cast<size_t>(opt_.max_batch) + 1));
-  pin_sample_ = PinnedBuffer(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx_));
+  pin_sample_ =
+      PinnedBuffer(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx_));
   pin_out_ = PinnedBuffer(sizeof(int32_t));
   last_host_.resize(static_cast<size_t>(V));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -388,8 +402,10 @@ void CudaEngine::upload_weights() {
   int next_pct = 0;
   auto progress = [&] {
     while (total > 0 && next_pct <= 100 && done * 100 >= static_cast<size_t>(next_pct) * total) {
-      log::info("model_load_progress", {{"percent", next_pct}, {"stage", "vram_upload"},
-                                        {"bytes", done}, {"total_bytes", total}});
+      log::info("model_load_progress", {{"percent", next_pct},
+                                        {"stage", "vram_upload"},
+                                        {"bytes", done},
+                                        {"total_bytes", total}});
       next_pct += 25;
     }
   };
@@ -418,10 +434,18 @@ void CudaEngine::upload_weights() {
   out_norm_ = vec(model_->weights.output_norm);
   for (const auto& l : model_->weights.layers) {
     LayerDev d;
-    d.wq = view(l.wq); d.wk = view(l.wk); d.wv = view(l.wv); d.wo = view(l.wo);
-    d.gate = view(l.w_gate); d.up = view(l.w_up); d.down = view(l.w_down);
-    d.attn_norm = vec(l.attn_norm); d.ffn_norm = vec(l.ffn_norm);
-    d.bq = vec(l.bq); d.bk = vec(l.bk); d.bv = vec(l.bv);
+    d.wq = view(l.wq);
+    d.wk = view(l.wk);
+    d.wv = view(l.wv);
+    d.wo = view(l.wo);
+    d.gate = view(l.w_gate);
+    d.up = view(l.w_up);
+    d.down = view(l.w_down);
+    d.attn_norm = vec(l.attn_norm);
+    d.ffn_norm = vec(l.ffn_norm);
+    d.bq = vec(l.bq);
+    d.bk = vec(l.bk);
+    d.bv = vec(l.bv);
     layers_.push_back(d);
   }
   rope_.n_head = static_cast<int>(cfg_.n_head);
@@ -508,8 +532,8 @@ void CudaEngine::forward(Scratch& s, int n) {
     }
     kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
                          opt_.kv_cache_f32, stream_);
-    kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head,
-                    rope_.n_head_kv, rope_.head_dim, s.io, s.attn_part, stream_);
+    kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
+                    rope_.head_dim, s.io, s.attn_part, stream_);
     mm(s, L.wo, s.att, s.x, n, true);  // residual add fused: x += Wo * att
     kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
     if (n == 1) {
@@ -569,10 +593,10 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) throw WorkerError(ErrorCode::InvalidRequest, "eval of zero tokens");
   if (n_past_ + n > n_ctx_) {
-    throw WorkerError(ErrorCode::InvalidRequest,
-                      "context overflow: " + std::to_string(n_past_) + " cached + " +
-                          std::to_string(n) + " new tokens exceed the context size " +
-                          std::to_string(n_ctx_));
+    throw WorkerError(ErrorCode::InvalidRequest, "context overflow: " + std::to_string(n_past_) +
+                                                     " cached + " + std::to_string(n) +
+                                                     " new tokens exceed the context size " +
+                                                     std::to_string(n_ctx_));
   }
   for (int32_t id : tokens) {
     if (id < 0 || id >= cfg_.vocab_size) {
@@ -665,7 +689,8 @@ int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t
   if (!(params.repetition_penalty > 0.0f))
     throw WorkerError(ErrorCode::InvalidRequest, "repetition_penalty must be > 0");
   if (params.top_k < 0) throw WorkerError(ErrorCode::InvalidRequest, "top_k must be >= 0");
-  if (history.size() > static_cast<size_t>(n_ctx_)) history = history.last(static_cast<size_t>(n_ctx_));
+  if (history.size() > static_cast<size_t>(n_ctx_))
+    history = history.last(static_cast<size_t>(n_ctx_));
   const bool greedy = !(params.temperature > 0.0f);
   auto* p = static_cast<kern::SampleParams*>(pin_sample_.data());
   p->temperature = params.temperature;
@@ -676,7 +701,8 @@ int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t
   p->n_history = static_cast<int32_t>(history.size());
   // Same stream of draws as the CPU sampler: one uniform per non-greedy token.
   p->u = greedy ? 0.0 : sampler_uniform(rng);
-  auto* h = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(pin_sample_.data()) + sizeof(kern::SampleParams));
+  auto* h = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(pin_sample_.data()) +
+                                       sizeof(kern::SampleParams));
   std::memcpy(h, history.data(), history.size_bytes());
   CUDA_CHECK(cudaMemcpyAsync(samp_.params, pin_sample_.data(),
                              sizeof(kern::SampleParams) + history.size_bytes(),

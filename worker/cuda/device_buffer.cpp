@@ -22,7 +22,9 @@ DeviceBuffer::DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes
   }
 }
 
-DeviceBuffer::~DeviceBuffer() { reset(); }
+DeviceBuffer::~DeviceBuffer() {
+  reset();
+}
 
 void DeviceBuffer::reset() {
   if (ptr_ != nullptr) (void)cudaFree(ptr_);  // a destructor must not throw

@@ -12,7 +12,9 @@
 namespace worker::cuda {
 
 constexpr size_t kAlign = 256;
-inline size_t align_up(size_t n, size_t a = kAlign) { return (n + a - 1) / a * a; }
+inline size_t align_up(size_t n, size_t a = kAlign) {
+  return (n + a - 1) / a * a;
+}
 
 class DeviceBuffer {
  public:

@@ -36,14 +36,18 @@ std::string env_or(const char* name, const std::string& fallback) {
   const char* v = std::getenv(name);
   return (v != nullptr && *v != '\0') ? std::string(v) : fallback;
 }
-std::string source_dir() { return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR); }
+std::string source_dir() {
+  return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR);
+}
 std::string shared_fixtures() {
   return env_or("WORKER_SHARED_FIXTURES", source_dir() + "/../shared/fixtures");
 }
 std::string generated_fixtures() {
   return env_or("WORKER_GENERATED_FIXTURES", source_dir() + "/fixtures/generated");
 }
-std::string stories_path() { return shared_fixtures() + "/stories260K.gguf"; }
+std::string stories_path() {
+  return shared_fixtures() + "/stories260K.gguf";
+}
 
 // The small generated models (not the 1 GB --big ones); missing fixtures fail the test.
 std::vector<std::string> generated_models() {
@@ -212,7 +216,8 @@ void run_parity(bool kv_f32, double (*bound)(const std::string& type)) {
     cpu->eval(prompt, true);
     gpu->eval(prompt, true);
     double m = 0;
-    for (size_t i = 0; i < prompt.size(); ++i) m = std::max(m, max_abs_diff(cpu->logits_at(i), gpu->logits_at(i)));
+    for (size_t i = 0; i < prompt.size(); ++i)
+      m = std::max(m, max_abs_diff(cpu->logits_at(i), gpu->logits_at(i)));
     std::vector<int32_t> hc, hg;
     std::mt19937_64 rc(1), rg(1);
     SamplingParams greedy;
@@ -227,8 +232,9 @@ void run_parity(bool kv_f32, double (*bound)(const std::string& type)) {
         const auto lc = log_softmax(cpu->logits());
         const auto lg = log_softmax(gpu->logits());
         const double gap = lc[static_cast<size_t>(a)] - lc[static_cast<size_t>(b)];
-        std::printf("[parity] %s step %d: cpu picks %d, gpu %d; cpu log-prob gap %.3g, gpu gap %.3g\n",
-                    name.c_str(), i, a, b, gap, lg[static_cast<size_t>(b)] - lg[static_cast<size_t>(a)]);
+        std::printf(
+            "[parity] %s step %d: cpu picks %d, gpu %d; cpu log-prob gap %.3g, gpu gap %.3g\n",
+            name.c_str(), i, a, b, gap, lg[static_cast<size_t>(b)] - lg[static_cast<size_t>(a)]);
         near_tie = gap <= kBound;
         ++near_ties;
         break;
@@ -241,15 +247,16 @@ void run_parity(bool kv_f32, double (*bound)(const std::string& type)) {
       EXPECT_EQ(hc, hg) << "greedy continuations differ";
     }
     EXPECT_LE(m, kBound) << "log-softmax max |delta| (" << type << ")";
-    std::printf("[parity] kv=%s %-26s max|dlogsoftmax| = %.3g (bound %.3g)\n", kv_f32 ? "f32" : "f16",
-                name.c_str(), m, kBound);
+    std::printf("[parity] kv=%s %-26s max|dlogsoftmax| = %.3g (bound %.3g)\n",
+                kv_f32 ? "f32" : "f16", name.c_str(), m, kBound);
     if (m > worst) {
       worst = m;
       worst_name = path;
     }
   }
-  std::printf("[parity] kv=%s worst %.3g (%s) over %zu models; %d greedy divergence(s) at near-ties\n",
-              kv_f32 ? "f32" : "f16", worst, worst_name.c_str(), models.size(), near_ties);
+  std::printf(
+      "[parity] kv=%s worst %.3g (%s) over %zu models; %d greedy divergence(s) at near-ties\n",
+      kv_f32 ? "f32" : "f16", worst, worst_name.c_str(), models.size(), near_ties);
 }
 
 // Why the bounds are per type (H200 measurements in reports/perf-notes.md, "parity"): the
@@ -313,7 +320,8 @@ TEST(CudaEngine, ReproducibleByRepetition) {
   ASSERT_FALSE(models.empty());
   std::vector<std::string> picks = {stories_path()};
   for (const auto& m : models) {
-    if (m.find("qwen2-g2-q4_k") != std::string::npos || m.find("llama-g2-f16") != std::string::npos) picks.push_back(m);
+    if (m.find("qwen2-g2-q4_k") != std::string::npos || m.find("llama-g2-f16") != std::string::npos)
+      picks.push_back(m);
   }
   for (const auto& path : picks) {
     SCOPED_TRACE(path);
@@ -367,9 +375,13 @@ TEST(CudaEngine, ChunkedUploadAndVramAccounting) {
   auto add = [&](const TensorInfo* t) {
     if (t && seen.insert(t).second) want_w += cuda::align_up(t->nbytes);
   };
-  add(model->weights.token_embd); add(model->weights.output_norm); add(model->weights.output);
+  add(model->weights.token_embd);
+  add(model->weights.output_norm);
+  add(model->weights.output);
   for (const auto& l : model->weights.layers)
-    for (const TensorInfo* t : {l.attn_norm, l.wq, l.wk, l.wv, l.bq, l.bk, l.bv, l.wo, l.ffn_norm, l.w_gate, l.w_up, l.w_down}) add(t);
+    for (const TensorInfo* t : {l.attn_norm, l.wq, l.wk, l.wv, l.bq, l.bk, l.bv, l.wo, l.ffn_norm,
+                                l.w_gate, l.w_up, l.w_down})
+      add(t);
   EXPECT_EQ(u.weights, want_w);
   const auto& c = model->config;
   EXPECT_EQ(u.kv_cache, cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 2));
@@ -437,7 +449,8 @@ TEST(CudaEngine, VramOomMidJobLeavesEngineUsable) {
   REQUIRE_GPU();
   const auto models = generated_models();
   std::string path;
-  for (const auto& m : models) if (m.find("qwen2-g1-f16") != std::string::npos) path = m;
+  for (const auto& m : models)
+    if (m.find("qwen2-g1-f16") != std::string::npos) path = m;
   ASSERT_FALSE(path.empty()) << "missing qwen2-g1-f16 fixture";
   auto model = load_model(path);
   auto e = make_cuda_engine(model, 512, 0);
