@@ -29,6 +29,9 @@ bool endpoint(int fd, bool peer, std::string& host, int& port) {
 
 }  // namespace
 
+// fstat/getpeername on descriptors other threads are using (the listening socket in
+// accept(), other connections) is safe at the kernel level; a descriptor closed and reused
+// during the scan can only match if it is this very connection.
 int find_connection_fd(const std::string& remote_addr, int remote_port, int local_port) {
   std::unique_ptr<DIR, int (*)(DIR*)> dir(opendir("/proc/self/fd"), closedir);
   if (!dir) return -1;

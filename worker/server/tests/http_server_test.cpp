@@ -281,7 +281,7 @@ TEST_F(ServerHttp, HealthIsCachedAndAnswersWhileAJobRuns) {
   std::sort(ms.begin(), ms.end());
   std::printf("health while busy: p50 %.3f ms p99 %.3f ms\n", ms[100], ms[197]);
   // Generous (shared 2-core CI machine); the conformance suite measures p99 < 10 ms.
-  EXPECT_LT(ms[100], 50.0);
+  EXPECT_LT(ms[100], 50.0 * testing::kTimeScale);
   streamer.join();
 }
 
@@ -375,7 +375,7 @@ TEST_F(ServerHttp, ClosingTheSocketCancelsTheJob) {
   ASSERT_TRUE(wait_busy(false, 2s));
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   std::printf("disconnect -> inference thread idle: %.1f ms\n", ms);
-  EXPECT_LT(ms, 100.0 + 20.0);  // 100 ms budget + the forward pass in flight
+  EXPECT_LT(ms, (100.0 + 20.0) * testing::kTimeScale);  // 100 ms + the pass in flight
   EXPECT_EQ(metrics_.requests("cancelled"), 1u);
   // The worker keeps serving.
   auto r = post("/execute", {{"prompt", "Once"}, {"max_tokens", 2}});
@@ -410,7 +410,7 @@ TEST_F(ServerHttp, ClosingAQueuedStreamRemovesItFromTheQueue) {
   while (runner_->queue_size() > 0 && Clock::now() < until) std::this_thread::sleep_for(1ms);
   const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   EXPECT_EQ(runner_->queue_size(), 0u);
-  EXPECT_LT(ms, 100.0);
+  EXPECT_LT(ms, 100.0 * testing::kTimeScale);
   EXPECT_TRUE(runner_->busy()) << "the running job is not affected";
   first.join();
   EXPECT_EQ(metrics_.requests("ok"), 1u);
