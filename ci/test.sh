@@ -40,6 +40,25 @@ mkdir -p "$BUILD/test-results"
 ctest_rc=0
 ctest --test-dir "$BUILD" --output-on-failure --timeout 900 || ctest_rc=$?
 
+# Fuzzers (issue 3): the GGUF reader and each tokenizer under libFuzzer + ASan/UBSan for
+# WORKER_FUZZ_SECONDS each (default 60; 0 skips, for quick local runs only).
+FUZZ_SECONDS="${WORKER_FUZZ_SECONDS:-60}"
+if [[ "$FUZZ_SECONDS" != 0 ]]; then
+  step "fuzz build (clang, libFuzzer) + fuzzers, ${FUZZ_SECONDS} s each"
+  FUZZ=build-fuzz
+  if ! CC=clang CXX=clang++ cmake -S . -B "$FUZZ" -G Ninja -DWORKER_FUZZ=ON -DWORKER_CUDA=OFF \
+      -DWORKER_WERROR=ON -DWORKER_FUZZ_SECONDS="$FUZZ_SECONDS" >"$FUZZ.configure.log" 2>&1; then
+    cat "$FUZZ.configure.log"; echo "test.sh: fuzz configure failed" >&2; exit 1
+  fi
+  if ! cmake --build "$FUZZ" -j "$JOBS" --target fuzz_gguf fuzz_tokenizer_gguf fuzz_tokenizer_vocab \
+      fuzz_tokenizer_hf_json >"$FUZZ.build.log" 2>&1; then
+    grep -E -A12 "^FAILED:|error:" "$FUZZ.build.log" | head -120
+    echo "test.sh: fuzz build failed (full log: $FUZZ.build.log)" >&2
+    exit 1
+  fi
+  ctest --test-dir "$FUZZ" -L fuzz --output-on-failure || ctest_rc=$?
+fi
+
 cov_args=()
 if [[ "${WORKER_COVERAGE:-0}" == 1 ]]; then
   step "coverage build (CPU-only, gcov + lcov)"
