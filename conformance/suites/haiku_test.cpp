@@ -73,7 +73,7 @@ std::string describe(const std::vector<Attempt>& attempts) {
   return s;
 }
 
-// REQ: WRK-D17 M0-W-1800 M0-W-1311
+// REQ: WRK-D17 M0-W-1800 M0-W-1311 M0-W-1230
 TEST(ConformanceHaiku, AntiCheat) {
   const std::string model = require_model();
   WorkerOptions o;

@@ -175,7 +175,7 @@ TEST_F(ServerHttp, FirstTokenArrivesLongBeforeTheEnd) {
   EXPECT_GT(total_ms - first_ms, 400.0) << "first " << first_ms << " total " << total_ms;
 }
 
-// REQ: M0-W-1302 WRK-D8 M0-W-1500
+// REQ: M0-W-1302 WRK-D8 M0-W-1500 M0-W-1811
 TEST_F(ServerHttp, ValidationErrorIs400WithDetailsAndNothingIsQueued) {
   start();
   auto r = post("/execute", {{"prompt", "secret words"}, {"top_p", 3}, {"bogus", true}});

@@ -201,7 +201,7 @@ TEST_F(ServerJobRunner, DisconnectCancelsRunningJob) {
   EXPECT_EQ(rest.back().data["code"], "CANCELLED");
 }
 
-// REQ: WRK-D11 M0-W-1500 M0-W-1510
+// REQ: WRK-D11 M0-W-1500 M0-W-1510 M0-W-1811
 TEST_F(ServerJobRunner, InferenceTimeoutEndsWithRetriableError) {
   engine_->eval_delay_ms = 30;
   auto r = runner({.queue_depth = 16, .inference_timeout_sec = 1});

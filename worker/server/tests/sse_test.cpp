@@ -6,7 +6,7 @@ namespace worker::server {
 namespace {
 using nlohmann::json;
 
-// REQ: WRK-D6 M0-W-1310
+// REQ: WRK-D6 M0-W-1310 M0-W-1811
 TEST(ServerSse, EventFrameIsEventLineDataLineBlankLine) {
   const std::string f = sse_event("token", {{"t", "hi"}, {"i", 3}});
   EXPECT_EQ(f.rfind("event: token\ndata: ", 0), 0u);

@@ -26,7 +26,7 @@ std::string with(const std::string& extra) {
   return R"({"prompt":"Hello")" + (extra.empty() ? "" : "," + extra) + "}";
 }
 
-// REQ: M0-W-1302 WRK-D8
+// REQ: M0-W-1302 WRK-D8 M0-W-1811
 TEST(ServerValidation, MinimalRequestIsValidWithDefaults) {
   ExecuteRequest r;
   auto v = parse_execute_body(with(""), r);
