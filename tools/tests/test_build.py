@@ -140,6 +140,54 @@ class HostLayerBoundaryTest(unittest.TestCase):
         self.assertEqual(bad, {})
 
 
+CUDA_OWNERS = ("worker/cuda/", "kernels/", "bench/")
+FORBIDDEN_MEMORY = re.compile(r"\b(cudaMallocManaged|cudaHostGetDevicePointer|cudaHostAllocMapped|"
+                              r"cudaHostRegisterMapped|cudaMemAdvise|cudaMemPrefetchAsync)\b")
+
+
+def project_sources():
+    exts = (".cpp", ".h", ".cc", ".hpp", ".cu", ".cuh")
+    for top in ("worker", "kernels", "bench", "conformance"):
+        for p in sorted((ROOT / top).rglob("*")):
+            if p.suffix in exts and "/build" not in str(p):
+                yield p
+
+
+class CudaLayerOwnershipTest(unittest.TestCase):
+    # REQ: M0-W-1051 M0-SYS-2.5.1
+    def test_cuda_calls_live_only_in_the_cuda_backend_and_kernels(self):
+        owners_with_calls = set()
+        outside = {}
+        for p in project_sources():
+            rel = p.relative_to(ROOT).as_posix()
+            text = p.read_text(errors="replace")
+            # CUDA API calls and CUDA/cuBLAS system headers (the factory may name the cuda
+            # backend's own header: that is the Engine boundary, not CUDA use).
+            uses = [u for u in cuda_uses(text) if not u.startswith(("cuda/", "kernels/"))]
+            if rel.startswith(CUDA_OWNERS):
+                if uses:
+                    owners_with_calls.add(rel.split("/")[0] + "/" + rel.split("/")[1])
+            elif uses:
+                outside[rel] = sorted(set(uses))[:5]
+        self.assertEqual(outside, {}, "CUDA API used outside worker/cuda, kernels and bench")
+        # The owning layer really does the device work: device selection, allocation, copies.
+        cuda_text = "\n".join(p.read_text(errors="replace") for p in project_sources()
+                              if p.relative_to(ROOT).as_posix().startswith(CUDA_OWNERS[:2]))
+        for call in ("cudaSetDevice(", "cudaMalloc(", "cudaFree(", "cudaMemcpyAsync(",
+                     "cudaPointerGetAttributes(", "cudaStreamCreate"):
+            self.assertTrue(call in cuda_text, f"{call} not found in the CUDA layer")
+
+    # REQ: M0-SYS-2.2.1 M0-W-1010
+    def test_no_managed_or_mapped_host_memory_anywhere(self):
+        bad = {}
+        for p in project_sources():
+            if "/tests/" in p.as_posix():
+                continue  # tests allocate managed memory on purpose to prove the residency check
+            hits = FORBIDDEN_MEMORY.findall(strip_comments_and_strings(p.read_text(errors="replace")))
+            if hits:
+                bad[p.relative_to(ROOT).as_posix()] = sorted(set(hits))
+        self.assertEqual(bad, {})
+
 REPRO_IDS = {"M0-W-1826", "M0-SYS-2.3.1", "WRK-D15"}
 
 
