@@ -198,12 +198,62 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   }
 }
 
+// One token, float weights, short-output matrices (wo, down: 896 rows): one row per
+// block, the block's 4 warps split the row (8 elements per thread per step), then a
+// fixed-order sum of the 4 warp sums (D15: no atomics). 4x the warps of one-warp-per-row,
+// so more loads are in flight on a matrix that is only a few MB.
+constexpr int kSplitThreads = 128;
+template <GgmlType T>
+__global__ void __launch_bounds__(kSplitThreads)
+    matvec_split_kernel(const uint8_t* __restrict__ w, int cols, size_t row_bytes,
+                        const float* __restrict__ x, float* __restrict__ y, int accumulate) {
+  static_assert(BlockInfo<T>::kElems == 1, "float weight types only");
+  __shared__ float sh[kSplitThreads / kWarp];
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int r = blockIdx.x;
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  float acc = 0.0f;
+#pragma unroll 2
+  for (int j = tid * 8; j < cols; j += kSplitThreads * 8) {
+    float v[8];
+    load8<T>(row, j, v);
+    const float4* xp = reinterpret_cast<const float4*>(x + j);
+    const float4 a = xp[0], b = xp[1];
+    acc += v[0] * round_x<T>(a.x) + v[1] * round_x<T>(a.y) + v[2] * round_x<T>(a.z) +
+           v[3] * round_x<T>(a.w) + v[4] * round_x<T>(b.x) + v[5] * round_x<T>(b.y) +
+           v[6] * round_x<T>(b.z) + v[7] * round_x<T>(b.w);
+  }
+  acc = warp_sum(acc);
+  if (lane == 0) sh[warp] = acc;
+  __syncthreads();
+  if (tid == 0) {
+    float s = sh[0];
+#pragma unroll
+    for (int i = 1; i < kSplitThreads / kWarp; ++i) s += sh[i];
+    y[r] = accumulate ? y[r] + s : s;
+  }
+}
+
+// Rows up to which a one-token matvec takes the split kernel (the LM head and the wide
+// FFN matrices have rows enough to fill the GPU with one warp per row).
+constexpr int64_t kSplitMaxRows = 2048;
+
 template <GgmlType T, int NT>
 void launch_one(const WeightView& w, const float* x, float* y, int n_tok, bool acc,
                 cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>((n_tok + NT - 1) / NT));
   const auto* data = static_cast<const uint8_t*>(w.data);
+  // Float types only: measured on an H200, a quantized variant (a thread per 32-weight
+  // sub-block) made Q4_K_M decode slower; see reports/perf-notes.md v5.
+  if constexpr (BlockInfo<T>::kElems == 1) {
+    if (NT == 1 && w.rows <= kSplitMaxRows && w.cols % 8 == 0) {
+      matvec_split_kernel<T><<<static_cast<unsigned>(w.rows), kSplitThreads, 0, s>>>(
+          data, static_cast<int>(w.cols), w.row_bytes, x, y, acc);
+      CUDA_CHECK_LAUNCH("matvec_split_kernel");
+      return;
+    }
+  }
   if constexpr (BlockInfo<T>::kElems == 1) {
     if (w.cols % 8 != 0) {
       matvec_scalar_kernel<T, NT><<<grid, kRowsPerBlock * kWarp, 0, s>>>(

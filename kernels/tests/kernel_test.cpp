@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -129,8 +130,9 @@ std::string tname(GgmlType t) {
 TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
   REQUIRE_GPU();
   std::mt19937 rng(1234);
-  const Shape shapes[] = {{1, 256, 1},   {37, 512, 1},  {130, 1024, 3},
-                          {64, 4864, 8}, {96, 768, 13}, {9, 2304, 2}};
+  const Shape shapes[] = {{1, 256, 1},    {37, 512, 1},  {130, 1024, 3},
+                          {64, 4864, 8},  {96, 768, 13}, {9, 2304, 2},
+                          {300, 4864, 1}, {224, 768, 1}};  // one token: split-row kernel
   for (GgmlType type : kAllTypes) {
     for (const Shape& s : shapes) {
       for (bool acc : {false, true}) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -440,6 +441,76 @@ TEST(CudaEngine, InsufficientVramFailsFastWithBytes) {
     EXPECT_NE(msg.find("available"), std::string::npos) << msg;
     EXPECT_NE(msg.find("GPU 0"), std::string::npos) << msg;
     EXPECT_NE(msg.find("stories260K.gguf"), std::string::npos) << msg;
+  }
+}
+
+// Acceptance 3 of issue 6: the Qwen2.5-0.5B-shaped fixtures (fixtures/generate_all.sh --big)
+// load, generate, and the VRAM the engine reports (what /health shows as vram_bytes_used)
+// is within 5% of an expected total computed here independently of the engine:
+//   weights: the sum of the GGUF's tensor sizes (stored format, no FP32 copy);
+//   KV cache: 2 (K,V) x n_layer x n_ctx x n_head_kv x head_dim x 2 bytes (FP16);
+//   scratch: FP32 activations of one 512-token prefill chunk (x, normed x, q, attention
+//   out, k, v, gate, up and one low-precision copy of the widest row), 32 rows of FP32
+//   logits, the sampling buffers (4 arrays of n_vocab 4-byte values) and, for quantized
+//   weights, one FP32-dequantized layer matrix (the largest) for the cuBLAS prefill.
+// The device must also really have lost at least the reported bytes (cudaMemGetInfo).
+// REQ: M0-W-1011 M0-W-1220 M0-W-1222 M0-W-1012
+TEST(CudaEngine, Qwen05BShapedFixturesLoadGenerateAndReportVram) {
+  REQUIRE_GPU();
+  for (const char* name : {"qwen2-0.5b-f16.gguf", "qwen2-0.5b-q4_k_m.gguf"}) {
+    SCOPED_TRACE(name);
+    const std::string path = generated_fixtures() + "/" + name;
+    ASSERT_TRUE(fs::is_regular_file(path))
+        << "missing " << path << " (run fixtures/generate_all.sh --big)";
+    auto model = load_model(path);
+    const auto& c = model->config;
+    ASSERT_EQ(c.n_embd, 896);
+    ASSERT_EQ(c.n_layer, 24);
+    constexpr int32_t kCtx = 1024;
+    auto ctx = cuda::CudaContext::acquire(0);
+    size_t free0 = 0, free1 = 0, total = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+    auto e = make_cuda_engine(model, kCtx, 0);
+    // Generation: a 64-token prompt (prefill path) then 32 greedy ids (decode graph).
+    const auto prompt = random_prompt(64, c.vocab_size, 11);
+    const auto ids = generate_ids(*e, prompt, 32, SamplingParams{0.0f, 1.0f, 0, 0.0f, 1.0f, 0});
+    ASSERT_EQ(ids.size(), 32u);
+    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < c.vocab_size) << id;
+    EXPECT_EQ(e->n_past(), 64 + 31);
+    const auto l = e->logits();
+    for (float v : l) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_TRUE(e->verify_residency());
+    EXPECT_TRUE(e->info().resident);
+    ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+
+    double weights = 0;
+    size_t max_quant = 0;
+    for (const auto& t : model->file->tensors()) {
+      weights += static_cast<double>(t.nbytes);
+      const bool layer = t.name.rfind("blk.", 0) == 0;
+      const bool float_type =
+          t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
+      if (layer && !float_type)
+        max_quant = std::max(max_quant, static_cast<size_t>(t.n_elements()));
+    }
+    const double E = c.n_embd, QD = c.n_head * c.head_dim, KD = c.n_head_kv * c.head_dim,
+                 F = c.n_ff, V = static_cast<double>(c.vocab_size);
+    const double kv = 2.0 * c.n_layer * kCtx * KD * 2;
+    const double scratch = 4.0 * (512 * (2 * E + 2 * QD + 2 * KD + 2 * F + std::max({E, QD, F})) +
+                                  32 * V + 4 * V + static_cast<double>(max_quant));
+    const double expected = weights + kv + scratch;
+    const VramUsage u = e->vram();
+    const double reported = static_cast<double>(u.total());
+    std::printf(
+        "%s: reported %.1f MiB (weights %.1f, KV %.1f, scratch %.1f); expected %.1f MiB "
+        "(weights %.1f, KV %.1f, scratch %.1f); device lost %.1f MiB\n",
+        name, reported / 1048576, u.weights / 1048576.0, u.kv_cache / 1048576.0,
+        u.scratch / 1048576.0, expected / 1048576, weights / 1048576, kv / 1048576,
+        scratch / 1048576, static_cast<double>(free0 - free1) / 1048576);
+    EXPECT_LE(std::fabs(reported - expected), 0.05 * expected);
+    EXPECT_LE(std::fabs(static_cast<double>(u.weights) - weights), 0.01 * weights);
+    EXPECT_GE(static_cast<double>(free0 - free1), reported);
+    EXPECT_LE(static_cast<double>(free0 - free1), reported + (128ull << 20));
   }
 }
 
