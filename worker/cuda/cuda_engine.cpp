@@ -392,24 +392,13 @@ CudaEngine::~CudaEngine() {
 void CudaEngine::upload_weights() {
   const auto tensors = unique_weights(model_->weights);
   weights_ = Arena(weights_bytes(model_->weights), "model weights");
-  size_t total = 0;
-  for (const TensorInfo* t : tensors) total += t->nbytes;
+  // No per-chunk narration: model_load_progress is the loader's one 0..100 sequence
+  // (M0-W-1621), and M0-W-1900 fixes the event names.
   const size_t chunk = opt_.upload_chunk_bytes;
   PinnedBuffer staging(2 * chunk);
   Event ev[2];
   bool pending[2] = {false, false};
-  size_t done = 0, k = 0;
-  int next_pct = 0;
-  auto progress = [&] {
-    while (total > 0 && next_pct <= 100 && done * 100 >= static_cast<size_t>(next_pct) * total) {
-      log::info("model_load_progress", {{"percent", next_pct},
-                                        {"stage", "vram_upload"},
-                                        {"bytes", done},
-                                        {"total_bytes", total}});
-      next_pct += 25;
-    }
-  };
-  progress();
+  size_t k = 0;
   for (const TensorInfo* t : tensors) {
     auto* dst = static_cast<uint8_t*>(weights_.alloc(t->nbytes));
     dev_ptr_[t] = dst;
@@ -423,8 +412,6 @@ void CudaEngine::upload_weights() {
       CUDA_CHECK(cudaMemcpyAsync(dst + off, stage, n, cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(cudaEventRecord(ev[slot].get(), stream_));
       pending[slot] = true;
-      done += n;
-      progress();
     }
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
