@@ -89,6 +89,8 @@ fi
 # WORKER_SLOW_MODEL / WORKER_EOS_MODEL / HAIKU_MODEL may point at carried model files.
 if [ -x "$bin/worker-orcd" ]; then
   export WORKER_BACKEND=cuda WORKER_BIN="$bin/worker-orcd"
+  # The GPU machine has no Node.js: the npm-client test reports "not run" there (only then).
+  command -v node > /dev/null || export WORKER_HOST_HAS_NO_NODE=1
   export WORKER_RESULTS_DIR=${WORKER_RESULTS_DIR:-/tmp/conformance-artifacts}
   mkdir -p "$WORKER_RESULTS_DIR"
   # CONFORMANCE_SUITES: space-separated suite names to run (default: every one in DIR).

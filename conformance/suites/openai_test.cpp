@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "harness/suite.h"
@@ -134,6 +135,14 @@ TEST(ConformanceOpenAiCompletions, SameTextAsExecute) {
 // The pinned `openai` npm client, unchanged, streams a chat completion from the worker.
 // REQ: WRK-D5
 TEST_F(OpenAiTest, OfficialNpmClientStreamsUnchanged) {
+  // The GPU machine has no Node.js at all; ci/gpu-run.sh says so with WORKER_HOST_HAS_NO_NODE=1
+  // and the client test is "not run" there. Everywhere else (CI included) a missing node or
+  // package is a failure.
+  const char* no_node = std::getenv("WORKER_HOST_HAS_NO_NODE");
+  if (no_node != nullptr && std::string(no_node) == "1" &&
+      std::system("command -v node >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "not run: this machine has no Node.js (the cpu run covers the npm client)";
+  }
   const std::string dir = source_dir() + "/conformance";
   ASSERT_TRUE(file_exists(dir + "/node_modules/openai/package.json"))
       << "the openai npm package is not installed: run `npm ci --prefix conformance`";

@@ -237,7 +237,11 @@ TEST(ConformanceQueue, QueueDepthOneRefusesTheThirdWithWorkerBusy) {
 TEST(ConformanceQueue, InferenceTimeoutEndsTheJob) {
   WorkerOptions o;
   o.model = slow_model();
-  o.extra_args = {"--inference-timeout-sec", "1"};
+  // The limit must be shorter than 2000 tokens of the slow model and longer than the short
+  // follow-up job: 1 s on the CPU; the cuda backend finishes all 2000 tokens inside 1 s
+  // (~0.2 s on an H200), so there the limit is 50 ms.
+  const bool gpu = test_backend() == "cuda";
+  o.extra_args = {"--inference-timeout-sec", gpu ? "0.05" : "1"};
   WorkerProcess w(o);
   const auto t0 = Clock::now();
   JobStream js = run_job(w.port(), long_job(unique_job_id("timeout")));

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <charconv>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 
@@ -16,6 +17,16 @@ T parse_int(const std::string& opt, const std::string& v, T lo, T hi) {
   if (v.empty() || ec != std::errc() || p != end || x < lo || x > hi)
     throw std::invalid_argument(opt + " must be an integer in [" + std::to_string(lo) + ", " +
                                 std::to_string(hi) + "], got '" + v + "'");
+  return x;
+}
+
+// Seconds as a decimal number (e.g. 300, 0.5) in [lo, hi].
+double parse_seconds(const std::string& opt, const std::string& v, double lo, double hi) {
+  char* end = nullptr;
+  const double x = v.empty() ? 0.0 : std::strtod(v.c_str(), &end);
+  if (v.empty() || end != v.c_str() + v.size() || !(x >= lo && x <= hi))
+    throw std::invalid_argument(opt + " must be a number of seconds in [" + std::to_string(lo) +
+                                ", " + std::to_string(hi) + "], got '" + v + "'");
   return x;
 }
 
@@ -34,7 +45,7 @@ options:
   --backend cuda|cpu         inference backend (default cuda; no fallback)
   --ctx-size N               KV cache context size (default: the model's, capped at 32768)
   --queue-depth N            waiting jobs admitted before 503 WORKER_BUSY (default 16)
-  --inference-timeout-sec N  per-job limit, then INFERENCE_TIMEOUT (default 300)
+  --inference-timeout-sec S  per-job limit in seconds (fractions allowed), then INFERENCE_TIMEOUT (default 300)
   --api-key KEY              require Authorization: Bearer KEY (all but /health)
   --tokenizer FILE           use a Hugging Face tokenizer.json (hf-json)
   --log-logits FILE          JSONL parity log of every evaluated position
@@ -113,7 +124,7 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
     } else if (a == "--queue-depth") {
       o.queue_depth = parse_int<size_t>(a, value(), 0, 4096);
     } else if (a == "--inference-timeout-sec") {
-      o.inference_timeout_sec = parse_int<int>(a, value(), 1, 86400);
+      o.inference_timeout_sec = parse_seconds(a, value(), 0.001, 86400);
     } else if (a == "--api-key") {
       o.api_key = value();
       if (o.api_key.empty()) throw std::invalid_argument("--api-key must not be empty");

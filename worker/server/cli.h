@@ -17,7 +17,7 @@ struct CliOptions {
   std::string backend = "cuda";
   int32_t ctx_size = 0;  // 0: the model's training context
   size_t queue_depth = 16;
-  int inference_timeout_sec = 300;
+  double inference_timeout_sec = 300;  // fractions allowed (tests use sub-second limits)
   std::string api_key;
   std::string tokenizer;  // hf-json tokenizer.json
   std::string log_logits;

@@ -243,7 +243,9 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
               {"seed", job->request.sampling.seed},
               {"prompt_tokens", job->prompt_token_count}}});
 
-  const auto deadline = t0 + std::chrono::seconds(opts_.inference_timeout_sec);
+  const auto deadline =
+      t0 + std::chrono::duration_cast<Clock::duration>(
+               std::chrono::duration<double>(opts_.inference_timeout_sec));
   std::optional<Clock::time_point> last_token;
   GenerationCallbacks cb;
   cb.on_text = [&](const std::string& text, int32_t index, int32_t) {

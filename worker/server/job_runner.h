@@ -77,7 +77,7 @@ struct Job {
 
 struct JobRunnerOptions {
   size_t queue_depth = 16;
-  int inference_timeout_sec = 300;
+  double inference_timeout_sec = 300;
   // M0-W-1012: the engine's residency self-check, run on the inference thread between jobs.
   std::chrono::milliseconds residency_check_every{60000};
 };

@@ -81,6 +81,10 @@ TEST(ServerCli, BadValuesAreRejected) {
   EXPECT_THROW(parse({"--model", "m", "--queue-depth", "-3"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--ctx-size", "abc"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--inference-timeout-sec", "0"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--inference-timeout-sec", "1s"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--inference-timeout-sec", "nan"}), std::invalid_argument);
+  EXPECT_DOUBLE_EQ(parse({"--model", "m", "--inference-timeout-sec", "0.25"}).inference_timeout_sec,
+                   0.25);
   EXPECT_THROW(parse({"--model", "m", "--gpu-device", "-1"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--port"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--callback-url", "ftp://x"}), std::invalid_argument);
