@@ -39,9 +39,8 @@ TEST(CudaErrors, FailuresCarryStableCodeAndCallSite) {
   EXPECT_EQ(inval.code(), ErrorCode::CudaError);
   EXPECT_NE(std::string(inval.what()).find("upload.cpp:7"), std::string::npos);
 
-  const WorkerError blas = expect_throw([] {
-    cublas_check(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmEx(...)", "matmul.cu", 99);
-  });
+  const WorkerError blas = expect_throw(
+      [] { cublas_check(CUBLAS_STATUS_EXECUTION_FAILED, "cublasGemmEx(...)", "matmul.cu", 99); });
   EXPECT_EQ(blas.code(), ErrorCode::CudaError);
   EXPECT_NE(std::string(blas.what()).find("CUBLAS_STATUS_EXECUTION_FAILED"), std::string::npos);
   const WorkerError blas_oom = expect_throw(

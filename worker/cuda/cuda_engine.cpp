@@ -577,21 +577,8 @@ void CudaEngine::decode_one(int32_t token) {
 }
 
 void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
+  check_eval_input(tokens, n_past_, n_ctx_, cfg_.vocab_size);
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 0) throw WorkerError(ErrorCode::InvalidRequest, "eval of zero tokens");
-  if (n_past_ + n > n_ctx_) {
-    throw WorkerError(ErrorCode::InvalidRequest, "context overflow: " + std::to_string(n_past_) +
-                                                     " cached + " + std::to_string(n) +
-                                                     " new tokens exceed the context size " +
-                                                     std::to_string(n_ctx_));
-  }
-  for (int32_t id : tokens) {
-    if (id < 0 || id >= cfg_.vocab_size) {
-      throw WorkerError(ErrorCode::InvalidRequest, "token id " + std::to_string(id) +
-                                                       " outside the vocabulary (size " +
-                                                       std::to_string(cfg_.vocab_size) + ")");
-    }
-  }
   last_host_valid_ = false;
   n_all_ = 0;
   if (n == 1 && !all_logits) {

@@ -72,6 +72,11 @@ class Engine {
                          std::mt19937_64& rng);
 };
 
+// The checks every backend's eval() starts with: a non-empty batch that fits the context and
+// ids inside the vocabulary. Throws WorkerError(InvalidRequest) naming the problem.
+void check_eval_input(std::span<const int32_t> tokens, int32_t n_past, int32_t n_ctx,
+                      int64_t vocab_size);
+
 // Backend factory. backend = "cpu" | "cuda"; throws WorkerError with a clear message
 // (no silent fallback, D4). ctx_size 0 = the model's training context (capped at 32768).
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<const Model> model,

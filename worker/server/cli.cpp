@@ -2,8 +2,8 @@
 
 #include <cctype>
 #include <charconv>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 
 namespace worker::server {

@@ -4,6 +4,7 @@
 #include <array>
 #include <memory>
 
+#include "common/utf8.h"
 #include "tokenizer/unicode_tables.h"
 
 namespace worker::unicode {
@@ -156,23 +157,7 @@ std::vector<uint32_t> decode_lenient(std::string_view s) {
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out.push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out.push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < kMaxCp) {
-    out.push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    append_utf8(out, 0xFFFD);
-  }
+  utf8::append(out, cp < kMaxCp ? cp : 0xFFFD);
 }
 
 std::string to_utf8(const std::vector<uint32_t>& cps, size_t begin, size_t end) {

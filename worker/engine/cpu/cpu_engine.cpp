@@ -371,21 +371,8 @@ class CpuEngine final : public Engine {
 };
 
 void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
+  check_eval_input(tokens, n_past_, n_ctx_, cfg_.vocab_size);
   const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 0) throw WorkerError(ErrorCode::InvalidRequest, "eval of zero tokens");
-  if (n_past_ + n > n_ctx_) {
-    throw WorkerError(ErrorCode::InvalidRequest, "context overflow: " + std::to_string(n_past_) +
-                                                     " cached + " + std::to_string(n) +
-                                                     " new tokens exceed the context size " +
-                                                     std::to_string(n_ctx_));
-  }
-  for (int32_t id : tokens) {
-    if (id < 0 || id >= cfg_.vocab_size) {
-      throw WorkerError(ErrorCode::InvalidRequest, "token id " + std::to_string(id) +
-                                                       " outside the vocabulary (size " +
-                                                       std::to_string(cfg_.vocab_size) + ")");
-    }
-  }
   const int64_t D = cfg_.n_embd, hd = cfg_.head_dim, nh = cfg_.n_head, nkv = cfg_.n_head_kv;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd, F = cfg_.n_ff;
   const int64_t group = nh / nkv;

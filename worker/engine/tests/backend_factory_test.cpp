@@ -16,8 +16,12 @@ using namespace worker;
 
 namespace {
 
-std::string stories_path() { return testpaths::shared_fixtures() + "/stories260K.gguf"; }
-std::string haiku_path() { return testpaths::source_dir() + "/fixtures/haiku/haiku-qwen2.gguf"; }
+std::string stories_path() {
+  return testpaths::shared_fixtures() + "/stories260K.gguf";
+}
+std::string haiku_path() {
+  return testpaths::source_dir() + "/fixtures/haiku/haiku-qwen2.gguf";
+}
 
 void expect_finite_logits(const Engine& engine, int64_t vocab) {
   const auto logits = engine.logits();
