@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "common/errors.h"
@@ -208,7 +209,112 @@ float dot_f32(const float* x, const float* y, int64_t n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
+// ---- llama.cpp CPU summation orders (see act_quant.h) ----
+// The bodies are always-inline templates instantiated twice: once for CPUs with FMA (where
+// std::fma becomes one instruction, and the lane loops vectorise) and once portable. Both
+// compute identical floats: every step is an explicitly rounded fma or add, in a fixed order.
+#if defined(__GNUC__)
+#define WORKER_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define WORKER_ALWAYS_INLINE inline
+#endif
+
+WORKER_ALWAYS_INLINE float hsum16_impl(const float* v) {
+  float t8[8], t4[4];
+  for (int i = 0; i < 8; ++i) t8[i] = v[i + 8] + v[i];
+  for (int i = 0; i < 4; ++i) t4[i] = t8[i + 4] + t8[i];
+  return (t4[0] + t4[2]) + (t4[1] + t4[3]);
+}
+
+WORKER_ALWAYS_INLINE float dot_vecdot_impl(const float* x, const float* y, int64_t n,
+                                           bool f16) {
+  float acc[64] = {};
+  const int64_t np = n & ~int64_t{63};
+  for (int64_t i = 0; i < np; i += 64) {
+    for (int l = 0; l < 64; ++l) acc[l] = std::fma(x[i + l], y[i + l], acc[l]);
+  }
+  // GGML_F32x16_REDUCE: sum[0] += sum[2], sum[1] += sum[3]; sum[0] += sum[1]; reduce_add.
+  float r[16];
+  for (int l = 0; l < 16; ++l) r[l] = (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+  float sum = hsum16_impl(r);
+  if (f16) {
+    // ggml_vec_dot_f16: leftovers are added to a double (ggml_float) as float products
+    double s = static_cast<double>(sum);
+    for (int64_t i = np; i < n; ++i) s += static_cast<double>(x[i] * y[i]);
+    return static_cast<float>(s);
+  }
+  // ggml_vec_dot_f32: `sumf += x[i]*y[i]` in float, contracted to an FMA by GCC (x86 builds)
+  for (int64_t i = np; i < n; ++i) sum = std::fma(x[i], y[i], sum);
+  return sum;
+}
+
+WORKER_ALWAYS_INLINE float dot_tinyblas_impl(const float* a, const float* b, int64_t k) {
+  float acc[16] = {};
+  for (int64_t i = 0; i < k; i += 16) {
+    for (int l = 0; l < 16; ++l) acc[l] = std::fma(a[i + l], b[i + l], acc[l]);
+  }
+  return hsum16_impl(acc);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) float dot_vecdot_fma(const float* x, const float* y,
+                                                         int64_t n, bool f16) {
+  return dot_vecdot_impl(x, y, n, f16);
+}
+__attribute__((target("avx2,fma"))) float dot_tinyblas_fma(const float* a, const float* b,
+                                                           int64_t k) {
+  return dot_tinyblas_impl(a, b, k);
+}
+bool have_fma() {
+  static const bool yes = __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
+  return yes;
+}
+#endif
+
 }  // namespace
+
+float hsum16(const float* v) { return hsum16_impl(v); }
+
+float dot_vecdot(const float* x, const float* y, int64_t n, bool f16) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_fma()) return dot_vecdot_fma(x, y, n, f16);
+#endif
+  return dot_vecdot_impl(x, y, n, f16);
+}
+
+float dot_tinyblas(const float* a, const float* b, int64_t k) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_fma()) return dot_tinyblas_fma(a, b, k);
+#endif
+  return dot_tinyblas_impl(a, b, k);
+}
+
+// llamafile_sgemm: only for prompt batches (n >= 2); F32 x F32 and F16 x F16 (the
+// activation converted to F16 first) on AVX-512F; tinyBLAS::matmul needs k % KN == 0
+// and m % 4 == 0, otherwise mul_mat falls back to vec_dot.
+bool tinyblas_takes(GgmlType t, int64_t m, int64_t n_tokens, int64_t k) {
+  if (n_tokens < 2 || m % 4 != 0) return false;
+  if (t == GgmlType::F32 || t == GgmlType::F16) return k % 16 == 0;
+  return false;
+}
+
+// ggml_v_expf, AVX-512 version (vec.h), one lane: fnmadd(a, b, c) = fma(-a, b, c) and
+// _mm512_scalef_ps(j, n) = j * 2^n with one rounding (std::ldexp).
+float ggml_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
+  const float u = b * b;
+  const float j = std::fma(
+      std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+      u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  if (std::isnan(n)) return n;
+  if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
+  return std::ldexp(j, static_cast<int>(n));
+}
+
+float ggml_silu(float x) { return x / (1.0f + ggml_expf(0.0f - x)); }
 
 void quantize_activation(GgmlType t, const float* x, int64_t n, QuantizedActivation& o) {
   o.weight_type = t;

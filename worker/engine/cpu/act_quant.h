@@ -27,4 +27,35 @@ void quantize_activation(GgmlType weight_type, const float* x, int64_t n, Quanti
 // dot(weight row of `type` (raw blocks), activation); `scratch` holds n floats (F16/BF16).
 float dot_quantized(GgmlType type, const void* row, const QuantizedActivation& a, float* scratch);
 
+// ---------------------------------------------------------------------------------------
+// Float summation orders of llama.cpp's CPU backend, reproduced in portable C++.
+//
+// Which order applies depends on the ggml-cpu variant that llama.cpp loads. These mirror the
+// AVX-512 builds (node-llama-cpp 3.21.1's libggml-cpu-zen4.so / -skylakex / -icelake /
+// -cooperlake: GGML_F32_EPR 16, no __AVX512FP16__), compiled by GCC (its
+// _mm512_reduce_add_ps tree). On a CPU where llama.cpp picks an AVX2 variant the lane count
+// is 8 and the results differ in the last bits (reports/cpu-parity.md).
+// Every function gives the same floats whatever the host CPU: FMA instructions are used
+// when present, std::fma (same rounding) otherwise.
+
+// _mm512_reduce_add_ps of 16 lanes (GCC): halves added pairwise, 16 -> 8 -> 4 -> 2 -> 1.
+float hsum16(const float* v);
+
+// ggml_vec_dot_f32 / ggml_vec_dot_f16 (after the exact F16 -> F32 conversion): 4 x 16 lane
+// accumulators (GGML_F32_STEP 64) updated with FMA, reduced 4 -> 2 -> 1 vectors, then
+// hsum16; leftovers (n % 64) added one by one (f16: in double, as ggml_vec_dot_f16). Used
+// by mul_mat for one token (decode) and for the attention KQ and KQV products.
+float dot_vecdot(const float* x, const float* y, int64_t n, bool f16 = false);
+
+// llamafile tinyBLAS<16, __m512> gemm_bloc: one 16-lane FMA accumulator per output over the
+// k/16 chunks, then hsum16. Used by mul_mat when it has >= 2 tokens (prompt) and F32/F16
+// weights: k % 16 == 0 and m % 4 == 0 (tinyblas_takes).
+float dot_tinyblas(const float* a, const float* b, int64_t k);
+bool tinyblas_takes(GgmlType weight_type, int64_t m, int64_t n_tokens, int64_t k);
+
+// ggml_v_expf (AVX-512 version: polynomial, _mm512_scalef_ps) for one lane.
+float ggml_expf(float x);
+// ggml_v_silu: x / (1 + ggml_v_expf(-x)).
+float ggml_silu(float x);
+
 }  // namespace worker::cpu

@@ -277,7 +277,9 @@ class CpuEngine final : public Engine {
 
   // out[t*M + r] = dot(W row r, in[t*K ..]) for t < n. As llama.cpp's CPU backend, each
   // activation row is first rounded to the weight type's vec_dot_type (act_quant.h); float
-  // weight rows are expanded once per call and reused by every token of the batch.
+  // weight rows are expanded once per call and reused by every token of the batch. F32/F16
+  // products are summed in llama.cpp's order: tinyBLAS for a batch of >= 2 tokens (prompt),
+  // vec_dot for one token (decode).
   void matmul(const TensorInfo& W, const float* in, int64_t n, float* out) {
     const int64_t K = W.row_len(), M = W.rows();
     if (acts_.size() < static_cast<size_t>(n)) acts_.resize(static_cast<size_t>(n));
@@ -285,6 +287,9 @@ class CpuEngine final : public Engine {
       cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
     const bool float_weights =
         W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;
+    const bool ggml_order = W.type == GgmlType::F32 || W.type == GgmlType::F16;
+    const bool tiny = cpu::tinyblas_takes(W.type, M, n, K);
+    const bool f16 = W.type == GgmlType::F16;
     pool_.parallel_for(
         M,
         [&](int64_t b, int64_t e, int th) {
@@ -293,7 +298,10 @@ class CpuEngine final : public Engine {
             if (float_weights) {
               const float* row = row_f32(W, r, buf);
               for (int64_t t = 0; t < n; ++t) {
-                out[t * M + r] = dot_f32(row, acts_[static_cast<size_t>(t)].f.data(), K);
+                const float* a = acts_[static_cast<size_t>(t)].f.data();
+                out[t * M + r] = !ggml_order ? dot_f32(row, a, K)
+                                 : tiny      ? cpu::dot_tinyblas(row, a, K)
+                                             : cpu::dot_vecdot(row, a, K, f16);
               }
             } else {
               for (int64_t t = 0; t < n; ++t) {
@@ -332,14 +340,18 @@ class CpuEngine final : public Engine {
       s[i] = std::sin(theta);
       theta *= theta_scale;
     }
+    // The rotation as GCC compiled ggml's rotate_pairs (-ffp-contract=fast, FMA) in the
+    // loop llama.cpp runs: d0 = fma(x0, c, -(x1*s)), d1 = fma(x0, s, x1*c), for NEOX and
+    // normal RoPE alike. Plain x0*c - x1*s differs in the last bit; the vectorised loop's
+    // d1 = fma(x1, c, x0*s) was measured not to be the one taken (reports/cpu-parity.md).
     for (int64_t h = 0; h < n_heads; ++h) {
       float* x = v + h * hd;
       for (int64_t i = 0; i < nr / 2; ++i) {
         const int64_t i0 = cfg_.rope_neox ? i : 2 * i;
         const int64_t i1 = cfg_.rope_neox ? i + nr / 2 : 2 * i + 1;
         const float x0 = x[i0], x1 = x[i1];
-        x[i0] = x0 * c[i] - x1 * s[i];
-        x[i1] = x0 * s[i] + x1 * c[i];
+        x[i0] = std::fma(x0, c[i], -(x1 * s[i]));
+        x[i1] = std::fma(x0, s[i], x1 * c[i]);
       }
     }
   }
@@ -420,33 +432,43 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     std::copy(k.begin(), k.end(), kc.begin() + n_past_ * kv_dim);
     std::copy(v.begin(), v.end(), vc.begin() + n_past_ * kv_dim);
 
-    // Causal GQA attention, one (token, head) pair per task; FP32 softmax as ggml's
-    // soft_max_ext (scale inside, max subtracted, sum in double).
+    // Causal GQA attention, one (token, head) pair per task, in llama.cpp's order (F32 KV
+    // cache, no flash attention): KQ = ggml_vec_dot_f32 per key, soft_max_ext (scale, then
+    // ggml_v_expf 16 lanes at a time, block sums added in double), KQV = mul_mat(V^T, KQ):
+    // vec_dot over the keys for one token, tinyBLAS for a prompt batch. llama.cpp's KV
+    // window is padded (256 cells); the padding holds zero weights and adds nothing, so
+    // padding to 64 here gives the same lanes.
+    const int64_t cap = (n_kv_total + 63) & ~int64_t{63};
     pool_.parallel_for(
         n * nh,
         [&](int64_t b, int64_t e, int) {
-          std::vector<float> sc(static_cast<size_t>(n_kv_total));
+          std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
           for (int64_t job = b; job < e; ++job) {
             const int64_t t = job / nh, h = job % nh, g = h / group;
             const int64_t n_att = n_past_ + t + 1;
+            const int64_t n16 = (n_att + 15) & ~int64_t{15};
             const float* qh = q.data() + t * q_dim + h * hd;
             float mx = -INFINITY;
             for (int64_t j = 0; j < n_att; ++j) {
-              sc[j] = dot_f32(qh, kc.data() + j * kv_dim + g * hd, hd) * kq_scale;
+              sc[j] = cpu::dot_vecdot(kc.data() + j * kv_dim + g * hd, qh, hd) * kq_scale;
               mx = std::max(mx, sc[j]);
             }
             double sum = 0.0;
-            for (int64_t j = 0; j < n_att; ++j) {
-              sc[j] = std::exp(sc[j] - mx);
-              sum += static_cast<double>(sc[j]);
+            for (int64_t j0 = 0; j0 < n16; j0 += 16) {
+              for (int64_t j = j0; j < j0 + 16; ++j) {
+                sc[j] = j < n_att ? cpu::ggml_expf(sc[j] - mx) : 0.0f;
+              }
+              sum += static_cast<double>(cpu::hsum16(sc.data() + j0));
             }
             const float inv = static_cast<float>(1.0 / sum);
+            for (int64_t j = 0; j < n16; ++j) sc[j] *= inv;
+            std::fill(sc.begin() + n16, sc.end(), 0.0f);
+            std::fill(col.begin() + n_att, col.end(), 0.0f);
             float* out = att.data() + t * q_dim + h * hd;
-            std::fill(out, out + hd, 0.0f);
-            for (int64_t j = 0; j < n_att; ++j) {
-              const float wgt = sc[j] * inv;
-              const float* vj = vc.data() + j * kv_dim + g * hd;
-              for (int64_t d = 0; d < hd; ++d) out[d] += wgt * vj[d];
+            for (int64_t d = 0; d < hd; ++d) {
+              for (int64_t j = 0; j < n_att; ++j) col[j] = vc[j * kv_dim + g * hd + d];
+              out[d] = n == 1 ? cpu::dot_vecdot(col.data(), sc.data(), cap)
+                              : cpu::dot_tinyblas(col.data(), sc.data(), n16);
             }
           }
         },
@@ -456,18 +478,24 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
     checkpoint("ffn_inp", li, x.data(), n, D, n_past_);
 
-    rms_norm(x.data(), LV.ffn_norm, xn.data(), n);
-    checkpoint("ffn_norm", li, xn.data(), n, D, n_past_);
-    matmul(*L.w_gate, xn.data(), n, gate.data());
-    matmul(*L.w_up, xn.data(), n, up.data());
-    for (size_t i = 0; i < gate.size(); ++i) {
-      const float g = gate[i];
-      gate[i] = (g / (1.0f + std::exp(-g))) * up[i];  // ggml_silu, then the mul
+    // In the last layer llama.cpp keeps only the output rows (ggml_get_rows on inp_out_ids)
+    // before the FFN; with one output its matmuls take the one-token (vec_dot) order, so do
+    // the same: rows r0..n-1 only.
+    const int64_t r0 = (!all_logits && il + 1 == w_.layers.size()) ? n - 1 : 0;
+    const int64_t nr = n - r0;
+    float* xr = x.data() + r0 * D;
+    const int32_t p0 = n_past_ + static_cast<int32_t>(r0);
+    rms_norm(xr, LV.ffn_norm, xn.data(), nr);
+    checkpoint("ffn_norm", li, xn.data(), nr, D, p0);
+    matmul(*L.w_gate, xn.data(), nr, gate.data());
+    matmul(*L.w_up, xn.data(), nr, up.data());
+    for (size_t i = 0; i < static_cast<size_t>(nr * F); ++i) {
+      gate[i] = cpu::ggml_silu(gate[i]) * up[i];  // ggml_vec_swiglu_f32
     }
-    checkpoint("ffn_act", li, gate.data(), n, F, n_past_);
-    matmul(*L.w_down, gate.data(), n, tmp.data());
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
-    checkpoint("l_out", li, x.data(), n, D, n_past_);
+    checkpoint("ffn_act", li, gate.data(), nr, F, p0);
+    matmul(*L.w_down, gate.data(), nr, tmp.data());
+    for (size_t i = 0; i < static_cast<size_t>(nr * D); ++i) xr[i] += tmp[i];
+    checkpoint("l_out", li, xr, nr, D, p0);
   }
 
   // Only the positions asked for go through the final norm and the LM head.
