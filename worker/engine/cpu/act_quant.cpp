@@ -76,54 +76,60 @@ void quantize_q8_k(const float* x, int64_t n, QuantizedActivation& o) {
   }
 }
 
-float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
+// Q8_0 / Q4_0 / Q5_0 rows against Q8_0 activations in the order of ggml's AVX2/AVX-512
+// ggml_vec_dot_q{8,4,5}_0_q8_0 (one token) and llamafile's tinyBLAS_Q0_AVX (prompt batch),
+// which agree: 8 float lanes, lane i holds the integer dot of elements 4i..4i+3 of each
+// block (dpbusd / maddubs, exact), acc[i] = fma(d_w * d_a, lane, acc[i]) block after block,
+// then hsum_float_8 ((v[i] + v[i+4]) for i < 4, then (t0 + t2) + (t1 + t3)).
+// `wq` yields a block's 32 weight quants in element order.
+template <typename Unpack>
+float dot_q0_lanes(const uint8_t* row, size_t block_bytes, const QuantizedActivation& a,
+                   Unpack wq) {
   const int64_t nb = a.n / kQ;
-  float sum = 0.0f;
+  float acc[8] = {};
+  int8_t w[kQ];
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * 34;
-    const auto* qs = reinterpret_cast<const int8_t*>(blk + 2);
+    const uint8_t* blk = row + static_cast<size_t>(b) * block_bytes;
+    wq(blk, w);
     const int8_t* y = a.q.data() + b * kQ;
-    int sumi = 0;
-    for (int j = 0; j < kQ; ++j) sumi += qs[j] * y[j];
-    sum += static_cast<float>(sumi) * (fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)]);
+    const float d = fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)];
+    for (int i = 0; i < 8; ++i) {
+      const int s = w[4 * i] * y[4 * i] + w[4 * i + 1] * y[4 * i + 1] + w[4 * i + 2] * y[4 * i + 2] +
+                    w[4 * i + 3] * y[4 * i + 3];
+      acc[i] = std::fma(d, static_cast<float>(s), acc[i]);
+    }
   }
-  return sum;
+  const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5], t2 = acc[2] + acc[6],
+              t3 = acc[3] + acc[7];
+  return (t0 + t2) + (t1 + t3);
+}
+
+float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
+  return dot_q0_lanes(row, 34, a, [](const uint8_t* blk, int8_t* w) { std::memcpy(w, blk + 2, kQ); });
 }
 
 float dot_q4_0(const uint8_t* row, const QuantizedActivation& a) {
-  const int64_t nb = a.n / kQ;
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * 18;
+  return dot_q0_lanes(row, 18, a, [](const uint8_t* blk, int8_t* w) {
     const uint8_t* qs = blk + 2;
-    const int8_t* y = a.q.data() + b * kQ;
-    int sumi = 0;
     for (int j = 0; j < kQ / 2; ++j) {
-      sumi += ((qs[j] & 0x0F) - 8) * y[j] + ((qs[j] >> 4) - 8) * y[j + kQ / 2];
+      w[j] = static_cast<int8_t>((qs[j] & 0x0F) - 8);
+      w[j + kQ / 2] = static_cast<int8_t>((qs[j] >> 4) - 8);
     }
-    sum += static_cast<float>(sumi) * (fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)]);
-  }
-  return sum;
+  });
 }
 
 float dot_q5_0(const uint8_t* row, const QuantizedActivation& a) {
-  const int64_t nb = a.n / kQ;
-  float sum = 0.0f;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * 22;
+  return dot_q0_lanes(row, 22, a, [](const uint8_t* blk, int8_t* w) {
     uint32_t qh;
     std::memcpy(&qh, blk + 2, 4);
     const uint8_t* qs = blk + 6;
-    const int8_t* y = a.q.data() + b * kQ;
-    int sumi = 0;
     for (int j = 0; j < kQ / 2; ++j) {
       const int xh0 = static_cast<int>(((qh >> j) << 4) & 0x10);
       const int xh1 = static_cast<int>((qh >> (j + 12)) & 0x10);
-      sumi += (((qs[j] & 0x0F) | xh0) - 16) * y[j] + (((qs[j] >> 4) | xh1) - 16) * y[j + kQ / 2];
+      w[j] = static_cast<int8_t>(((qs[j] & 0x0F) | xh0) - 16);
+      w[j + kQ / 2] = static_cast<int8_t>(((qs[j] >> 4) | xh1) - 16);
     }
-    sum += static_cast<float>(sumi) * (fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)]);
-  }
-  return sum;
+  });
 }
 
 void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
