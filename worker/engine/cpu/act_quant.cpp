@@ -108,6 +108,27 @@ float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
   return dot_q0_lanes(row, 34, a, [](const uint8_t* blk, int8_t* w) { std::memcpy(w, blk + 2, kQ); });
 }
 
+// Q4_0 on x86: llama.cpp moves Q4_0 weights with a multiple of 8 rows into the CPU "repack"
+// buffer (block_q4_0x8, ggml_gemv/gemm_q4_0_8x8_q8_0, prompt and decode alike): one float
+// accumulator per output, acc = fma(float(integer block dot), d_w * d_a, acc), block after
+// block. Rows not a multiple of 8 stay in the plain layout (dot_q0_lanes).
+float dot_q4_0_repack(const uint8_t* row, const QuantizedActivation& a) {
+  const int64_t nb = a.n / kQ;
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 18;
+    const uint8_t* qs = blk + 2;
+    const int8_t* y = a.q.data() + b * kQ;
+    int sumi = 0;
+    for (int j = 0; j < kQ / 2; ++j) {
+      sumi += ((qs[j] & 0x0F) - 8) * y[j] + ((qs[j] >> 4) - 8) * y[j + kQ / 2];
+    }
+    acc = std::fma(static_cast<float>(sumi), fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)],
+                   acc);
+  }
+  return acc;
+}
+
 float dot_q4_0(const uint8_t* row, const QuantizedActivation& a) {
   return dot_q0_lanes(row, 18, a, [](const uint8_t* blk, int8_t* w) {
     const uint8_t* qs = blk + 2;
@@ -281,6 +302,10 @@ bool have_fma() {
 
 float hsum16(const float* v) { return hsum16_impl(v); }
 
+bool repacked_on_x86(GgmlType t, int64_t rows) {
+  return (t == GgmlType::Q4_0 || t == GgmlType::Q4_K) && rows % 8 == 0;
+}
+
 float dot_vecdot(const float* x, const float* y, int64_t n, bool f16) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (have_fma()) return dot_vecdot_fma(x, y, n, f16);
@@ -362,7 +387,7 @@ float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, f
       dequantize_row(t, row, scratch, a.n);
       return dot_f32(scratch, a.f.data(), a.n);
     case GgmlType::Q8_0: return dot_q8_0(r, a);
-    case GgmlType::Q4_0: return dot_q4_0(r, a);
+    case GgmlType::Q4_0: return a.repacked ? dot_q4_0_repack(r, a) : dot_q4_0(r, a);
     case GgmlType::Q5_0: return dot_q5_0(r, a);
     case GgmlType::Q4_K: return dot_q4_k(r, a);
     case GgmlType::Q6_K: return dot_q6_k(r, a);

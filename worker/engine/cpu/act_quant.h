@@ -20,7 +20,14 @@ struct QuantizedActivation {
   std::vector<int8_t> q;      // Q8_0 / Q8_K quants
   std::vector<float> d;       // per block scale (Q8_0: fp16-rounded; Q8_K: float)
   std::vector<int32_t> bsum;  // Q8_K: sums of 16 quants
+  // The weight matrix is one llama.cpp keeps in its CPU "repack" buffer on x86 (Q4_0 and
+  // Q4_K with a multiple of 8 rows): its dot products are summed in another order.
+  bool repacked = false;
 };
+
+// Whether llama.cpp's x86 CPU backend repacks a weight of this type with `rows` rows
+// (ggml_repack_get_optimal_repack_type: Q4_0 -> q4_0_8x8, Q4_K -> q4_K_8x8 on AVX2).
+bool repacked_on_x86(GgmlType weight_type, int64_t rows);
 
 void quantize_activation(GgmlType weight_type, const float* x, int64_t n, QuantizedActivation& out);
 

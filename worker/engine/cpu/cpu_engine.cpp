@@ -283,8 +283,11 @@ class CpuEngine final : public Engine {
   void matmul(const TensorInfo& W, const float* in, int64_t n, float* out) {
     const int64_t K = W.row_len(), M = W.rows();
     if (acts_.size() < static_cast<size_t>(n)) acts_.resize(static_cast<size_t>(n));
-    for (int64_t t = 0; t < n; ++t)
+    const bool repacked = cpu::repacked_on_x86(W.type, M);
+    for (int64_t t = 0; t < n; ++t) {
       cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
+      acts_[static_cast<size_t>(t)].repacked = repacked;
+    }
     const bool float_weights =
         W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;
     const bool ggml_order = W.type == GgmlType::F32 || W.type == GgmlType::F16;
