@@ -193,11 +193,18 @@ float dot_q4_k(const uint8_t* row, const QuantizedActivation& a) {
   return sum;
 }
 
-// ggml_vec_dot_q6_K_q8_K: block layout ql[128], qh[64], scales[16] (int8), d (fp16).
+// ggml_vec_dot_q6_K_q8_K, x86 AVX2 version (also the AVX-512 builds; K-quants never go
+// through tinyBLAS or the repack buffer on x86, so prompt and decode alike). Block layout
+// ql[128], qh[64], scales[16] (int8), d (fp16). Per super-block 8 int32 lanes: lane t gets,
+// for each 32-element group g (elements 32g..32g+31, scale pair 2g, 2g+1), scale *
+// (dot of unsigned 6-bit quants and q8 over elements 4t..4t+3 of the group), minus
+// 32 * (bsum[2t] sc[2t] + bsum[2t+1] sc[2t+1]); then acc[t] = fma(d, float(lane t), acc[t])
+// and hsum_float_8. Integer parts are exact; the int -> float conversion and the float
+// steps are what must come in this order.
 float dot_q6_k(const uint8_t* row, const QuantizedActivation& a) {
   const int64_t nb = a.n / kQK;
-  float sum = 0.0f;
-  int8_t v[kQK];
+  float acc[8] = {};
+  uint8_t v[kQK];
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 210;
     const uint8_t* ql = blk;
@@ -206,24 +213,33 @@ float dot_q6_k(const uint8_t* row, const QuantizedActivation& a) {
     for (int c = 0; c < 2; ++c) {  // two halves of 128
       const uint8_t* q4 = ql + 64 * c;
       const uint8_t* h = qh + 32 * c;
-      int8_t* o = v + 128 * c;
+      uint8_t* o = v + 128 * c;
       for (int l = 0; l < 32; ++l) {
-        o[l + 0] = static_cast<int8_t>(((q4[l] & 0xF) | (((h[l] >> 0) & 3) << 4)) - 32);
-        o[l + 32] = static_cast<int8_t>(((q4[l + 32] & 0xF) | (((h[l] >> 2) & 3) << 4)) - 32);
-        o[l + 64] = static_cast<int8_t>(((q4[l] >> 4) | (((h[l] >> 4) & 3) << 4)) - 32);
-        o[l + 96] = static_cast<int8_t>(((q4[l + 32] >> 4) | (((h[l] >> 6) & 3) << 4)) - 32);
+        o[l + 0] = static_cast<uint8_t>((q4[l] & 0xF) | (((h[l] >> 0) & 3) << 4));
+        o[l + 32] = static_cast<uint8_t>((q4[l + 32] & 0xF) | (((h[l] >> 2) & 3) << 4));
+        o[l + 64] = static_cast<uint8_t>((q4[l] >> 4) | (((h[l] >> 4) & 3) << 4));
+        o[l + 96] = static_cast<uint8_t>((q4[l + 32] >> 4) | (((h[l] >> 6) & 3) << 4));
       }
     }
     const int8_t* y = a.q.data() + b * kQK;
-    int sumi = 0;
-    for (int g = 0; g < 16; ++g) {
-      int s = 0;
-      for (int l = 0; l < 16; ++l) s += v[g * 16 + l] * y[g * 16 + l];
-      sumi += sc[g] * s;
+    const int32_t* bs = a.bsum.data() + b * 16;
+    int32_t lane[8] = {};
+    for (int g = 0; g < 8; ++g) {
+      for (int t = 0; t < 8; ++t) {
+        const int e = 32 * g + 4 * t;
+        const int p = v[e] * y[e] + v[e + 1] * y[e + 1] + v[e + 2] * y[e + 2] + v[e + 3] * y[e + 3];
+        lane[t] += sc[2 * g + (t >= 4 ? 1 : 0)] * p;
+      }
     }
-    sum += fp16_to_fp32(rd16(blk + 208)) * a.d[static_cast<size_t>(b)] * static_cast<float>(sumi);
+    const float d = a.d[static_cast<size_t>(b)] * fp16_to_fp32(rd16(blk + 208));
+    for (int t = 0; t < 8; ++t) {
+      lane[t] -= 32 * (bs[2 * t] * sc[2 * t] + bs[2 * t + 1] * sc[2 * t + 1]);
+      acc[t] = std::fma(d, static_cast<float>(lane[t]), acc[t]);
+    }
   }
-  return sum;
+  const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5], t2 = acc[2] + acc[6],
+              t3 = acc[3] + acc[7];
+  return (t0 + t2) + (t1 + t3);
 }
 
 float dot_f32(const float* x, const float* y, int64_t n) {
