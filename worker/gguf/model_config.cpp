@@ -2,7 +2,10 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <variant>
 
 namespace worker {
 
@@ -38,7 +41,86 @@ int64_t optional_int(const GgufFile& f, const std::string& key, int64_t fallback
   return f.find(key) ? positive(f, key, f.get_u64(key), max) : fallback;
 }
 
+// The type holding the most bytes among 2-D weights, by its ggml name: what a file
+// without general.file_type is described by.
+std::string dominant_tensor_type(const GgufFile& f) {
+  std::map<uint32_t, size_t> bytes_by_type;
+  for (const auto& t : f.tensors()) {
+    if (t.ne.size() == 2 && t.ne[1] > 1) bytes_by_type[t.type_raw] += t.nbytes;
+  }
+  std::string kind;
+  size_t best = 0;
+  for (const auto& [type, bytes] : bytes_by_type) {
+    if (bytes > best) {
+      best = bytes;
+      kind = std::string(ggml_type_name(type));
+    }
+  }
+  return kind;
+}
+
 }  // namespace
+
+std::optional<std::string_view> llama_file_type_name(uint64_t file_type) {
+  // llama.h's enum llama_ftype, named as llama-quantize names each type (tools/quantize).
+  // Values 4..6 and 33..35 were removed from llama.cpp; they stay unknown here.
+  switch (file_type) {
+    case 0: return "F32";
+    case 1: return "F16";
+    case 2: return "Q4_0";
+    case 3: return "Q4_1";
+    case 7: return "Q8_0";
+    case 8: return "Q5_0";
+    case 9: return "Q5_1";
+    case 10: return "Q2_K";
+    case 11: return "Q3_K_S";
+    case 12: return "Q3_K_M";
+    case 13: return "Q3_K_L";
+    case 14: return "Q4_K_S";
+    case 15: return "Q4_K_M";
+    case 16: return "Q5_K_S";
+    case 17: return "Q5_K_M";
+    case 18: return "Q6_K";
+    case 19: return "IQ2_XXS";
+    case 20: return "IQ2_XS";
+    case 21: return "Q2_K_S";
+    case 22: return "IQ3_XS";
+    case 23: return "IQ3_XXS";
+    case 24: return "IQ1_S";
+    case 25: return "IQ4_NL";
+    case 26: return "IQ3_S";
+    case 27: return "IQ3_M";
+    case 28: return "IQ2_S";
+    case 29: return "IQ2_M";
+    case 30: return "IQ4_XS";
+    case 31: return "IQ1_M";
+    case 32: return "BF16";
+    case 36: return "TQ1_0";
+    case 37: return "TQ2_0";
+    // llama-quantize says MXFP4_MOE; M0-W-1823 expects /health to say MXFP4.
+    case 38: return "MXFP4";
+    case 39: return "NVFP4";
+    case 40: return "Q1_0";
+    case 41: return "Q2_0";
+    default: return std::nullopt;
+  }
+}
+
+std::string quant_kind_of(const GgufFile& f) {
+  // general.file_type is what the quantizer meant (a Q4_K_M file is mostly Q4_K, with
+  // Q6_K and, on rows not a multiple of 256, Q5_0/Q8_0 fallbacks that can outweigh it).
+  // quant_kind is informational, so a missing, mistyped or unknown value falls back to
+  // the tensors instead of failing the load.
+  if (const GgufValue* v = f.find("general.file_type")) {
+    std::optional<uint64_t> value;  // any non-negative integer type (llama.cpp writes u32)
+    if (const auto* u = std::get_if<uint64_t>(&v->v)) value = *u;
+    if (const auto* i = std::get_if<int64_t>(&v->v); i && *i >= 0) value = *i;
+    if (value) {
+      if (auto name = llama_file_type_name(*value)) return std::string(*name);
+    }
+  }
+  return dominant_tensor_type(f);
+}
 
 ModelConfig read_model_config(const GgufFile& f) {
   ModelConfig c;
@@ -119,18 +201,7 @@ ModelConfig read_model_config(const GgufFile& f) {
   c.tied_output = f.find_tensor("output.weight") == nullptr;
   c.has_qkv_bias = c.arch == Arch::Qwen2 && f.find_tensor("blk.0.attn_q.bias") != nullptr;
 
-  // The dominant weight type: the one holding the most bytes among 2-D tensors.
-  std::map<uint32_t, size_t> bytes_by_type;
-  for (const auto& t : f.tensors()) {
-    if (t.ne.size() == 2 && t.ne[1] > 1) bytes_by_type[t.type_raw] += t.nbytes;
-  }
-  size_t best = 0;
-  for (const auto& [type, bytes] : bytes_by_type) {
-    if (bytes > best) {
-      best = bytes;
-      c.quant_kind = std::string(ggml_type_name(type));
-    }
-  }
+  c.quant_kind = quant_kind_of(f);
   return c;
 }
 

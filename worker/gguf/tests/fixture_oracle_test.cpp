@@ -11,10 +11,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <regex>
+#include <set>
+#include <sstream>
 
 #include "gguf/gguf_file.h"
+#include "gguf/model_config.h"
 #include "test_util.h"
 
 namespace worker {
@@ -56,6 +60,61 @@ std::vector<std::string> generated_files() {
   }
   std::sort(files.begin(), files.end());
   return files;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) ADD_FAILURE() << "missing " << path << " (run ci/setup.sh)";
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// llama_file_type_name's table against llama.cpp's own source: every llama_ftype value
+// in llama.h and the name llama-quantize (tools/quantize) gives it.
+// REQ: M0-W-1320 WRK-D12
+TEST(GgufFixtureOracle, FileTypeNamesMatchLlamaQuantize) {
+  const std::string root = src() + "/.deps/llama.cpp";
+  std::map<std::string, uint64_t> value_of;  // "MOSTLY_Q4_K_M" -> 15
+  const std::string header = read_text(root + "/include/llama.h");
+  // One enum value a line; commented-out (removed) values do not match.
+  const std::regex enum_line(R"(^\s*LLAMA_FTYPE_(\w+)\s*=\s*(\d+),)");
+  std::istringstream lines(header);
+  std::smatch m;
+  for (std::string line; std::getline(lines, line);) {
+    if (std::regex_search(line, m, enum_line)) value_of[m[1]] = std::stoull(m[2]);
+  }
+  ASSERT_GE(value_of.size(), 30u);
+  EXPECT_EQ(value_of.count("MOSTLY_Q4_1_SOME_F16"), 0u);  // commented-out values are removed
+
+  const std::string quantize = read_text(root + "/tools/quantize/quantize.cpp");
+  const std::regex option(R"re(\{\s*"(\w+)",\s*LLAMA_FTYPE_(\w+),\s*"([^"]*)")re");
+  std::set<uint64_t> named;
+  for (std::sregex_iterator it(quantize.begin(), quantize.end(), option);
+       it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[1], ftype = (*it)[2], what = (*it)[3];
+    if (what.starts_with("alias") || name == "COPY") continue;  // Q4_K -> Q4_K_M, ...
+    ASSERT_TRUE(value_of.count(ftype)) << ftype;
+    const uint64_t v = value_of[ftype];
+    named.insert(v);
+    // M0-W-1823 asks /health for "MXFP4" where llama-quantize says MXFP4_MOE.
+    const std::string want = name == "MXFP4_MOE" ? "MXFP4" : name;
+    EXPECT_EQ(llama_file_type_name(v).value_or("(none)"), want) << "llama_ftype " << v;
+  }
+  EXPECT_GE(named.size(), 30u);
+  // Values llama.h defines without a quantize option still get a name; the rest none.
+  for (const auto& [ftype, v] : value_of) {
+    if (ftype == "GUESSED") continue;
+    EXPECT_TRUE(llama_file_type_name(v).has_value()) << ftype;
+  }
+  std::set<uint64_t> defined;
+  for (const auto& [ftype, v] : value_of) defined.insert(v);
+  for (uint64_t v = 0; v < 2048; ++v) {
+    if (!defined.count(v)) {
+      EXPECT_FALSE(llama_file_type_name(v).has_value()) << v;
+    }
+  }
+  EXPECT_FALSE(llama_file_type_name(1024).has_value());  // GUESSED alone is no type
 }
 
 TEST(GgufFixtureOracle, EveryGeneratedFileLoadsInLlamaCpp) {

@@ -15,7 +15,8 @@ namespace {
 
 using test::Bytes;
 
-constexpr uint32_t T_U8 = 0, T_U32 = 4, T_F32 = 6, T_BOOL = 7, T_STR = 8, T_ARR = 9;
+constexpr uint32_t T_U8 = 0, T_U32 = 4, T_I32 = 5, T_F32 = 6, T_BOOL = 7, T_STR = 8, T_ARR = 9,
+                   T_U64 = 10;
 
 struct Kv {
   std::string key;
@@ -446,6 +447,44 @@ TEST(GgufCorruptModel, MissingTensorAndBadHeadCounts) {
   Spec h = tiny_model(0);
   h.kvs.push_back({"llama.attention.head_count_kv", T_U32, enc_u32(3)});
   expect_model_error(h, "head_count 1 is not a multiple of head_count_kv 3");
+}
+
+// ---- quant_kind: general.file_type first, the dominant tensor type as the fallback ----
+
+std::string quant_kind_with(std::optional<Kv> file_type, uint32_t embd_type = 0) {
+  Spec s = tiny_model(embd_type);
+  if (file_type) s.kvs.push_back(*file_type);
+  const auto b = serialize(s);
+  return read_model_config(*GgufFile::from_memory(b.data(), b.size())).quant_kind;
+}
+
+Kv file_type_u32(uint32_t v) {
+  return {"general.file_type", T_U32, enc_u32(v)};
+}
+
+// REQ: M0-W-1320 WRK-D12 M0-W-1201
+TEST(GgufQuantKind, FileTypeNamesTheQuantizerMix) {
+  // The tensors are F32 (one case a Q5_0 token_embd); the key says what the quantizer meant.
+  EXPECT_EQ(quant_kind_with(file_type_u32(15)), "Q4_K_M");
+  EXPECT_EQ(quant_kind_with(file_type_u32(14)), "Q4_K_S");
+  EXPECT_EQ(quant_kind_with(file_type_u32(1)), "F16");
+  EXPECT_EQ(quant_kind_with(file_type_u32(32)), "BF16");
+  EXPECT_EQ(quant_kind_with(file_type_u32(0), 8), "F32");
+  // gguf-py writes u32, but any non-negative integer type carries the same value.
+  EXPECT_EQ(quant_kind_with(Kv{"general.file_type", T_I32, Bytes().put<int32_t>(7).b}), "Q8_0");
+  EXPECT_EQ(quant_kind_with(Kv{"general.file_type", T_U64, Bytes().u64(18).b}), "Q6_K");
+}
+
+// REQ: M0-W-1320 WRK-D12
+TEST(GgufQuantKind, MissingOrUnusableFileTypeFallsBackToTheDominantTensorType) {
+  EXPECT_EQ(quant_kind_with(std::nullopt), "F32");
+  // Removed from llama.cpp (4..6, 33..35), past its enum, or its "guessed" flag (1024).
+  for (uint32_t v : {4u, 6u, 33u, 35u, 42u, 1024u | 15u}) {
+    EXPECT_EQ(quant_kind_with(file_type_u32(v)), "F32") << v;
+  }
+  EXPECT_EQ(quant_kind_with(Kv{"general.file_type", T_I32, Bytes().put<int32_t>(-1).b}), "F32");
+  EXPECT_EQ(quant_kind_with(Kv{"general.file_type", T_STR, enc_str("Q4_K_M")}), "F32");
+  EXPECT_EQ(quant_kind_with(Kv{"general.file_type", T_F32, Bytes().put<float>(15.0f).b}), "F32");
 }
 
 }  // namespace

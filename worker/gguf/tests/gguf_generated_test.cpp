@@ -3,10 +3,12 @@
 // C++ decoder agrees with the Python encoder on every block layout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -33,13 +35,23 @@ std::string fixture(const std::string& arch, const Shape& s, const std::string& 
   return p;
 }
 
+std::string upper(const std::string& s) {
+  std::string up;
+  for (char ch : s) up += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  return up;
+}
+
+// llama-quantize's name for the general.file_type gen_model.py writes: the all-Q4_K files
+// say LLAMA_FTYPE_MOSTLY_Q4_K_M (15), as `llama-quantize --pure ... Q4_K_M` would.
+std::string file_type_kind(const std::string& type) {
+  return type == "q4_k" ? "Q4_K_M" : upper(type);
+}
+
 // The stored type of the dominant weights: K types fall back on 896-wide rows.
-std::string expected_kind(const Shape& s, const std::string& type) {
+std::string dominant_kind(const Shape& s, const std::string& type) {
   if (s.n_embd % 256 != 0 && type == "q4_k") return "Q5_0";
   if (s.n_embd % 256 != 0 && type == "q6_k") return "Q8_0";
-  std::string up;
-  for (char ch : type) up += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
-  return up;
+  return upper(type);
 }
 
 // REQ: M0-W-1211 M0-W-1212 M0-W-1214 WRK-D1 WRK-D2
@@ -67,7 +79,7 @@ TEST(GgufGenerated, EveryFixtureLoadsWithItsConfig) {
         EXPECT_FLOAT_EQ(c.rope_base, qwen ? 1e6f : 1e4f);
         EXPECT_FLOAT_EQ(c.norm_eps, qwen ? 1e-6f : 1e-5f);
         EXPECT_FALSE(c.tied_output);
-        EXPECT_EQ(c.quant_kind, expected_kind(s, type));
+        EXPECT_EQ(c.quant_kind, file_type_kind(type));
         if (qwen) {
           const auto toks = m->file->get_string_array("tokenizer.ggml.tokens");
           EXPECT_EQ(toks[2048], "<|endoftext|>");
@@ -77,6 +89,36 @@ TEST(GgufGenerated, EveryFixtureLoadsWithItsConfig) {
           EXPECT_NE(m->file->get_string("tokenizer.chat_template").find("<|im_start|>"),
                     std::string::npos);
         }
+      }
+    }
+  }
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+// The same fixture bytes with the key general.file_type renamed (same length), so the
+// fallback is checked on real files whose dominant type differs from their file type.
+// REQ: M0-W-1320 WRK-D12 M0-W-1201
+TEST(GgufGenerated, QuantKindFallsBackToTheDominantTypeWithoutFileType) {
+  const std::string key = "general.file_type", renamed = "general.file_tyqe";
+  for (const char* arch : {"qwen2", "llama"}) {
+    for (const Shape& s : {kShapes[0], kShapes[2]}) {  // 256 wide (no fallback) and 896
+      for (const char* type : kTypes) {
+        const std::string path = fixture(arch, s, type);
+        SCOPED_TRACE(path);
+        std::vector<uint8_t> bytes = read_file(path);
+        ASSERT_FALSE(bytes.empty());
+        const auto hit = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+        ASSERT_NE(hit, bytes.end()) << "no " << key << " key";
+        EXPECT_EQ(read_model_config(*GgufFile::from_memory(bytes.data(), bytes.size())).quant_kind,
+                  file_type_kind(type));
+        std::copy(renamed.begin(), renamed.end(), hit);
+        auto f = GgufFile::from_memory(bytes.data(), bytes.size());
+        ASSERT_EQ(f->find(key), nullptr);
+        EXPECT_EQ(read_model_config(*f).quant_kind, dominant_kind(s, type));
       }
     }
   }
