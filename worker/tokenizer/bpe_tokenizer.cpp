@@ -1,9 +1,11 @@
 // Byte-level BPE (gguf-bpe) as llama.cpp's llm_tokenizer_bpe_session, and the detokenizer
 // shared by all vocabulary tokenizers.
 #include <cstdio>
-#include <queue>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 
+#include "tokenizer/bigram_merge.h"
 #include "tokenizer/unicode.h"
 #include "tokenizer/vocab_tokenizers.h"
 
@@ -50,13 +52,6 @@ void clean_spaces(std::string& text) {
   }
   text.resize(static_cast<size_t>(total));
 }
-
-struct Symbol {
-  int prev;
-  int next;
-  size_t offset;
-  size_t n;
-};
 
 }  // namespace
 
@@ -161,59 +156,18 @@ void BpeTokenizer::tokenize_word(const std::string& raw_word, std::vector<int32_
   word.reserve(raw_word.size() * 2);
   for (char c : raw_word) word += unicode::byte_to_unicode(static_cast<uint8_t>(c));
 
-  std::vector<Symbol> sym;
   if (ignore_merges_) {
     if (int32_t id = vocab_.find(word); id >= 0) {
       out.push_back(id);
       return;
     }
   }
-  for (size_t off = 0; off < word.size();) {
-    const size_t n =
-        std::min(word.size() - off, unicode::utf8_len(static_cast<uint8_t>(word[off])));
-    const int idx = static_cast<int>(sym.size());
-    sym.push_back(Symbol{idx - 1, off + n == word.size() ? -1 : idx + 1, off, n});
-    off += n;
-  }
-
-  // Lowest rank first; among equal ranks the leftmost pair.
-  struct Bigram {
-    int rank;
-    int left, right;
-    size_t left_n, right_n;
+  // Lowest merge rank first.
+  const auto merge_rank = [this](std::string_view pair, size_t split) -> std::optional<int> {
+    const int rk = rank(pair.substr(0, split), pair.substr(split));
+    return rk >= 0 ? std::optional<int>(rk) : std::nullopt;
   };
-  auto cmp = [](const Bigram& a, const Bigram& b) {
-    return a.rank > b.rank || (a.rank == b.rank && a.left > b.left);
-  };
-  std::priority_queue<Bigram, std::vector<Bigram>, decltype(cmp)> queue(cmp);
-  auto add = [&](int l, int r) {
-    if (l < 0 || r < 0) return;
-    const Symbol& a = sym[static_cast<size_t>(l)];
-    const Symbol& b = sym[static_cast<size_t>(r)];
-    const int rk = rank(std::string_view(word).substr(a.offset, a.n),
-                        std::string_view(word).substr(b.offset, b.n));
-    if (rk >= 0) queue.push(Bigram{rk, l, r, a.n, b.n});
-  };
-  for (int i = 1; i < static_cast<int>(sym.size()); ++i) add(i - 1, i);
-  while (!queue.empty()) {
-    const Bigram bg = queue.top();
-    queue.pop();
-    Symbol& l = sym[static_cast<size_t>(bg.left)];
-    Symbol& r = sym[static_cast<size_t>(bg.right)];
-    // Stale entry: one side has changed since it was queued.
-    if (l.n == 0 || r.n == 0 || l.n != bg.left_n || r.n != bg.right_n || l.next != bg.right) {
-      continue;
-    }
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = bg.left;
-    add(l.prev, bg.left);
-    add(bg.left, l.next);
-  }
-  for (const Symbol& s : sym) {
-    if (s.n == 0) continue;
-    const std::string_view piece = std::string_view(word).substr(s.offset, s.n);
+  for (std::string_view piece : merge_bigrams(word, merge_rank, std::less<int>())) {
     if (int32_t id = vocab_.find(piece); id >= 0) {
       out.push_back(id);
       continue;

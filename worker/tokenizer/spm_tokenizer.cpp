@@ -1,9 +1,10 @@
 // SentencePiece-style tokenizer (gguf-spm) as llama.cpp's llm_tokenizer_spm_session: spaces
 // escaped to U+2581, a space prefix at the start and after special tokens, greedy merging of
 // the highest-scoring adjacent pair, byte fallback through <0xXX> tokens.
-#include <queue>
+#include <functional>
+#include <optional>
 
-#include "tokenizer/unicode.h"
+#include "tokenizer/bigram_merge.h"
 #include "tokenizer/vocab_tokenizers.h"
 
 namespace worker {
@@ -48,56 +49,13 @@ void SpmTokenizer::push_bytes(std::string_view s, std::vector<int32_t>& out) con
 }
 
 void SpmTokenizer::tokenize_text(const std::string& text, std::vector<int32_t>& out) const {
-  struct Symbol {
-    int prev, next;
-    size_t offset, n;
+  // Highest score first; a pair qualifies only when its joined text is a token.
+  const auto merge_score = [this](std::string_view pair, size_t) -> std::optional<float> {
+    const int32_t id = vocab_.find(pair);
+    return id >= 0 ? std::optional<float>(vocab_.score(id)) : std::nullopt;
   };
-  std::vector<Symbol> sym;
-  for (size_t off = 0; off < text.size();) {
-    const size_t n =
-        std::min(text.size() - off, unicode::utf8_len(static_cast<uint8_t>(text[off])));
-    const int idx = static_cast<int>(sym.size());
-    sym.push_back(Symbol{idx - 1, off + n == text.size() ? -1 : idx + 1, off, n});
-    off += n;
-  }
-  // Highest score first; among equal scores the leftmost pair.
-  struct Bigram {
-    float score;
-    int left, right;
-    size_t size;
-  };
-  auto cmp = [](const Bigram& a, const Bigram& b) {
-    return a.score < b.score || (a.score == b.score && a.left > b.left);
-  };
-  std::priority_queue<Bigram, std::vector<Bigram>, decltype(cmp)> queue(cmp);
-  auto add = [&](int l, int r) {
-    if (l < 0 || r < 0) return;
-    const Symbol& a = sym[static_cast<size_t>(l)];
-    const Symbol& b = sym[static_cast<size_t>(r)];
-    const size_t size = a.n + b.n;
-    const int32_t id = vocab_.find(std::string_view(text).substr(a.offset, size));
-    if (id < 0) return;
-    queue.push(Bigram{vocab_.score(id), l, r, size});
-  };
-  for (int i = 1; i < static_cast<int>(sym.size()); ++i) add(i - 1, i);
-  while (!queue.empty()) {
-    const Bigram bg = queue.top();
-    queue.pop();
-    Symbol& l = sym[static_cast<size_t>(bg.left)];
-    Symbol& r = sym[static_cast<size_t>(bg.right)];
-    if (l.n == 0 || r.n == 0 || l.n + r.n != bg.size) continue;  // stale
-    l.n += r.n;
-    r.n = 0;
-    l.next = r.next;
-    if (r.next >= 0) sym[static_cast<size_t>(r.next)].prev = bg.left;
-    add(l.prev, bg.left);
-    add(bg.left, l.next);
-  }
-  // Every merged symbol is a token (a pair is only queued when its text is one); single
-  // characters without a token fall back to bytes.
-  for (int i = sym.empty() ? -1 : 0; i != -1; i = sym[static_cast<size_t>(i)].next) {
-    const Symbol& s = sym[static_cast<size_t>(i)];
-    const std::string_view piece = std::string_view(text).substr(s.offset, s.n);
+  // Every merged symbol is a token; single characters without a token fall back to bytes.
+  for (std::string_view piece : merge_bigrams(text, merge_score, std::greater<float>())) {
     if (int32_t id = vocab_.find(piece); id >= 0) {
       out.push_back(id);
     } else {
