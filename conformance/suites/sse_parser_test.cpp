@@ -8,15 +8,20 @@
 namespace conformance {
 namespace {
 
-std::vector<SseEvent> parse_pieces(const std::vector<std::string>& pieces, SseParser& p) {
-  for (const auto& s : pieces) p.feed(s);
-  p.finish();
-  return p.events();
-}
-
-TEST(ConformanceSseParser, SingleEventLf) {
+// Each test gets a fresh parser `p`; parse() feeds it one read per piece and ends the
+// stream, so a test states only the wire bytes and what the parser made of them.
+class ConformanceSseParser : public ::testing::Test {
+ protected:
+  std::vector<SseEvent> parse(const std::vector<std::string>& reads) {
+    for (const auto& r : reads) p.feed(r);
+    p.finish();
+    return p.events();
+  }
   SseParser p;
-  auto ev = parse_pieces({"event: token\ndata: {\"type\":\"token\"}\n\n"}, p);
+};
+
+TEST_F(ConformanceSseParser, SingleEventLf) {
+  auto ev = parse({"event: token\ndata: {\"type\":\"token\"}\n\n"});
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].event, "token");
   EXPECT_EQ(ev[0].data, "{\"type\":\"token\"}");
@@ -24,9 +29,8 @@ TEST(ConformanceSseParser, SingleEventLf) {
   EXPECT_TRUE(p.violations().empty());
 }
 
-TEST(ConformanceSseParser, CrLfAndBareCrLineEnds) {
-  SseParser p;
-  auto ev = parse_pieces({"event: a\r\ndata: 1\r\n\r\nevent: b\rdata: 2\r\r"}, p);
+TEST_F(ConformanceSseParser, CrLfAndBareCrLineEnds) {
+  auto ev = parse({"event: a\r\ndata: 1\r\n\r\nevent: b\rdata: 2\r\r"});
   ASSERT_EQ(ev.size(), 2u);
   EXPECT_EQ(ev[0].event, "a");
   EXPECT_EQ(ev[0].data, "1");
@@ -35,41 +39,38 @@ TEST(ConformanceSseParser, CrLfAndBareCrLineEnds) {
   EXPECT_TRUE(p.violations().empty());
 }
 
-TEST(ConformanceSseParser, CrLfSplitBetweenReadsIsOneLineEnd) {
-  SseParser p;
+TEST_F(ConformanceSseParser, CrLfSplitBetweenReadsIsOneLineEnd) {
   // The CR ends one read and its LF starts the next: must not produce an empty line
   // (which would dispatch a half event).
-  auto ev = parse_pieces({"event: a\r", "\ndata: x\r", "\n\r", "\n"}, p);
+  auto ev = parse({"event: a\r", "\ndata: x\r", "\n\r", "\n"});
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].event, "a");
   EXPECT_EQ(ev[0].data, "x");
   EXPECT_TRUE(p.violations().empty()) << p.violations().front();
 }
 
-TEST(ConformanceSseParser, EventSplitAtEveryByte) {
+TEST_F(ConformanceSseParser, EventSplitAtEveryByte) {
   const std::string wire =
       "event: started\ndata: {\"a\":1}\n\n: queued\n\nevent: end\ndata: {\"b\":2}\n\n";
-  SseParser p;
-  for (char c : wire) p.feed(std::string_view(&c, 1));
-  p.finish();
-  ASSERT_EQ(p.events().size(), 2u);
-  EXPECT_EQ(p.events()[0].data, "{\"a\":1}");
-  EXPECT_EQ(p.events()[1].event, "end");
+  std::vector<std::string> reads;
+  for (char c : wire) reads.emplace_back(1, c);
+  auto ev = parse(reads);
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[0].data, "{\"a\":1}");
+  EXPECT_EQ(ev[1].event, "end");
   ASSERT_EQ(p.comments().size(), 1u);
   EXPECT_EQ(p.comments()[0].text, " queued");
   EXPECT_TRUE(p.violations().empty());
 }
 
-TEST(ConformanceSseParser, EventIsOnlyCompleteAtTheBlankLine) {
-  SseParser p;
+TEST_F(ConformanceSseParser, EventIsOnlyCompleteAtTheBlankLine) {
   p.feed("event: token\ndata: {}\n");
   EXPECT_TRUE(p.events().empty());
   p.feed("\n");
   EXPECT_EQ(p.events().size(), 1u);
 }
 
-TEST(ConformanceSseParser, ArrivalTimeIsThatOfTheCompletingRead) {
-  SseParser p;
+TEST_F(ConformanceSseParser, ArrivalTimeIsThatOfTheCompletingRead) {
   const auto t0 = Clock::now();
   const auto t1 = t0 + std::chrono::milliseconds(250);
   p.feed("event: token\ndata: {}\n", t0);
@@ -78,17 +79,15 @@ TEST(ConformanceSseParser, ArrivalTimeIsThatOfTheCompletingRead) {
   EXPECT_EQ(p.events()[0].arrival, t1);
 }
 
-TEST(ConformanceSseParser, CommentsAreNotEvents) {
-  SseParser p;
-  auto ev = parse_pieces({": keep-alive\n\n:\n\nevent: x\ndata: 1\n\n"}, p);
+TEST_F(ConformanceSseParser, CommentsAreNotEvents) {
+  auto ev = parse({": keep-alive\n\n:\n\nevent: x\ndata: 1\n\n"});
   EXPECT_EQ(ev.size(), 1u);
   EXPECT_EQ(p.comments().size(), 2u);
   EXPECT_TRUE(p.violations().empty());
 }
 
-TEST(ConformanceSseParser, MultiLineDataJoinedWithNewline) {
-  SseParser p;
-  auto ev = parse_pieces({"data: line1\ndata:line2\ndata: \n\n"}, p);
+TEST_F(ConformanceSseParser, MultiLineDataJoinedWithNewline) {
+  auto ev = parse({"data: line1\ndata:line2\ndata: \n\n"});
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].data, "line1\nline2\n");
   EXPECT_EQ(ev[0].data_lines, 3);
@@ -96,25 +95,22 @@ TEST(ConformanceSseParser, MultiLineDataJoinedWithNewline) {
   EXPECT_FALSE(ev[0].has_event);
 }
 
-TEST(ConformanceSseParser, OnlyOneLeadingSpaceIsStripped) {
-  SseParser p;
-  auto ev = parse_pieces({"event:  two\ndata:  x\n\n"}, p);
+TEST_F(ConformanceSseParser, OnlyOneLeadingSpaceIsStripped) {
+  auto ev = parse({"event:  two\ndata:  x\n\n"});
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_EQ(ev[0].event, " two");
   EXPECT_EQ(ev[0].data, " x");
 }
 
-TEST(ConformanceSseParser, IdField) {
-  SseParser p;
-  auto ev = parse_pieces({"id: 7\nevent: a\ndata: 1\n\n"}, p);
+TEST_F(ConformanceSseParser, IdField) {
+  auto ev = parse({"id: 7\nevent: a\ndata: 1\n\n"});
   ASSERT_EQ(ev.size(), 1u);
   EXPECT_TRUE(ev[0].has_id);
   EXPECT_EQ(ev[0].id, "7");
 }
 
-TEST(ConformanceSseParser, StrictViolations) {
-  SseParser p;
-  parse_pieces({"evnt: typo\ndata: 1\n\nevent: nodata\n\nbare\ndata: 2\n\nevent: cut\ndata: 3"}, p);
+TEST_F(ConformanceSseParser, StrictViolations) {
+  parse({"evnt: typo\ndata: 1\n\nevent: nodata\n\nbare\ndata: 2\n\nevent: cut\ndata: 3"});
   const auto& v = p.violations();
   ASSERT_EQ(v.size(), 5u);
   EXPECT_NE(v[0].find("unknown field 'evnt'"), std::string::npos);
@@ -126,8 +122,7 @@ TEST(ConformanceSseParser, StrictViolations) {
   EXPECT_EQ(p.events().size(), 2u);
 }
 
-TEST(ConformanceSseParser, TakeNewEventsHandsOutEachEventOnce) {
-  SseParser p;
+TEST_F(ConformanceSseParser, TakeNewEventsHandsOutEachEventOnce) {
   p.feed("data: 1\n\ndata: 2\n\n");
   EXPECT_EQ(p.take_new_events().size(), 2u);
   EXPECT_TRUE(p.take_new_events().empty());
@@ -137,7 +132,8 @@ TEST(ConformanceSseParser, TakeNewEventsHandsOutEachEventOnce) {
   EXPECT_EQ(more[0].data, "3");
 }
 
-// The D6 checker must reject what the worker must never send.
+// The D6 checker must reject what the worker must never send. Streams are built from
+// one well-formed event of each type; a test changes only the part it is about.
 SseEvent ev(const std::string& type, const std::string& data) {
   SseEvent e;
   e.event = type;
@@ -147,52 +143,52 @@ SseEvent ev(const std::string& type, const std::string& data) {
   return e;
 }
 
-const char* kStarted =
-    R"({"type":"started","job_id":"j","model":"m","started_at":"2026-01-01T00:00:00.000Z","seed":1,"prompt_tokens":2})";
-const char* kEnd =
-    R"({"type":"end","tokens_out":1,"decode_time_ms":1.5,"first_token_ms":1,"stop_reason":"max_tokens"})";
+SseEvent started_event() {
+  return ev(
+      "started",
+      R"({"type":"started","job_id":"j","model":"m","started_at":"2026-01-01T00:00:00.000Z","seed":1,"prompt_tokens":2})");
+}
+SseEvent end_event() {
+  return ev(
+      "end",
+      R"({"type":"end","tokens_out":1,"decode_time_ms":1.5,"first_token_ms":1,"stop_reason":"max_tokens"})");
+}
+// `t` is pasted in raw, so a test can send bytes that are not valid UTF-8.
+SseEvent token_event(int i, const std::string& t = "a") {
+  return ev("token", R"({"type":"token","t":")" + t + R"(","i":)" + std::to_string(i) + "}");
+}
+
+testing::AssertionResult rejected(const std::vector<SseEvent>& stream) {
+  if (check_job_stream(stream).empty()) return testing::AssertionFailure() << "accepted";
+  return testing::AssertionSuccess();
+}
 
 // REQ: M0-W-1311 M0-W-1312 WRK-D6
 TEST(ConformanceStreamChecker, AcceptsAWellFormedStream) {
-  auto v = check_job_stream(
-      {ev("started", kStarted), ev("token", R"({"type":"token","t":"a","i":0})"), ev("end", kEnd)});
+  auto v = check_job_stream({started_event(), token_event(0), end_event()});
   EXPECT_TRUE(v.empty()) << v.front();
 }
 
 // REQ: M0-W-1311 WRK-D6
 TEST(ConformanceStreamChecker, RejectsBadOrderAndMissingTerminal) {
-  EXPECT_FALSE(check_job_stream({ev("token", R"({"type":"token","t":"a","i":0})"),
-                                 ev("started", kStarted), ev("end", kEnd)})
-                   .empty());
-  EXPECT_FALSE(
-      check_job_stream({ev("started", kStarted), ev("token", R"({"type":"token","t":"a","i":0})")})
-          .empty());
-  EXPECT_FALSE(
-      check_job_stream({ev("started", kStarted), ev("end", kEnd), ev("end", kEnd)}).empty());
+  EXPECT_TRUE(rejected({token_event(0), started_event(), end_event()}));
+  EXPECT_TRUE(rejected({started_event(), token_event(0)}));
+  EXPECT_TRUE(rejected({started_event(), end_event(), end_event()}));
 }
 
 // REQ: M0-W-1312 WRK-D6 WRK-D7
 TEST(ConformanceStreamChecker, RejectsBadPayloads) {
-  // token index gap
-  EXPECT_FALSE(check_job_stream({ev("started", kStarted),
-                                 ev("token", R"({"type":"token","t":"a","i":1})"), ev("end", kEnd)})
-                   .empty());
-  // partial UTF-8 sequence in a token (first two bytes of a 3-byte character)
-  EXPECT_FALSE(check_job_stream({ev("started", kStarted),
-                                 ev("token", "{\"type\":\"token\",\"t\":\"\xE4\xB8\",\"i\":0}"),
-                                 ev("end", kEnd)})
-                   .empty());
-  // started without seed
-  EXPECT_FALSE(
-      check_job_stream(
-          {ev("started",
-              R"({"type":"started","job_id":"j","model":"m","started_at":"2026-01-01T00:00:00Z","prompt_tokens":2})"),
-           ev("end", kEnd)})
-          .empty());
-  // error without retriable
-  EXPECT_FALSE(check_job_stream({ev("started", kStarted),
-                                 ev("error", R"({"type":"error","code":"X","message":"m"})")})
-                   .empty());
+  EXPECT_TRUE(rejected({started_event(), token_event(1), end_event()})) << "token index gap";
+  EXPECT_TRUE(rejected({started_event(), token_event(0, "\xE4\xB8"), end_event()}))
+      << "partial UTF-8 sequence (first two bytes of a 3-byte character)";
+  EXPECT_TRUE(rejected(
+      {ev("started",
+          R"({"type":"started","job_id":"j","model":"m","started_at":"2026-01-01T00:00:00Z","prompt_tokens":2})"),
+       end_event()}))
+      << "started without seed";
+  EXPECT_TRUE(
+      rejected({started_event(), ev("error", R"({"type":"error","code":"X","message":"m"})")}))
+      << "error without retriable";
 }
 
 TEST(ConformanceUtf8, Checker) {

@@ -1,5 +1,6 @@
 // Unit tests: in-memory vocabularies, specials, BOS/EOS, EOG, chat template, streaming
 // decoder, backend selection, CLI.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -14,6 +15,10 @@
 
 namespace worker {
 namespace {
+
+using ::testing::Each;
+using ::testing::HasSubstr;
+using ::testing::Truly;
 
 std::string qwen2_path() {
   return test::llama_models_dir() + "/ggml-vocab-qwen2.gguf";
@@ -175,48 +180,36 @@ class GgufBytes {
   uint64_t n_ = 0;
 };
 
+// make_tokenizer's error for a metadata-only GGUF; "" when it loads.
+std::string make_tokenizer_error(const GgufBytes& g) {
+  const auto bytes = g.bytes();
+  const auto file = GgufFile::from_memory(bytes.data(), bytes.size());
+  try {
+    make_tokenizer(*file);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // REQ: M0-W-1360
 TEST(TokenizerUnit, UnsupportedVocabulariesGiveClearErrors) {
-  {
-    GgufBytes g;
-    g.str("tokenizer.ggml.model", "bert");
-    g.str_array("tokenizer.ggml.tokens", {"a", "b"});
-    const auto bytes = g.bytes();
-    const auto file = GgufFile::from_memory(bytes.data(), bytes.size());
-    try {
-      make_tokenizer(*file);
-      FAIL() << "expected an error";
-    } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("bert"), std::string::npos) << e.what();
-    }
-  }
-  {
-    GgufBytes g;
-    g.str("general.architecture", "llama");
-    const auto bytes = g.bytes();
-    const auto file = GgufFile::from_memory(bytes.data(), bytes.size());
-    try {
-      make_tokenizer(*file);
-      FAIL() << "expected an error";
-    } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("tokenizer.ggml.model"), std::string::npos) << e.what();
-    }
-  }
-  {
-    GgufBytes g;
-    g.str("tokenizer.ggml.model", "gpt2");
-    g.str("tokenizer.ggml.pre", "klingon");
-    g.str_array("tokenizer.ggml.tokens", {"a", "b", "ab"});
-    g.str_array("tokenizer.ggml.merges", {"a b"});
-    const auto bytes = g.bytes();
-    const auto file = GgufFile::from_memory(bytes.data(), bytes.size());
-    try {
-      make_tokenizer(*file);
-      FAIL() << "expected an error";
-    } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("klingon"), std::string::npos) << e.what();
-    }
-  }
+  GgufBytes bert;
+  bert.str("tokenizer.ggml.model", "bert");
+  bert.str_array("tokenizer.ggml.tokens", {"a", "b"});
+  EXPECT_THAT(make_tokenizer_error(bert), HasSubstr("bert"));
+
+  GgufBytes no_model;
+  no_model.str("general.architecture", "llama");
+  EXPECT_THAT(make_tokenizer_error(no_model), HasSubstr("tokenizer.ggml.model"));
+
+  GgufBytes unknown_pre;
+  unknown_pre.str("tokenizer.ggml.model", "gpt2");
+  unknown_pre.str("tokenizer.ggml.pre", "klingon");
+  unknown_pre.str_array("tokenizer.ggml.tokens", {"a", "b", "ab"});
+  unknown_pre.str_array("tokenizer.ggml.merges", {"a b"});
+  EXPECT_THAT(make_tokenizer_error(unknown_pre), HasSubstr("klingon"));
+
   EXPECT_THROW(load_hf_json_tokenizer("/nonexistent/tokenizer.json"), std::runtime_error);
 }
 
@@ -237,6 +230,25 @@ TEST(TokenizerUnit, ChatMlTemplateAndRefusals) {
   EXPECT_THROW(apply_chat_template(other, "x"), std::runtime_error);
 }
 
+// What a Utf8StreamDecoder emits for `ids`: one chunk per pushed id, then the flush.
+std::vector<std::string> stream_chunks(const Tokenizer& tok, const std::vector<int32_t>& ids) {
+  Utf8StreamDecoder dec(tok);
+  std::vector<std::string> chunks;
+  for (int32_t id : ids) chunks.push_back(dec.push(id));
+  chunks.push_back(dec.flush());
+  return chunks;
+}
+
+std::string concat(const std::vector<std::string>& chunks) {
+  std::string all;
+  for (const auto& c : chunks) all += c;
+  return all;
+}
+
+bool whole_utf8(const std::string& s) {
+  return utf8::is_valid(s);
+}
+
 // D7: a streaming decoder never emits a partial UTF-8 sequence.
 // REQ: WRK-D7 M0-W-1362
 TEST(TokenizerUnit, StreamDecoderEmitsOnlyWholeUtf8) {
@@ -247,15 +259,9 @@ TEST(TokenizerUnit, StreamDecoderEmitsOnlyWholeUtf8) {
   size_t partial_pieces = 0;
   for (int32_t id : ids) partial_pieces += !utf8::is_valid(tok.token_to_piece(id));
   ASSERT_GT(partial_pieces, 0u) << "the text must contain tokens that split UTF-8 sequences";
-  Utf8StreamDecoder dec(tok);
-  std::string all;
-  for (int32_t id : ids) {
-    const std::string out = dec.push(id);
-    EXPECT_TRUE(utf8::is_valid(out)) << "partial UTF-8 emitted after token " << id;
-    all += out;
-  }
-  all += dec.flush();
-  EXPECT_EQ(all, text);
+  const auto chunks = stream_chunks(tok, ids);
+  EXPECT_THAT(chunks, Each(Truly(whole_utf8)));
+  EXPECT_EQ(concat(chunks), text);
 }
 
 // Random texts through both byte-level and SPM vocabularies: every chunk is whole UTF-8 and
@@ -268,17 +274,12 @@ TEST(TokenizerUnit, StreamDecoderRandomTextsConcatenateToDecode) {
     for (int i = 0; i < 300; ++i) {
       const std::string text = gen.next();
       const auto ids = tok.encode(text, false, false);
-      Utf8StreamDecoder dec(tok);
-      std::string all;
-      for (int32_t id : ids) {
-        const std::string chunk = dec.push(id);
-        ASSERT_TRUE(utf8::is_valid(chunk)) << path << ": partial UTF-8 after id " << id;
-        all += chunk;
-      }
-      all += dec.flush();
+      const auto chunks = stream_chunks(tok, ids);
+      SCOPED_TRACE(path + ": " + nlohmann::json(text).dump());
+      ASSERT_THAT(chunks, Each(Truly(whole_utf8)));
       std::string pieces;
       for (int32_t id : ids) pieces += tok.token_to_piece(id);
-      EXPECT_EQ(all, pieces) << path << ": " << nlohmann::json(text).dump();
+      EXPECT_EQ(concat(chunks), pieces);
     }
   }
 }
@@ -304,38 +305,41 @@ TEST(TokenizerUnit, StreamDecoderReplacesInvalidBytes) {
   EXPECT_EQ(dec.flush(), "");
 }
 
+struct CliRun {
+  int status;
+  std::string out, err;
+};
+
+// tokenizer_cli_main as the worker-orcd binary would run it, capturing what it prints.
+CliRun run_cli(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  const int status = tokenizer_cli_main(static_cast<int>(argv.size()), argv.data());
+  std::string out = testing::internal::GetCapturedStdout();
+  return {status, std::move(out), testing::internal::GetCapturedStderr()};
+}
+
 // REQ: M0-W-1363
 TEST(TokenizerUnit, CliTokenizeAndDetokenize) {
   const std::string model = qwen2_path();
   test::tokenizer_for(model);  // fails loudly when missing
-  std::vector<std::string> args = {"tokenize", "--model", model, "--specials",
-                                   "<|im_start|>Hello world"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStdout();
-  EXPECT_EQ(tokenizer_cli_main(static_cast<int>(argv.size()), argv.data()), 0);
-  EXPECT_EQ(testing::internal::GetCapturedStdout(), "[151644, 9707, 1879]\n");
+  CliRun r = run_cli({"tokenize", "--model", model, "--specials", "<|im_start|>Hello world"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "[151644, 9707, 1879]\n");
 
-  args = {"detokenize", "--model", model, "9707", "1879"};
-  argv.clear();
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStdout();
-  EXPECT_EQ(tokenizer_cli_main(static_cast<int>(argv.size()), argv.data()), 0);
-  EXPECT_EQ(testing::internal::GetCapturedStdout(), "Hello world\n");
+  r = run_cli({"detokenize", "--model", model, "9707", "1879"});
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, "Hello world\n");
 
-  args = {"detokenize", "--model", model, "999999"};
-  argv.clear();
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStderr();
-  EXPECT_EQ(tokenizer_cli_main(static_cast<int>(argv.size()), argv.data()), 2);
-  EXPECT_NE(testing::internal::GetCapturedStderr().find("999999"), std::string::npos);
+  r = run_cli({"detokenize", "--model", model, "999999"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_THAT(r.err, HasSubstr("999999"));
 
-  args = {"tokenize", "--model", "/nonexistent.gguf", "x"};
-  argv.clear();
-  for (auto& a : args) argv.push_back(a.data());
-  testing::internal::CaptureStderr();
-  EXPECT_EQ(tokenizer_cli_main(static_cast<int>(argv.size()), argv.data()), 1);
-  testing::internal::GetCapturedStderr();
+  r = run_cli({"tokenize", "--model", "/nonexistent.gguf", "x"});
+  EXPECT_EQ(r.status, 1);
+  EXPECT_THAT(r.err, HasSubstr("/nonexistent.gguf"));
 }
 
 }  // namespace
