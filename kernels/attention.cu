@@ -5,6 +5,7 @@
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
+#include "launch.cuh"
 
 namespace worker::kern {
 namespace {
@@ -27,6 +28,7 @@ __global__ void __launch_bounds__(kWarps* kWarp)
     attention_kernel(const float* __restrict__ q, const KV* __restrict__ kc,
                      const KV* __restrict__ vc, float* __restrict__ out, int n_head, int n_head_kv,
                      int hd, const int32_t* __restrict__ d_n_past, float* __restrict__ partial) {
+  griddep_enter();
   __shared__ float sh_m[kWarps], sh_l[kWarps];
   __shared__ float sh_acc[kWarps][D * kWarp];
   const int h = blockIdx.x, t = blockIdx.y;
@@ -107,6 +109,7 @@ __global__ void __launch_bounds__(kWarps* kWarp)
 
 __global__ void attention_combine_kernel(const float* __restrict__ partial, float* __restrict__ out,
                                          int n_head, int hd, int n_split) {
+  griddep_enter();
   const int h = blockIdx.x, t = blockIdx.y;
   const float* ph = partial + (static_cast<size_t>(t) * n_head + h) * n_split * (2 + hd);
   float M = -INFINITY;
@@ -142,9 +145,9 @@ template <int D, typename KV>
 void launch_attention(dim3 grid, const float* q, const void* k, const void* v, float* out,
                       int n_head, int n_head_kv, int hd, const int32_t* d_n_past, float* partial,
                       cudaStream_t stream) {
-  attention_kernel<D, KV>
-      <<<grid, kWarps * kWarp, 0, stream>>>(q, static_cast<const KV*>(k), static_cast<const KV*>(v),
-                                            out, n_head, n_head_kv, hd, d_n_past, partial);
+  launch_pdl("attention_kernel", attention_kernel<D, KV>, dim3(grid), dim3(kWarps * kWarp), stream,
+             q, static_cast<const KV*>(k), static_cast<const KV*>(v), out, n_head, n_head_kv, hd,
+             d_n_past, partial);
 }
 
 template <int D>
@@ -189,8 +192,9 @@ void attention(const float* q, const void* k_cache, const void* v_cache, bool kv
   }
   CUDA_CHECK_LAUNCH("attention_kernel");
   if (splits > 1) {
-    attention_combine_kernel<<<dim3(n_head, n_tok), std::min(256, ((head_dim + 31) / 32) * 32), 0,
-                               stream>>>(partial, out, n_head, head_dim, splits);
+    launch_pdl("attention_combine_kernel", attention_combine_kernel, dim3(dim3(n_head, n_tok)),
+               dim3(std::min(256, ((head_dim + 31) / 32) * 32)), stream, partial, out, n_head,
+               head_dim, splits);
     CUDA_CHECK_LAUNCH("attention_combine_kernel");
   }
 }

@@ -12,6 +12,27 @@ namespace worker::kern {
 
 constexpr int kWarp = 32;
 
+// Programmatic dependent launch (see launch.cuh). Both are no-ops in a kernel launched
+// without the PDL attribute. griddep_launch(): the next kernel in the stream may be
+// scheduled now. griddep_wait(): blocks until the previous kernel has completed and its
+// writes are visible; every kernel calls it before touching data an earlier kernel wrote.
+__device__ __forceinline__ void griddep_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void griddep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// Both at a kernel's entry: the usual start of a kernel whose every input comes from the
+// previous kernel.
+__device__ __forceinline__ void griddep_enter() {
+  griddep_launch();
+  griddep_wait();
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -1,5 +1,6 @@
 #include "cuda_check.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "common/errors.h"
@@ -33,5 +34,21 @@ void cublas_check(cublasStatus_t st, const char* stmt, const char* file, int lin
 void cuda_check_launch(const char* kernel, const char* file, int line) {
   cuda_check(cudaGetLastError(), kernel, file, line);
 }
+
+namespace kern {
+bool pdl_enabled() {
+  static const bool on = [] {
+    if (std::getenv("WORKER_NO_PDL") != nullptr) return false;
+    int dev = 0, major = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return major >= 9;
+  }();
+  return on;
+}
+}  // namespace kern
 
 }  // namespace worker

@@ -4,6 +4,7 @@
 #include "common/errors.h"
 #include "cuda_check.h"
 #include "embed.cuh"
+#include "launch.cuh"
 
 namespace worker::kern {
 namespace {
@@ -11,6 +12,7 @@ namespace {
 template <GgmlType T>
 __global__ void embed_q_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int cols,
                                const int32_t* __restrict__ tokens, float* __restrict__ out) {
+  griddep_enter();
   const uint8_t* row = w + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
   float* o = out + static_cast<size_t>(blockIdx.x) * cols;
   for (int sb = threadIdx.x; sb < cols / 32; sb += blockDim.x) {
@@ -24,6 +26,7 @@ __global__ void embed_q_kernel(const uint8_t* __restrict__ w, size_t row_bytes, 
 __global__ void embed_f_kernel(const uint8_t* __restrict__ w, uint32_t type, size_t row_bytes,
                                int cols, const int32_t* __restrict__ tokens,
                                float* __restrict__ out) {
+  griddep_enter();
   const uint8_t* row = w + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
   float* o = out + static_cast<size_t>(blockIdx.x) * cols;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = load_float_elem(row, type, i);
@@ -34,8 +37,9 @@ void launch_q(const WeightView& t, const int32_t* tokens, int n_tok, float* out,
   if (t.cols % BlockInfo<T>::kElems != 0) {
     throw WorkerError(ErrorCode::Internal, "embed: row length not a multiple of the block");
   }
-  embed_q_kernel<T><<<n_tok, 128, 0, s>>>(static_cast<const uint8_t*>(t.data), t.row_bytes,
-                                          static_cast<int>(t.cols), tokens, out);
+  launch_pdl("embed_q_kernel", embed_q_kernel<T>, dim3(n_tok), dim3(128), s,
+             static_cast<const uint8_t*>(t.data), t.row_bytes, static_cast<int>(t.cols), tokens,
+             out);
   CUDA_CHECK_LAUNCH("embed_q_kernel");
 }
 }  // namespace
@@ -45,8 +49,9 @@ void embed(const WeightView& t, const int32_t* tokens, int n_tok, float* out, cu
     case GgmlType::F32:
     case GgmlType::F16:
     case GgmlType::BF16:
-      embed_f_kernel<<<n_tok, 256, 0, stream>>>(static_cast<const uint8_t*>(t.data), t.type,
-                                                t.row_bytes, static_cast<int>(t.cols), tokens, out);
+      launch_pdl("embed_f_kernel", embed_f_kernel, dim3(n_tok), dim3(256), stream,
+                 static_cast<const uint8_t*>(t.data), t.type, t.row_bytes, static_cast<int>(t.cols),
+                 tokens, out);
       CUDA_CHECK_LAUNCH("embed_f_kernel");
       return;
     case GgmlType::Q8_0: return launch_q<GgmlType::Q8_0>(t, tokens, n_tok, out, stream);

@@ -3,6 +3,7 @@
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
+#include "launch.cuh"
 #include "matvec.cuh"
 #include "swiglu.cuh"
 
@@ -55,6 +56,7 @@ template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_q_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                     const float* __restrict__ x, float* __restrict__ y, int n_tok, int accumulate) {
+  griddep_enter();
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -131,6 +133,7 @@ template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_f_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                     const float* __restrict__ x, float* __restrict__ y, int n_tok, int accumulate) {
+  griddep_enter();
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -172,6 +175,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_scalar_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                          const float* __restrict__ x, float* __restrict__ y, int n_tok,
                          int accumulate) {
+  griddep_enter();
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -207,6 +211,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kSplitThreads)
     matvec_split_kernel(const uint8_t* __restrict__ w, int cols, size_t row_bytes,
                         const float* __restrict__ x, float* __restrict__ y, int accumulate) {
+  griddep_enter();
   static_assert(BlockInfo<T>::kElems == 1, "float weight types only");
   __shared__ float sh[kSplitThreads / kWarp];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -234,6 +239,155 @@ __global__ void __launch_bounds__(kSplitThreads)
   }
 }
 
+// ---- one token, quantized weights ----
+// The activation row is rounded to the weight's vec_dot_type (Q8_0 / Q8_K) ONCE per block
+// into shared memory (the per-row kernels above round it again for every row: for the
+// 151936-row LM head that was most of the work), then each row is split over S warps
+// (S from the row length: short rows one warp, long rows up to 8) whose sums are added in
+// a fixed order. Segments: up to 3 matrices of one layout in one grid (Q/K/V); kSwiglu:
+// gate and up rows in one warp, y = silu(gate x) * (up x).
+constexpr int kQ1Threads = 256;
+constexpr int kQ1Warps = kQ1Threads / kWarp;
+constexpr int kQ1MaxCols = 10240;  // shared memory: q1_pad(cols) floats <= 46 KB
+// 4 floats of padding per 32 keep the lanes' 16-byte shared loads (row stride 144 B)
+// from piling onto the same banks.
+__host__ __device__ constexpr int q1_pad(int i) {
+  return i + (i >> 5) * 4;
+}
+
+struct Segs {
+  const uint8_t* w[3];
+  float* y[3];
+  int rows[3];
+  int n;
+};
+
+template <GgmlType T>
+__device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int cols,
+                                                float* __restrict__ xs) {
+  const int nsb = cols / 32;
+  auto store = [&](int sb, const float* v) {
+    float4* o = reinterpret_cast<float4*>(xs + q1_pad(sb * 32));
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+  };
+  if constexpr (act_round<T>() == ActRound::Q8_K) {
+    // 8 consecutive lanes round one 256-block together: the trip count is per warp.
+    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+    for (int sb0 = warp * kWarp; sb0 < nsb; sb0 += kQ1Threads) {
+      const int sb = sb0 + lane;
+      float v[32];
+      load_x32<T>(x, sb, sb < nsb, v);
+      if (sb < nsb) store(sb, v);
+    }
+  } else {
+    for (int sb = threadIdx.x; sb < nsb; sb += kQ1Threads) {
+      float v[32];
+      load_x32<T>(x, sb, true, v);
+      store(sb, v);
+    }
+  }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ float dot32_smem(const float* v, const float* __restrict__ xp) {
+  float a = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float4 f = reinterpret_cast<const float4*>(xp)[k];
+    a += v[4 * k] * f.x;
+    a += v[4 * k + 1] * f.y;
+    a += v[4 * k + 2] * f.z;
+    a += v[4 * k + 3] * f.w;
+  }
+  return a;
+}
+
+template <GgmlType T, int S, bool kSwiglu>
+__global__ void __launch_bounds__(kQ1Threads)
+    matvec_q1_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
+                     const float* __restrict__ x, int accumulate) {
+  extern __shared__ float4 xs_raw[];
+  float* xs = reinterpret_cast<float*>(xs_raw);
+  __shared__ float part[kQ1Warps][2];
+  griddep_launch();
+  griddep_wait();
+  round_x_to_smem<T>(x, cols, xs);
+  __syncthreads();
+  constexpr int R = kQ1Warps / S;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, piece = warp % S;
+  int r = blockIdx.x * R + warp / S;
+  int s = 0;
+  while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
+  const bool valid = s < segs.n;
+  float a = 0.0f, u = 0.0f;
+  if (valid) {
+    const uint8_t* row = segs.w[s] + static_cast<size_t>(r) * row_bytes;
+    const uint8_t* row_u = kSwiglu ? w_up + static_cast<size_t>(r) * row_bytes : nullptr;
+    const int nsb = cols / 32;
+    for (int sb = piece * kWarp + lane; sb < nsb; sb += kWarp * S) {
+      const float* xp = xs + q1_pad(sb * 32);
+      float v[32];
+      deq32<T>(row, sb, v);
+      a += dot32_smem<T>(v, xp);
+      if constexpr (kSwiglu) {
+        deq32<T>(row_u, sb, v);
+        u += dot32_smem<T>(v, xp);
+      }
+    }
+  }
+  a = warp_sum(a);
+  if constexpr (kSwiglu) u = warp_sum(u);
+  if constexpr (S > 1) {
+    if (lane == 0) {
+      part[warp][0] = a;
+      part[warp][1] = u;
+    }
+    __syncthreads();
+    if (piece != 0) return;
+    a = part[warp][0];
+    u = part[warp][1];
+#pragma unroll
+    for (int k = 1; k < S; ++k) {
+      a += part[warp + k][0];
+      u += part[warp + k][1];
+    }
+  }
+  if (!valid || lane != 0) return;
+  float* out = segs.y[s] + r;
+  // same rounding as the unfused swiglu kernel: silu(g) * u
+  const float res = kSwiglu ? a / (1.0f + expf(-a)) * u : a;
+  *out = accumulate ? *out + res : res;
+}
+
+template <GgmlType T, bool kSwiglu>
+void launch_q1(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes, const float* x,
+               bool acc, cudaStream_t st) {
+  int rows = 0;
+  for (int i = 0; i < segs.n; ++i) rows += segs.rows[i];
+  const int nsb = cols / 32;
+  const size_t smem = static_cast<size_t>(q1_pad(cols)) * sizeof(float);
+  auto go = [&](auto kernel, int rows_per_block) {
+    launch_pdl_smem("matvec_q1_kernel", kernel,
+                    dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block)),
+                    dim3(kQ1Threads), smem, st, segs, w_up, cols, row_bytes, x, acc ? 1 : 0);
+  };
+  if (nsb <= 64)
+    go(matvec_q1_kernel<T, 1, kSwiglu>, kQ1Warps);
+  else if (nsb <= 128)
+    go(matvec_q1_kernel<T, 2, kSwiglu>, kQ1Warps / 2);
+  else if (nsb <= 256)
+    go(matvec_q1_kernel<T, 4, kSwiglu>, kQ1Warps / 4);
+  else
+    go(matvec_q1_kernel<T, 8, kSwiglu>, 1);
+}
+
+// True when the one-token quantized kernel takes this shape (x fits in shared memory).
+bool q1_fits(int64_t cols) {
+  return cols <= kQ1MaxCols;
+}
+
 // Rows up to which a one-token matvec takes the split kernel (the LM head and the wide
 // FFN matrices have rows enough to fill the GPU with one warp per row).
 constexpr int64_t kSplitMaxRows = 2048;
@@ -246,26 +400,37 @@ void launch_one(const WeightView& w, const float* x, float* y, int n_tok, bool a
   const auto* data = static_cast<const uint8_t*>(w.data);
   // Float types only: measured on an H200, a quantized variant (a thread per 32-weight
   // sub-block) made Q4_K_M decode slower; see reports/perf-notes.md v5.
+  if constexpr (BlockInfo<T>::kElems > 1) {
+    if (NT == 1 && q1_fits(w.cols)) {
+      const Segs segs{
+          {data, nullptr, nullptr}, {y, nullptr, nullptr}, {static_cast<int>(w.rows), 0, 0}, 1};
+      launch_q1<T, false>(segs, nullptr, static_cast<int>(w.cols), w.row_bytes, x, acc, s);
+      return;
+    }
+  }
   if constexpr (BlockInfo<T>::kElems == 1) {
     if (NT == 1 && w.rows <= kSplitMaxRows && w.cols % 8 == 0) {
-      matvec_split_kernel<T><<<static_cast<unsigned>(w.rows), kSplitThreads, 0, s>>>(
-          data, static_cast<int>(w.cols), w.row_bytes, x, y, acc);
+      launch_pdl("matvec_split_kernel", matvec_split_kernel<T>, dim3(static_cast<unsigned>(w.rows)),
+                 dim3(kSplitThreads), s, data, static_cast<int>(w.cols), w.row_bytes, x, y, acc);
       CUDA_CHECK_LAUNCH("matvec_split_kernel");
       return;
     }
   }
   if constexpr (BlockInfo<T>::kElems == 1) {
     if (w.cols % 8 != 0) {
-      matvec_scalar_kernel<T, NT><<<grid, kRowsPerBlock * kWarp, 0, s>>>(
-          data, static_cast<int>(w.rows), static_cast<int>(w.cols), w.row_bytes, x, y, n_tok, acc);
+      launch_pdl("matvec_scalar_kernel", matvec_scalar_kernel<T, NT>, dim3(grid),
+                 dim3(kRowsPerBlock * kWarp), s, data, static_cast<int>(w.rows),
+                 static_cast<int>(w.cols), w.row_bytes, x, y, n_tok, acc);
       CUDA_CHECK_LAUNCH("matvec_scalar_kernel");
       return;
     }
-    matvec_f_kernel<T, NT><<<grid, kRowsPerBlock * kWarp, 0, s>>>(
-        data, static_cast<int>(w.rows), static_cast<int>(w.cols), w.row_bytes, x, y, n_tok, acc);
+    launch_pdl("matvec_f_kernel", matvec_f_kernel<T, NT>, dim3(grid), dim3(kRowsPerBlock * kWarp),
+               s, data, static_cast<int>(w.rows), static_cast<int>(w.cols), w.row_bytes, x, y,
+               n_tok, acc);
   } else {
-    matvec_q_kernel<T, NT><<<grid, kRowsPerBlock * kWarp, 0, s>>>(
-        data, static_cast<int>(w.rows), static_cast<int>(w.cols), w.row_bytes, x, y, n_tok, acc);
+    launch_pdl("matvec_q_kernel", matvec_q_kernel<T, NT>, dim3(grid), dim3(kRowsPerBlock * kWarp),
+               s, data, static_cast<int>(w.rows), static_cast<int>(w.cols), w.row_bytes, x, y,
+               n_tok, acc);
   }
   CUDA_CHECK_LAUNCH("matvec kernel");
 }
@@ -304,12 +469,14 @@ __device__ __forceinline__ __nv_bfloat16 to_lowp<__nv_bfloat16>(float f) {
 
 template <typename T>
 __global__ void to_lowp_kernel(const float* __restrict__ x, T* __restrict__ out, size_t n) {
+  griddep_enter();
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = to_lowp<T>(x[i]);
 }
 
 template <GgmlType T>
 __global__ void round_act_kernel(const float* __restrict__ x, float* __restrict__ out, int cols) {
+  griddep_enter();
   const int lane = threadIdx.x;
   const int nsb = cols / 32;
   const int sb = blockIdx.y * kWarp + lane;
@@ -328,6 +495,7 @@ __global__ void round_act_kernel(const float* __restrict__ x, float* __restrict_
 template <GgmlType T>
 __global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int cols,
                                int64_t n_sub, float* __restrict__ out) {
+  griddep_enter();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n_sub) return;
   const int per_row = cols / 32;
@@ -345,8 +513,9 @@ template <GgmlType T>
 void launch_dequant(const WeightView& w, float* out, cudaStream_t s) {
   if (w.cols % 32 != 0) throw WorkerError(ErrorCode::Internal, "dequantize_to_f32: bad row length");
   const int64_t n_sub = w.rows * (w.cols / 32);
-  dequant_kernel<T><<<static_cast<unsigned>((n_sub + 127) / 128), 128, 0, s>>>(
-      static_cast<const uint8_t*>(w.data), w.row_bytes, static_cast<int>(w.cols), n_sub, out);
+  launch_pdl("dequant_kernel", dequant_kernel<T>, dim3(static_cast<unsigned>((n_sub + 127) / 128)),
+             dim3(128), s, static_cast<const uint8_t*>(w.data), w.row_bytes,
+             static_cast<int>(w.cols), n_sub, out);
   CUDA_CHECK_LAUNCH("dequant_kernel");
 }
 
@@ -391,17 +560,11 @@ __device__ __forceinline__ float row_dot(const uint8_t* __restrict__ row, int co
   return warp_sum(acc);
 }
 
-struct Segs {
-  const uint8_t* w[3];
-  float* y[3];
-  int rows[3];
-  int n;
-};
-
 template <GgmlType T, bool kSwiglu>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_multi_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
                         const float* __restrict__ x) {
+  griddep_enter();
   const int lane = threadIdx.x % kWarp;
   int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   int s = 0;
@@ -420,11 +583,14 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
 template <GgmlType T, bool kSwiglu>
 void launch_multi(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes, const float* x,
                   cudaStream_t st) {
+  if constexpr (BlockInfo<T>::kElems > 1) {
+    if (q1_fits(cols)) return launch_q1<T, kSwiglu>(segs, w_up, cols, row_bytes, x, false, st);
+  }
   int rows = 0;
   for (int i = 0; i < segs.n; ++i) rows += segs.rows[i];
-  matvec_multi_kernel<T, kSwiglu>
-      <<<(rows + kRowsPerBlock - 1) / kRowsPerBlock, kRowsPerBlock * kWarp, 0, st>>>(
-          segs, w_up, cols, row_bytes, x);
+  launch_pdl("matvec_multi_kernel", matvec_multi_kernel<T, kSwiglu>,
+             dim3((rows + kRowsPerBlock - 1) / kRowsPerBlock), dim3(kRowsPerBlock * kWarp), st,
+             segs, w_up, cols, row_bytes, x);
   CUDA_CHECK_LAUNCH("matvec_multi_kernel");
 }
 
@@ -467,11 +633,13 @@ void round_activations(uint32_t weight_type, const float* x, float* out, int n_t
     case GgmlType::Q8_0:
     case GgmlType::Q4_0:
     case GgmlType::Q5_0:
-      round_act_kernel<GgmlType::Q8_0><<<grid, kWarp, 0, stream>>>(x, out, cols);
+      launch_pdl("round_act_kernel", round_act_kernel<GgmlType::Q8_0>, dim3(grid), dim3(kWarp),
+                 stream, x, out, cols);
       break;
     case GgmlType::Q4_K:
     case GgmlType::Q6_K:
-      round_act_kernel<GgmlType::Q4_K><<<grid, kWarp, 0, stream>>>(x, out, cols);
+      launch_pdl("round_act_kernel", round_act_kernel<GgmlType::Q4_K>, dim3(grid), dim3(kWarp),
+                 stream, x, out, cols);
       break;
     default: throw WorkerError(ErrorCode::Internal, "round_activations: not a quantized type");
   }
@@ -575,12 +743,13 @@ void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, voi
   const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
   if (t == GgmlType::F16) {
     auto* xh = static_cast<__half*>(x_lowp);
-    to_lowp_kernel<__half><<<blocks, 256, 0, stream>>>(x, xh, n);
+    launch_pdl("to_lowp_kernel", to_lowp_kernel<__half>, dim3(blocks), dim3(256), stream, x, xh, n);
     CUDA_CHECK_LAUNCH("to_lowp_kernel<half>");
     gemm(xh, CUDA_R_16F, beta);
   } else {
     auto* xb = static_cast<__nv_bfloat16*>(x_lowp);
-    to_lowp_kernel<__nv_bfloat16><<<blocks, 256, 0, stream>>>(x, xb, n);
+    launch_pdl("to_lowp_kernel", to_lowp_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), stream, x,
+               xb, n);
     CUDA_CHECK_LAUNCH("to_lowp_kernel<bf16>");
     gemm(xb, CUDA_R_16BF, beta);
   }

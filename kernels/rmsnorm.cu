@@ -1,5 +1,6 @@
 #include "common.cuh"
 #include "cuda_check.h"
+#include "launch.cuh"
 #include "rmsnorm.cuh"
 
 namespace worker::kern {
@@ -9,6 +10,7 @@ constexpr int kThreads = 256;
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_kernel(const float* __restrict__ x, const void* __restrict__ w, uint32_t w_type,
                    float* __restrict__ y, int n, float eps) {
+  griddep_enter();
   __shared__ float sh[32];
   const float* xr = x + static_cast<size_t>(blockIdx.x) * n;
   float* yr = y + static_cast<size_t>(blockIdx.x) * n;
@@ -24,7 +26,8 @@ __global__ void __launch_bounds__(kThreads)
 
 void rmsnorm(const float* x, const void* w, uint32_t w_type, float* y, int n_rows, int n, float eps,
              cudaStream_t stream) {
-  rmsnorm_kernel<<<n_rows, kThreads, 0, stream>>>(x, w, w_type, y, n, eps);
+  launch_pdl("rmsnorm_kernel", rmsnorm_kernel, dim3(n_rows), dim3(kThreads), stream, x, w, w_type,
+             y, n, eps);
   CUDA_CHECK_LAUNCH("rmsnorm_kernel");
 }
 }  // namespace worker::kern

@@ -1,5 +1,6 @@
 #include "common.cuh"
 #include "cuda_check.h"
+#include "launch.cuh"
 #include "rope_qkv.cuh"
 
 namespace worker::kern {
@@ -29,6 +30,7 @@ __global__ void qkv_rope_kernel(float* __restrict__ q, float* __restrict__ k, fl
                                 VecView bq, VecView bk, VecView bv, RopeParams p,
                                 const int32_t* __restrict__ d_n_past, KV* __restrict__ kc,
                                 KV* __restrict__ vc) {
+  griddep_enter();
   const int t = blockIdx.x;
   const int pos = *d_n_past + t;
   const int nq = p.n_head * p.head_dim, nk = p.n_head_kv * p.head_dim;
@@ -67,13 +69,12 @@ void qkv_rope_store(float* q, float* k, float* v, VecView bq, VecView bk, VecVie
                     const RopeParams& p, int n_tok, const int32_t* d_n_past, void* k_cache,
                     void* v_cache, bool kv_f32, cudaStream_t stream) {
   if (kv_f32) {
-    qkv_rope_kernel<float><<<n_tok, 256, 0, stream>>>(q, k, v, bq, bk, bv, p, d_n_past,
-                                                      static_cast<float*>(k_cache),
-                                                      static_cast<float*>(v_cache));
+    launch_pdl("qkv_rope_kernel", qkv_rope_kernel<float>, dim3(n_tok), dim3(256), stream, q, k, v,
+               bq, bk, bv, p, d_n_past, static_cast<float*>(k_cache), static_cast<float*>(v_cache));
   } else {
-    qkv_rope_kernel<__half><<<n_tok, 256, 0, stream>>>(q, k, v, bq, bk, bv, p, d_n_past,
-                                                       static_cast<__half*>(k_cache),
-                                                       static_cast<__half*>(v_cache));
+    launch_pdl("qkv_rope_kernel", qkv_rope_kernel<__half>, dim3(n_tok), dim3(256), stream, q, k, v,
+               bq, bk, bv, p, d_n_past, static_cast<__half*>(k_cache),
+               static_cast<__half*>(v_cache));
   }
   CUDA_CHECK_LAUNCH("qkv_rope_kernel");
 }

@@ -3,6 +3,7 @@
 
 #include "common.cuh"
 #include "cuda_check.h"
+#include "launch.cuh"
 #include "sampling.cuh"
 
 namespace worker::kern {
@@ -10,6 +11,7 @@ namespace {
 constexpr int kThreads = 1024;
 
 __global__ void iota_kernel(int32_t* ids, int32_t* seen, int n) {
+  griddep_enter();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
     ids[i] = i;
@@ -18,6 +20,7 @@ __global__ void iota_kernel(int32_t* ids, int32_t* seen, int n) {
 }
 
 __global__ void copy_kernel(const float* __restrict__ in, float* __restrict__ out, int n) {
+  griddep_enter();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = in[i];
 }
@@ -27,6 +30,7 @@ __global__ void copy_kernel(const float* __restrict__ in, float* __restrict__ ou
 __global__ void penalty_kernel(float* __restrict__ work, int n_vocab,
                                const SampleParams* __restrict__ p, const int32_t* __restrict__ hist,
                                int32_t* __restrict__ seen) {
+  griddep_enter();
   const float pen = p->repetition_penalty;
   const int nh = p->n_history;
   if (pen == 1.0f) return;
@@ -71,6 +75,7 @@ constexpr int kArgmaxThreads = 256;
 
 __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float* __restrict__ pv,
                                       int32_t* __restrict__ pi) {
+  griddep_enter();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
   const int chunk = (n + gridDim.x - 1) / gridDim.x;
@@ -92,6 +97,7 @@ __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float*
 
 __global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t* __restrict__ pi,
                                     int nb, int n, int32_t* __restrict__ out) {
+  griddep_enter();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
   float best = -INFINITY;
@@ -160,6 +166,7 @@ __global__ void __launch_bounds__(kThreads)
     finalize_kernel(const float* __restrict__ keys, const int32_t* __restrict__ ids, int n_vocab,
                     const SampleParams* __restrict__ prm, double* __restrict__ probs,
                     int32_t* __restrict__ out) {
+  griddep_enter();
   __shared__ double sh[32];
   __shared__ double sh_tot[kThreads];
   __shared__ int sh_idx;
@@ -211,7 +218,8 @@ size_t sampling_sort_temp_bytes(int n_vocab) {
 }
 
 void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream) {
-  iota_kernel<<<(n_vocab + 255) / 256, 256, 0, stream>>>(s.ids, s.seen, n_vocab);
+  launch_pdl("iota_kernel", iota_kernel, dim3((n_vocab + 255) / 256), dim3(256), stream, s.ids,
+             s.seen, n_vocab);
   CUDA_CHECK_LAUNCH("iota_kernel");
 }
 
@@ -220,17 +228,21 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
             cudaStream_t stream) {
   const float* work = logits;
   if (apply_penalty) {
-    copy_kernel<<<(n_vocab + 255) / 256, 256, 0, stream>>>(logits, s.work, n_vocab);
+    launch_pdl("copy_kernel", copy_kernel, dim3((n_vocab + 255) / 256), dim3(256), stream, logits,
+               s.work, n_vocab);
     CUDA_CHECK_LAUNCH("copy_kernel");
-    penalty_kernel<<<1, kThreads, 0, stream>>>(s.work, n_vocab, d_params, d_history, s.seen);
+    launch_pdl("penalty_kernel", penalty_kernel, dim3(1), dim3(kThreads), stream, s.work, n_vocab,
+               d_params, d_history, s.seen);
     CUDA_CHECK_LAUNCH("penalty_kernel");
     work = s.work;
   }
   if (greedy) {
     const int nb = std::min(kArgmaxBlocks, (n_vocab + kArgmaxThreads - 1) / kArgmaxThreads);
-    argmax_partial_kernel<<<nb, kArgmaxThreads, 0, stream>>>(work, n_vocab, s.part_v, s.part_i);
+    launch_pdl("argmax_partial_kernel", argmax_partial_kernel, dim3(nb), dim3(kArgmaxThreads),
+               stream, work, n_vocab, s.part_v, s.part_i);
     CUDA_CHECK_LAUNCH("argmax_partial_kernel");
-    argmax_final_kernel<<<1, kArgmaxThreads, 0, stream>>>(s.part_v, s.part_i, nb, n_vocab, d_out);
+    launch_pdl("argmax_final_kernel", argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), stream,
+               s.part_v, s.part_i, nb, n_vocab, d_out);
     CUDA_CHECK_LAUNCH("argmax_final_kernel");
     return;
   }
@@ -239,8 +251,8 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
   CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
       s.sort_temp, bytes, work, s.keys_sorted, s.ids, s.ids_sorted, n_vocab, 0,
       static_cast<int>(sizeof(float) * 8), stream));
-  finalize_kernel<<<1, kThreads, 0, stream>>>(s.keys_sorted, s.ids_sorted, n_vocab, d_params,
-                                              s.probs, d_out);
+  launch_pdl("finalize_kernel", finalize_kernel, dim3(1), dim3(kThreads), stream, s.keys_sorted,
+             s.ids_sorted, n_vocab, d_params, s.probs, d_out);
   CUDA_CHECK_LAUNCH("finalize_kernel");
 }
 }  // namespace worker::kern

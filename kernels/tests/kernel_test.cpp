@@ -132,7 +132,10 @@ TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
   std::mt19937 rng(1234);
   const Shape shapes[] = {{1, 256, 1},    {37, 512, 1},  {130, 1024, 3},
                           {64, 4864, 8},  {96, 768, 13}, {9, 2304, 2},
-                          {300, 4864, 1}, {224, 768, 1}};  // one token: split-row kernel
+                          {300, 4864, 1}, {224, 768, 1},  // one token: split-row kernel
+                          // one token, quantized: 2 and 8 warps per row, and a row too long
+                          // for the shared-memory kernel (the per-row kernel takes it)
+                          {20, 3072, 1},  {11, 9216, 1}, {5, 12288, 1}};
   for (GgmlType type : kAllTypes) {
     for (const Shape& s : shapes) {
       for (bool acc : {false, true}) {

@@ -1,0 +1,51 @@
+#pragma once
+// Kernel launches with programmatic dependent launch (PDL, compute capability 9.0+).
+//
+// A decode step is ~150-220 small kernels; between two of them the GPU otherwise drains
+// the first grid, flushes, and only then starts scheduling the second (~1-2 us each, more
+// than many of these kernels take). Launched through launch_pdl(), the next kernel's
+// blocks may be scheduled while the previous kernel still runs: they do the work that
+// does not depend on it (address math, pulling their weights into L2), then wait in
+// griddep_wait() until the previous grid has completed and its writes are visible.
+//
+// Contract for every kernel launched this way (checked by review, exercised by the kernel
+// and engine tests with PDL on and off):
+//  - griddep_wait() comes before the first read of anything an earlier kernel wrote and
+//    before the first write of anything an earlier kernel may still read;
+//  - before it, only reads of data no kernel writes (weights, norms, biases).
+// Because each kernel waits for its predecessor's completion, and that one waited for its
+// own, the wait orders the kernel after every earlier kernel in the stream.
+#include <cuda_runtime.h>
+
+#include "cuda_check.h"
+
+namespace worker::kern {
+
+// False when WORKER_NO_PDL is set in the environment (A/B measurements) or the current
+// device is older than compute capability 9.0. Read once per process.
+bool pdl_enabled();
+
+template <typename... KArgs, typename... Args>
+void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                     size_t smem_bytes, cudaStream_t stream, Args... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1] = {};
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name, __FILE__,
+             __LINE__);
+}
+
+template <typename... KArgs, typename... Args>
+void launch_pdl(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
+                cudaStream_t stream, Args... args) {
+  launch_pdl_smem(name, kernel, grid, block, 0, stream, args...);
+}
+
+}  // namespace worker::kern
