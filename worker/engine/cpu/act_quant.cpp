@@ -163,17 +163,67 @@ void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
   }
 }
 
-// ggml_vec_dot_q4_K_q8_K: block layout d, dmin (fp16), scales[12], qs[128].
+// ggml_vec_dot_q4_K_q8_K, x86 AVX2 version (Q4_K weights llama.cpp does not repack: rows
+// not a multiple of 8, e.g. an output matrix of 2051 rows). Block layout d, dmin (fp16),
+// scales[12], qs[128]. Per super-block: 8 int32 lanes, lane t = sum over the 8 sub-blocks j
+// of scale_j * (dot of elements 4t..4t+3 of sub-block j), acc[t] = fma(d_a * d, lane t,
+// acc[t]); the mins go to 4 lanes, lane k = min_2k bsum32_2k + min_2k+1 bsum32_2k+1,
+// accm[k] = fma(-d_a * dmin, lane k, accm[k]). Result hsum_float_8(acc) + ((accm0 + accm2) +
+// (accm1 + accm3)).
 float dot_q4_k(const uint8_t* row, const QuantizedActivation& a) {
   const int64_t nb = a.n / kQK;
-  float sum = 0.0f;
+  float acc[8] = {}, accm[4] = {};
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = row + b * 144;
     const uint8_t* scales = blk + 4;
     const uint8_t* qs = blk + 16;
     const int8_t* y = a.q.data() + b * kQK;
     const int32_t* bs = a.bsum.data() + b * 16;
-    int sumi = 0, summ = 0;
+    int sc[8], mn[8];
+    for (int j = 0; j < 8; ++j) scale_min_k4(j, scales, sc[j], mn[j]);
+    const float yd = a.d[static_cast<size_t>(b)];
+    const float d = yd * fp16_to_fp32(rd16(blk));
+    const float dmin = -yd * fp16_to_fp32(rd16(blk + 2));
+    for (int k = 0; k < 4; ++k) {
+      const int prod = mn[2 * k] * (bs[4 * k] + bs[4 * k + 1]) +
+                       mn[2 * k + 1] * (bs[4 * k + 2] + bs[4 * k + 3]);
+      accm[k] = std::fma(dmin, static_cast<float>(prod), accm[k]);
+    }
+    int32_t lane[8] = {};
+    for (int j = 0; j < 4; ++j) {  // 64 elements: low nibbles (sub-block 2j), high (2j+1)
+      const uint8_t* q = qs + 32 * j;
+      const int8_t* yl = y + 64 * j;
+      for (int t = 0; t < 8; ++t) {
+        int pl = 0, ph = 0;
+        for (int e = 4 * t; e < 4 * t + 4; ++e) {
+          pl += (q[e] & 0xF) * yl[e];
+          ph += (q[e] >> 4) * yl[32 + e];
+        }
+        lane[t] += sc[2 * j] * pl + sc[2 * j + 1] * ph;
+      }
+    }
+    for (int t = 0; t < 8; ++t) acc[t] = std::fma(d, static_cast<float>(lane[t]), acc[t]);
+  }
+  const float t0 = acc[0] + acc[4], t1 = acc[1] + acc[5], t2 = acc[2] + acc[6],
+              t3 = acc[3] + acc[7];
+  return ((t0 + t2) + (t1 + t3)) + ((accm[0] + accm[2]) + (accm[1] + accm[3]));
+}
+
+// Q4_K on x86: llama.cpp repacks Q4_K weights with a multiple of 8 rows (block_q4_Kx8,
+// ggml_gemv/gemm_q4_K_8x8_q8_K, prompt and decode alike). Per output and super-block the
+// integer sums are exact (isum = sum_j scale_j * dot_j, imin = sum_j min_j * bsum_j); the
+// floats go acc = fma(float(isum), d * d_a, acc), accm = fma(float(imin), dmin * d_a, accm)
+// super-block after super-block, result acc - accm.
+float dot_q4_k_repack(const uint8_t* row, const QuantizedActivation& a) {
+  const int64_t nb = a.n / kQK;
+  float acc = 0.0f, accm = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = row + b * 144;
+    const uint8_t* scales = blk + 4;
+    const uint8_t* qs = blk + 16;
+    const int8_t* y = a.q.data() + b * kQK;
+    const int32_t* bs = a.bsum.data() + b * 16;
+    int isum = 0, imin = 0;
     for (int j = 0; j < 4; ++j) {  // 64 elements: low nibbles (sub-block 2j), high (2j+1)
       int sc0, m0, sc1, m1;
       scale_min_k4(2 * j, scales, sc0, m0);
@@ -183,14 +233,14 @@ float dot_q4_k(const uint8_t* row, const QuantizedActivation& a) {
         s0 += (qs[j * 32 + l] & 0xF) * y[j * 64 + l];
         s1 += (qs[j * 32 + l] >> 4) * y[j * 64 + 32 + l];
       }
-      sumi += sc0 * s0 + sc1 * s1;
-      summ += m0 * (bs[4 * j] + bs[4 * j + 1]) + m1 * (bs[4 * j + 2] + bs[4 * j + 3]);
+      isum += sc0 * s0 + sc1 * s1;
+      imin += m0 * (bs[4 * j] + bs[4 * j + 1]) + m1 * (bs[4 * j + 2] + bs[4 * j + 3]);
     }
     const float yd = a.d[static_cast<size_t>(b)];
-    sum += fp16_to_fp32(rd16(blk)) * yd * static_cast<float>(sumi);
-    sum -= fp16_to_fp32(rd16(blk + 2)) * yd * static_cast<float>(summ);
+    acc = std::fma(static_cast<float>(isum), fp16_to_fp32(rd16(blk)) * yd, acc);
+    accm = std::fma(static_cast<float>(imin), fp16_to_fp32(rd16(blk + 2)) * yd, accm);
   }
-  return sum;
+  return acc - accm;
 }
 
 // ggml_vec_dot_q6_K_q8_K, x86 AVX2 version (also the AVX-512 builds; K-quants never go
@@ -299,7 +349,48 @@ WORKER_ALWAYS_INLINE float dot_tinyblas_impl(const float* a, const float* b, int
   return hsum16_impl(acc);
 }
 
+// _mm512_dpbf16_ps, one lane: c += a[1]*b[1], then c += a[0]*b[0], each rounded once (the
+// product of two bf16 values is exact in float, so an FMA gives the same sum). The
+// instruction's DAZ/FTZ (denormals as zero) is not reproduced: no activation or weight of
+// a working model is that small.
+// (Written with a contiguous product buffer: GCC 12.2's loop vectoriser miscompiled the
+// stride-2 form at -O3, measured.)
+WORKER_ALWAYS_INLINE void dpbf16(float* c, const float* a, const float* b) {
+  float p[32];
+  for (int l = 0; l < 32; ++l) p[l] = a[l] * b[l];
+  for (int l = 0; l < 16; ++l) c[l] = (c[l] + p[2 * l + 1]) + p[2 * l];
+}
+
+WORKER_ALWAYS_INLINE float dot_bf16_vecdot_impl(const float* x, const float* y, int64_t n) {
+  float c1[16] = {}, c2[16] = {};
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    dpbf16(c1, x + i, y + i);
+    dpbf16(c2, x + i + 32, y + i + 32);
+  }
+  double sum = static_cast<double>(hsum16_impl(c1));
+  sum += static_cast<double>(hsum16_impl(c2));
+  for (; i < n; ++i) sum += static_cast<double>(x[i] * y[i]);
+  return static_cast<float>(sum);
+}
+
+WORKER_ALWAYS_INLINE float dot_bf16_tinyblas_impl(const float* a, const float* b, int64_t k) {
+  float acc[16] = {};
+  for (int64_t i = 0; i < k; i += 32) {
+    dpbf16(acc, a + i, b + i);
+  }
+  return hsum16_impl(acc);
+}
+
 #if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) float dot_bf16_vecdot_fma(const float* x, const float* y,
+                                                              int64_t n) {
+  return dot_bf16_vecdot_impl(x, y, n);
+}
+__attribute__((target("avx2,fma"))) float dot_bf16_tinyblas_fma(const float* a, const float* b,
+                                                                int64_t k) {
+  return dot_bf16_tinyblas_impl(a, b, k);
+}
 __attribute__((target("avx2,fma"))) float dot_vecdot_fma(const float* x, const float* y,
                                                          int64_t n, bool f16) {
   return dot_vecdot_impl(x, y, n, f16);
@@ -319,7 +410,7 @@ bool have_fma() {
 float hsum16(const float* v) { return hsum16_impl(v); }
 
 bool repacked_on_x86(GgmlType t, int64_t rows) {
-  return (t == GgmlType::Q4_0 || t == GgmlType::Q4_K) && rows % 8 == 0;
+  return (t == GgmlType::Q4_0) && rows % 8 == 0;
 }
 
 float dot_vecdot(const float* x, const float* y, int64_t n, bool f16) {
@@ -336,12 +427,27 @@ float dot_tinyblas(const float* a, const float* b, int64_t k) {
   return dot_tinyblas_impl(a, b, k);
 }
 
+float dot_bf16_vecdot(const float* x, const float* y, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_fma()) return dot_bf16_vecdot_fma(x, y, n);
+#endif
+  return dot_bf16_vecdot_impl(x, y, n);
+}
+
+float dot_bf16_tinyblas(const float* a, const float* b, int64_t k) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_fma()) return dot_bf16_tinyblas_fma(a, b, k);
+#endif
+  return dot_bf16_tinyblas_impl(a, b, k);
+}
+
 // llamafile_sgemm: only for prompt batches (n >= 2); F32 x F32 and F16 x F16 (the
-// activation converted to F16 first) on AVX-512F; tinyBLAS::matmul needs k % KN == 0
+// activation converted to F16 first) on AVX-512F, BF16 x BF16 on AVX512_BF16; tinyBLAS::matmul needs k % KN == 0
 // and m % 4 == 0, otherwise mul_mat falls back to vec_dot.
 bool tinyblas_takes(GgmlType t, int64_t m, int64_t n_tokens, int64_t k) {
   if (n_tokens < 2 || m % 4 != 0) return false;
   if (t == GgmlType::F32 || t == GgmlType::F16) return k % 16 == 0;
+  if (t == GgmlType::BF16) return k % 32 == 0;  // tinyBLAS<32, __m512, __m512bh> (AVX512_BF16)
   return false;
 }
 
@@ -405,7 +511,7 @@ float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, f
     case GgmlType::Q8_0: return dot_q8_0(r, a);
     case GgmlType::Q4_0: return a.repacked ? dot_q4_0_repack(r, a) : dot_q4_0(r, a);
     case GgmlType::Q5_0: return dot_q5_0(r, a);
-    case GgmlType::Q4_K: return dot_q4_k(r, a);
+    case GgmlType::Q4_K: return a.repacked ? dot_q4_k_repack(r, a) : dot_q4_k(r, a);
     case GgmlType::Q6_K: return dot_q6_k(r, a);
     default:
       throw WorkerError(ErrorCode::Internal,

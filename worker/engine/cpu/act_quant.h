@@ -60,6 +60,13 @@ float dot_vecdot(const float* x, const float* y, int64_t n, bool f16 = false);
 float dot_tinyblas(const float* a, const float* b, int64_t k);
 bool tinyblas_takes(GgmlType weight_type, int64_t m, int64_t n_tokens, int64_t k);
 
+// BF16 weights and BF16-rounded activations (both given as exact floats), summed as the
+// AVX512_BF16 builds do with _mm512_dpbf16_ps (per lane: += odd product, += even product):
+// ggml_vec_dot_bf16 (two 16-lane accumulators over 64-element steps, each reduced with
+// hsum16 and added in double) and tinyBLAS<32, __m512, __m512bh> (one accumulator, k % 32).
+float dot_bf16_vecdot(const float* x, const float* y, int64_t n);
+float dot_bf16_tinyblas(const float* a, const float* b, int64_t k);
+
 // ggml_v_expf (AVX-512 version: polynomial, _mm512_scalef_ps) for one lane.
 float ggml_expf(float x);
 // ggml_v_silu: x / (1 + ggml_v_expf(-x)).

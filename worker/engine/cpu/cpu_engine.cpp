@@ -102,18 +102,6 @@ class ThreadPool {
   bool quit_ = false;
 };
 
-// Eight independent lanes let the compiler vectorise without reassociating (no fast-math):
-// the result is the same at every vector width.
-float dot_f32(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
-  }
-  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // F16 -> F32 through a table: the software conversion per element dominates otherwise.
 const std::vector<float>& f16_table() {
   static const std::vector<float> table = [] {
@@ -290,9 +278,8 @@ class CpuEngine final : public Engine {
     }
     const bool float_weights =
         W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;
-    const bool ggml_order = W.type == GgmlType::F32 || W.type == GgmlType::F16;
     const bool tiny = cpu::tinyblas_takes(W.type, M, n, K);
-    const bool f16 = W.type == GgmlType::F16;
+    const bool f16 = W.type == GgmlType::F16, bf16 = W.type == GgmlType::BF16;
     pool_.parallel_for(
         M,
         [&](int64_t b, int64_t e, int th) {
@@ -302,9 +289,13 @@ class CpuEngine final : public Engine {
               const float* row = row_f32(W, r, buf);
               for (int64_t t = 0; t < n; ++t) {
                 const float* a = acts_[static_cast<size_t>(t)].f.data();
-                out[t * M + r] = !ggml_order ? dot_f32(row, a, K)
-                                 : tiny      ? cpu::dot_tinyblas(row, a, K)
-                                             : cpu::dot_vecdot(row, a, K, f16);
+                if (bf16) {
+                  out[t * M + r] = tiny ? cpu::dot_bf16_tinyblas(row, a, K)
+                                        : cpu::dot_bf16_vecdot(row, a, K);
+                } else {
+                  out[t * M + r] = tiny ? cpu::dot_tinyblas(row, a, K)
+                                        : cpu::dot_vecdot(row, a, K, f16);
+                }
               }
             } else {
               for (int64_t t = 0; t < n; ++t) {
