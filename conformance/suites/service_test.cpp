@@ -69,6 +69,25 @@ TEST(ConformanceHealth, FieldsDescribeTheLoadedModel) {
   EXPECT_EQ(w2.stop(), 0);
 }
 
+// quant_kind is the quantizer's mix from general.file_type, as llama.cpp names it, in both
+// /health and the load log: the 896-wide Q4_K_M fixture holds more Q5_0 bytes (K-block
+// fallbacks) than Q4_K, yet it is a Q4_K_M file.
+// REQ: M0-W-1320 WRK-D12 M0-W-1201
+TEST(ConformanceHealth, QuantKindIsTheFileTypeOfAGeneratedModel) {
+  for (const auto& [file, kind] : std::vector<std::pair<std::string, std::string>>{
+           {"qwen2-g7-q4_k.gguf", "Q4_K_M"}, {"qwen2-g1-f16.gguf", "F16"}}) {
+    SCOPED_TRACE(file);
+    WorkerOptions o;
+    o.model = generated_fixture(file);
+    WorkerProcess w(o);
+    EXPECT_EQ(http_get(w.port(), "/health").json()["quant_kind"], kind);
+    const auto loaded = w.log_events("model_load_complete");
+    ASSERT_EQ(loaded.size(), 1u) << w.log_text();
+    EXPECT_EQ(loaded[0]["quant_kind"], kind);
+    EXPECT_EQ(w.stop(), 0);
+  }
+}
+
 double percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
   return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
