@@ -48,12 +48,7 @@ TEST_P(TokenizerGolden, VectorsMatch) {
 
 INSTANTIATE_TEST_SUITE_P(Models, TokenizerGolden,
                          ::testing::Values("qwen2", "phi-3", "stories260K"),
-                         [](const auto& param_info) {
-                           std::string s = param_info.param;
-                           for (char& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                         test::vocab_param_name);
 
 }  // namespace
 }  // namespace worker

@@ -93,24 +93,10 @@ TEST(TokenizerHfJson, MatchesTransformersJsOnRandomStrings) {
     }
     texts.push_back(std::move(t));
   }
-  const auto tmp =
-      std::filesystem::temp_directory_path() / ("hf_js_" + std::to_string(::getpid()) + ".jsonl");
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    for (const auto& t : texts) f << nlohmann::json{{"text", t}}.dump() << "\n";
-  }
-  const std::string out = test::run_capture("cd '" + test::source_dir() +
-                                            "/fixtures/tokenizer' && node hf_tokenize.mjs < '" +
-                                            tmp.string() + "' 2>&1");
-  std::filesystem::remove(tmp);
+  const std::string out = test::run_over_texts(
+      "cd '" + test::source_dir() + "/fixtures/tokenizer' && node hf_tokenize.mjs 2>&1", texts);
   std::vector<std::vector<int32_t>> js;
-  size_t pos = 0;
-  while (pos < out.size()) {
-    size_t nl = out.find('\n', pos);
-    if (nl == std::string::npos) nl = out.size();
-    const std::string line = out.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (line.empty()) continue;
+  for (const std::string& line : test::nonempty_lines(out)) {
     const auto j = nlohmann::json::parse(line, nullptr, false);
     ASSERT_FALSE(j.is_discarded()) << "transformers.js oracle failed: " << out.substr(0, 2000);
     js.push_back(j.at("ids").get<std::vector<int32_t>>());
@@ -152,13 +138,8 @@ TEST(TokenizerHfJson, NfcPassesUnicodeNormalizationTest) {
     return out;
   };
   size_t lines = 0, failures = 0;
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t nl = text.find('\n', pos);
-    if (nl == std::string::npos) nl = text.size();
-    const std::string line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (line.empty() || line[0] == '#' || line[0] == '@') continue;
+  for (const std::string& line : test::nonempty_lines(text)) {
+    if (line[0] == '#' || line[0] == '@') continue;
     std::vector<std::string> c;
     size_t p = 0;
     for (int k = 0; k < 5; ++k) {

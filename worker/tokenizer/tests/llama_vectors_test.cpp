@@ -81,12 +81,7 @@ TEST_P(TokenizerLlamaVectors, EveryIdEqualsLlamaCpp) {
 
 INSTANTIATE_TEST_SUITE_P(Vocabs, TokenizerLlamaVectors,
                          ::testing::Values("qwen2", "llama-spm", "llama-bpe", "gpt-2", "phi-3"),
-                         [](const auto& param_info) {
-                           std::string s = param_info.param;
-                           for (char& c : s)
-                             if (c == '-') c = '_';
-                           return s;
-                         });
+                         test::vocab_param_name);
 
 }  // namespace
 }  // namespace worker

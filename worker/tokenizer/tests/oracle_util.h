@@ -30,6 +30,32 @@ inline std::string run_capture(const std::string& cmd) {
   return out;
 }
 
+// The lines of `text` that are not empty, without their '\n'.
+inline std::vector<std::string> nonempty_lines(const std::string& text) {
+  std::vector<std::string> lines;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    if (nl > pos) lines.push_back(text.substr(pos, nl - pos));
+    pos = nl + 1;
+  }
+  return lines;
+}
+
+// Runs the shell command `cmd` with `texts` on its stdin, one {"text": ...} JSON object a
+// line (the input format of the node oracle scripts), and returns its stdout.
+inline std::string run_over_texts(const std::string& cmd, const std::vector<std::string>& texts) {
+  const auto tmp = std::filesystem::temp_directory_path() /
+                   ("tok_texts_" + std::to_string(::getpid()) + ".jsonl");
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    for (const auto& t : texts) f << nlohmann::json{{"text", t}}.dump() << "\n";
+  }
+  const std::string out = run_capture(cmd + " < '" + tmp.string() + "'");
+  std::filesystem::remove(tmp);
+  return out;
+}
+
 inline std::vector<OracleResult> llama_oracle(const std::string& model,
                                               const std::vector<std::string>& texts,
                                               bool specials) {
@@ -42,24 +68,10 @@ inline std::vector<OracleResult> llama_oracle(const std::string& model,
   if (!std::filesystem::exists(oracle_pkg)) {
     throw std::runtime_error("node-llama-cpp missing at " + oracle_pkg + " (run ci/setup.sh)");
   }
-  const auto tmp = std::filesystem::temp_directory_path() /
-                   ("tok_oracle_" + std::to_string(::getpid()) + ".jsonl");
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    for (const auto& t : texts) f << nlohmann::json{{"text", t}}.dump() << "\n";
-  }
   const std::string cmd = "cd '" + dir + "' && node oracle_tokenize.mjs '" + model + "'" +
-                          (specials ? " --specials" : "") + " < '" + tmp.string() + "' 2>/dev/null";
-  const std::string out = run_capture(cmd);
-  std::filesystem::remove(tmp);
+                          (specials ? " --specials" : "") + " 2>/dev/null";
   std::vector<OracleResult> res;
-  size_t pos = 0;
-  while (pos < out.size()) {
-    size_t nl = out.find('\n', pos);
-    if (nl == std::string::npos) nl = out.size();
-    const std::string line = out.substr(pos, nl - pos);
-    pos = nl + 1;
-    if (line.empty()) continue;
+  for (const std::string& line : nonempty_lines(run_over_texts(cmd, texts))) {
     const auto j = nlohmann::json::parse(line);
     res.push_back(
         OracleResult{j["ids"].get<std::vector<int32_t>>(), j["detok"].get<std::string>()});

