@@ -560,6 +560,33 @@ __device__ __forceinline__ float row_dot(const uint8_t* __restrict__ row, int co
   return warp_sum(acc);
 }
 
+// Gate and up rows of float weights in one loop: both rows' loads are in flight together
+// (one after the other left half the memory parallelism unused). Each sum is accumulated
+// in the same order as row_dot, so the results are the same bits.
+template <GgmlType T>
+__device__ __forceinline__ void row_dot2(const uint8_t* __restrict__ row_a,
+                                         const uint8_t* __restrict__ row_b, int cols,
+                                         const float* __restrict__ x, int lane, float& out_a,
+                                         float& out_b) {
+  float acc_a = 0.0f, acc_b = 0.0f;
+#pragma unroll 4
+  for (int j = lane * 8; j < cols; j += kWarp * 8) {
+    float va[8], vb[8];
+    load8<T>(row_a, j, va);
+    load8<T>(row_b, j, vb);
+    const float4* xp = reinterpret_cast<const float4*>(x + j);
+    const float4 p = xp[0], q = xp[1];
+    const float xr[8] = {round_x<T>(p.x), round_x<T>(p.y), round_x<T>(p.z), round_x<T>(p.w),
+                         round_x<T>(q.x), round_x<T>(q.y), round_x<T>(q.z), round_x<T>(q.w)};
+    acc_a += va[0] * xr[0] + va[1] * xr[1] + va[2] * xr[2] + va[3] * xr[3] + va[4] * xr[4] +
+             va[5] * xr[5] + va[6] * xr[6] + va[7] * xr[7];
+    acc_b += vb[0] * xr[0] + vb[1] * xr[1] + vb[2] * xr[2] + vb[3] * xr[3] + vb[4] * xr[4] +
+             vb[5] * xr[5] + vb[6] * xr[6] + vb[7] * xr[7];
+  }
+  out_a = warp_sum(acc_a);
+  out_b = warp_sum(acc_b);
+}
+
 template <GgmlType T, bool kSwiglu>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_multi_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
@@ -570,12 +597,25 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   int s = 0;
   while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
   if (s >= segs.n) return;
-  const float a = row_dot<T>(segs.w[s] + static_cast<size_t>(r) * row_bytes, cols, x, lane);
+  const uint8_t* row = segs.w[s] + static_cast<size_t>(r) * row_bytes;
   if constexpr (kSwiglu) {
+    const uint8_t* row_u = w_up + static_cast<size_t>(r) * row_bytes;
+    float a, u;
+    if constexpr (BlockInfo<T>::kElems == 1) {
+      if (cols % 8 == 0) {
+        row_dot2<T>(row, row_u, cols, x, lane, a, u);
+      } else {
+        a = row_dot<T>(row, cols, x, lane);
+        u = row_dot<T>(row_u, cols, x, lane);
+      }
+    } else {
+      a = row_dot<T>(row, cols, x, lane);
+      u = row_dot<T>(row_u, cols, x, lane);
+    }
     // same rounding as the unfused swiglu kernel: silu(g) * u
-    const float u = row_dot<T>(w_up + static_cast<size_t>(r) * row_bytes, cols, x, lane);
     if (lane == 0) segs.y[s][r] = a / (1.0f + expf(-a)) * u;
   } else {
+    const float a = row_dot<T>(row, cols, x, lane);
     if (lane == 0) segs.y[s][r] = a;
   }
 }

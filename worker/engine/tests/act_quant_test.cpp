@@ -63,10 +63,61 @@ TEST(EngineActQuant, IntegerBlockDotsEqualDequantizedDot) {
         ref += static_cast<double>(w[static_cast<size_t>(i)]) * xa;
         mag += std::abs(static_cast<double>(w[static_cast<size_t>(i)]) * xa);
       }
-      const double got = static_cast<double>(dot_quantized(t, row.data(), a, scratch.data()));
-      ASSERT_NEAR(got, ref, 1e-5 * mag + 1e-6);
+      // both summation orders (plain vec_dot lanes, and the repacked-weight order for the
+      // types llama.cpp repacks on x86) are the same sum up to float rounding
+      for (bool repacked : {false, true}) {
+        a.repacked = repacked;
+        const double got = static_cast<double>(dot_quantized(t, row.data(), a, scratch.data()));
+        ASSERT_NEAR(got, ref, 1e-5 * mag + 1e-6) << "repacked " << repacked;
+      }
     }
   }
+}
+
+// The float orders of llama.cpp's kernels (act_quant.h) are sums of the same products: each
+// must equal the exact dot to float rounding, at lengths with and without leftovers. (A
+// miscompiled lane loop, as GCC 12 produced once for the stride-2 BF16 form, fails here.)
+// REQ: M0-W-1214 WRK-D2
+TEST(EngineActQuant, LlamaCppOrderDotsEqualExactDot) {
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t n : {16, 64, 96, 256, 896, 1000}) {
+    SCOPED_TRACE(n);
+    std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    for (auto& v : x) v = bf16_to_fp32(fp32_to_bf16(nd(g)));
+    for (auto& v : y) v = bf16_to_fp32(fp32_to_bf16(nd(g)));
+    double ref = 0, mag = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      ref += static_cast<double>(x[i]) * static_cast<double>(y[i]);
+      mag += std::abs(static_cast<double>(x[i]) * static_cast<double>(y[i]));
+    }
+    const double tol = 1e-6 * mag;
+    EXPECT_NEAR(dot_vecdot(x.data(), y.data(), n), ref, tol);
+    EXPECT_NEAR(dot_vecdot(x.data(), y.data(), n, true), ref, tol);
+    EXPECT_NEAR(dot_bf16_vecdot(x.data(), y.data(), n), ref, tol);
+    if (n % 16 == 0) EXPECT_NEAR(dot_tinyblas(x.data(), y.data(), n), ref, tol);
+    if (n % 32 == 0) EXPECT_NEAR(dot_bf16_tinyblas(x.data(), y.data(), n), ref, tol);
+  }
+  // The 16-lane horizontal sum is GCC's _mm512_reduce_add_ps tree, not left to right:
+  // 2^24 + 1 + ... is absorbed differently.
+  float v[16] = {16777216.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
+                 1.0f,        1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  // (v0 + v8) is 2^24 + 1 -> 2^24 (ties to even); the other 14 ones sum exactly to 14
+  EXPECT_EQ(hsum16(v), 16777216.0f + 14.0f);
+}
+
+// ggml_v_expf is a polynomial with ~1.5 ulp error, not libm's expf; ggml_silu uses it.
+// REQ: WRK-D2
+TEST(EngineActQuant, GgmlExpfApproximatesExp) {
+  for (float x = -100.0f; x <= 80.0f; x += 0.37f) {
+    const double want = std::exp(static_cast<double>(x));
+    EXPECT_NEAR(static_cast<double>(ggml_expf(x)), want, want * 4e-7 + 1e-45) << x;
+  }
+  EXPECT_EQ(ggml_expf(0.0f), 1.0f);
+  EXPECT_EQ(ggml_expf(-INFINITY), 0.0f);
+  EXPECT_EQ(ggml_expf(-200.0f), 0.0f);
+  EXPECT_EQ(ggml_expf(200.0f), INFINITY);
+  EXPECT_NEAR(static_cast<double>(ggml_silu(2.0f)), 2.0 / (1.0 + std::exp(-2.0)), 1e-6);
 }
 
 // REQ: WRK-D2
