@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,14 +18,10 @@ namespace worker {
 namespace {
 
 float bits_to_f(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
+  return std::bit_cast<float>(u);
 }
 uint32_t f_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
+  return std::bit_cast<uint32_t>(f);
 }
 
 // Reference half -> double from the IEEE definition (exact in double).
