@@ -129,6 +129,53 @@ __device__ __forceinline__ void load8(const uint8_t* row, int j, float* v) {
   }
 }
 
+// One 8-element step of a float-weight dot: sum of v[i] * x[i] with x rounded for T.
+template <GgmlType T>
+__device__ __forceinline__ float dot8(const float* v, const float* __restrict__ x) {
+  const float4* xp = reinterpret_cast<const float4*>(x);
+  const float4 a = xp[0], b = xp[1];
+  return v[0] * round_x<T>(a.x) + v[1] * round_x<T>(a.y) + v[2] * round_x<T>(a.z) +
+         v[3] * round_x<T>(a.w) + v[4] * round_x<T>(b.x) + v[5] * round_x<T>(b.y) +
+         v[6] * round_x<T>(b.z) + v[7] * round_x<T>(b.w);
+}
+
+// This thread's partial dots of NR float-weight rows with x, elements j0, j0 + step, ...
+// (cols % 8 == 0). Contains the PDL wait: the weights of the first PF steps are loaded
+// before it (weights are never written by a kernel), so their DRAM latency overlaps the
+// previous kernel instead of following it. Each row's sum runs in ascending j.
+template <GgmlType T, int NR, int PF>
+__device__ __forceinline__ void rows_dot_pf(const uint8_t* (&rows)[NR], int cols,
+                                            const float* __restrict__ x, int j0, int step,
+                                            float (&acc)[NR]) {
+  float v[PF][NR][8];
+#pragma unroll
+  for (int i = 0; i < PF; ++i) {
+    const int j = j0 + i * step;
+#pragma unroll
+    for (int r = 0; r < NR; ++r)
+      if (j < cols) load8<T>(rows[r], j, v[i][r]);
+  }
+  griddep_wait();
+#pragma unroll
+  for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < PF; ++i) {
+    const int j = j0 + i * step;
+    if (j < cols) {
+#pragma unroll
+      for (int r = 0; r < NR; ++r) acc[r] += dot8<T>(v[i][r], x + j);
+    }
+  }
+#pragma unroll 2
+  for (int j = j0 + PF * step; j < cols; j += step) {
+    float w[NR][8];
+#pragma unroll
+    for (int r = 0; r < NR; ++r) load8<T>(rows[r], j, w[r]);
+#pragma unroll
+    for (int r = 0; r < NR; ++r) acc[r] += dot8<T>(w[r], x + j);
+  }
+}
+
 template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_f_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
@@ -211,23 +258,15 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kSplitThreads)
     matvec_split_kernel(const uint8_t* __restrict__ w, int cols, size_t row_bytes,
                         const float* __restrict__ x, float* __restrict__ y, int accumulate) {
-  griddep_enter();
+  griddep_launch();
   static_assert(BlockInfo<T>::kElems == 1, "float weight types only");
   __shared__ float sh[kSplitThreads / kWarp];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int r = blockIdx.x;
-  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-  float acc = 0.0f;
-#pragma unroll 2
-  for (int j = tid * 8; j < cols; j += kSplitThreads * 8) {
-    float v[8];
-    load8<T>(row, j, v);
-    const float4* xp = reinterpret_cast<const float4*>(x + j);
-    const float4 a = xp[0], b = xp[1];
-    acc += v[0] * round_x<T>(a.x) + v[1] * round_x<T>(a.y) + v[2] * round_x<T>(a.z) +
-           v[3] * round_x<T>(a.w) + v[4] * round_x<T>(b.x) + v[5] * round_x<T>(b.y) +
-           v[6] * round_x<T>(b.z) + v[7] * round_x<T>(b.w);
-  }
+  const uint8_t* rows[1] = {w + static_cast<size_t>(r) * row_bytes};
+  float part[1];
+  rows_dot_pf<T, 1, 2>(rows, cols, x, tid * 8, kSplitThreads * 8, part);
+  float acc = part[0];
   acc = warp_sum(acc);
   if (lane == 0) sh[warp] = acc;
   __syncthreads();
@@ -312,28 +351,40 @@ __global__ void __launch_bounds__(kQ1Threads)
   float* xs = reinterpret_cast<float*>(xs_raw);
   __shared__ float part[kQ1Warps][2];
   griddep_launch();
-  griddep_wait();
-  round_x_to_smem<T>(x, cols, xs);
-  __syncthreads();
   constexpr int R = kQ1Warps / S;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, piece = warp % S;
   int r = blockIdx.x * R + warp / S;
   int s = 0;
   while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
   const bool valid = s < segs.n;
+  const int nsb = cols / 32;
+  const uint8_t* row = valid ? segs.w[s] + static_cast<size_t>(r) * row_bytes : nullptr;
+  const uint8_t* row_u = kSwiglu && valid ? w_up + static_cast<size_t>(r) * row_bytes : nullptr;
+  // The first sub-block's weights are dequantized before the PDL wait (weights are never
+  // written by a kernel): their latency overlaps the previous kernel's tail.
+  const int sb0 = piece * kWarp + lane;
+  const bool first = valid && sb0 < nsb;
+  float v0[32], u0[32];
+  if (first) {
+    deq32<T>(row, sb0, v0);
+    if constexpr (kSwiglu) deq32<T>(row_u, sb0, u0);
+  }
+  griddep_wait();
+  round_x_to_smem<T>(x, cols, xs);
+  __syncthreads();
   float a = 0.0f, u = 0.0f;
-  if (valid) {
-    const uint8_t* row = segs.w[s] + static_cast<size_t>(r) * row_bytes;
-    const uint8_t* row_u = kSwiglu ? w_up + static_cast<size_t>(r) * row_bytes : nullptr;
-    const int nsb = cols / 32;
-    for (int sb = piece * kWarp + lane; sb < nsb; sb += kWarp * S) {
-      const float* xp = xs + q1_pad(sb * 32);
+  if (first) {
+    const float* xp = xs + q1_pad(sb0 * 32);
+    a += dot32_smem<T>(v0, xp);
+    if constexpr (kSwiglu) u += dot32_smem<T>(u0, xp);
+    for (int sb = sb0 + kWarp * S; sb < nsb; sb += kWarp * S) {
+      const float* xq = xs + q1_pad(sb * 32);
       float v[32];
       deq32<T>(row, sb, v);
-      a += dot32_smem<T>(v, xp);
+      a += dot32_smem<T>(v, xq);
       if constexpr (kSwiglu) {
         deq32<T>(row_u, sb, v);
-        u += dot32_smem<T>(v, xp);
+        u += dot32_smem<T>(v, xq);
       }
     }
   }
@@ -560,63 +611,41 @@ __device__ __forceinline__ float row_dot(const uint8_t* __restrict__ row, int co
   return warp_sum(acc);
 }
 
-// Gate and up rows of float weights in one loop: both rows' loads are in flight together
-// (one after the other left half the memory parallelism unused). Each sum is accumulated
-// in the same order as row_dot, so the results are the same bits.
-template <GgmlType T>
-__device__ __forceinline__ void row_dot2(const uint8_t* __restrict__ row_a,
-                                         const uint8_t* __restrict__ row_b, int cols,
-                                         const float* __restrict__ x, int lane, float& out_a,
-                                         float& out_b) {
-  float acc_a = 0.0f, acc_b = 0.0f;
-#pragma unroll 4
-  for (int j = lane * 8; j < cols; j += kWarp * 8) {
-    float va[8], vb[8];
-    load8<T>(row_a, j, va);
-    load8<T>(row_b, j, vb);
-    const float4* xp = reinterpret_cast<const float4*>(x + j);
-    const float4 p = xp[0], q = xp[1];
-    const float xr[8] = {round_x<T>(p.x), round_x<T>(p.y), round_x<T>(p.z), round_x<T>(p.w),
-                         round_x<T>(q.x), round_x<T>(q.y), round_x<T>(q.z), round_x<T>(q.w)};
-    acc_a += va[0] * xr[0] + va[1] * xr[1] + va[2] * xr[2] + va[3] * xr[3] + va[4] * xr[4] +
-             va[5] * xr[5] + va[6] * xr[6] + va[7] * xr[7];
-    acc_b += vb[0] * xr[0] + vb[1] * xr[1] + vb[2] * xr[2] + vb[3] * xr[3] + vb[4] * xr[4] +
-             vb[5] * xr[5] + vb[6] * xr[6] + vb[7] * xr[7];
-  }
-  out_a = warp_sum(acc_a);
-  out_b = warp_sum(acc_b);
-}
-
 template <GgmlType T, bool kSwiglu>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_multi_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
                         const float* __restrict__ x) {
-  griddep_enter();
+  griddep_launch();
   const int lane = threadIdx.x % kWarp;
   int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   int s = 0;
   while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
   if (s >= segs.n) return;
-  const uint8_t* row = segs.w[s] + static_cast<size_t>(r) * row_bytes;
-  if constexpr (kSwiglu) {
-    const uint8_t* row_u = w_up + static_cast<size_t>(r) * row_bytes;
-    float a, u;
-    if constexpr (BlockInfo<T>::kElems == 1) {
-      if (cols % 8 == 0) {
-        row_dot2<T>(row, row_u, cols, x, lane, a, u);
-      } else {
-        a = row_dot<T>(row, cols, x, lane);
-        u = row_dot<T>(row_u, cols, x, lane);
-      }
-    } else {
-      a = row_dot<T>(row, cols, x, lane);
-      u = row_dot<T>(row_u, cols, x, lane);
+  constexpr int NR = kSwiglu ? 2 : 1;
+  const uint8_t* rows[NR];
+  rows[0] = segs.w[s] + static_cast<size_t>(r) * row_bytes;
+  if constexpr (kSwiglu) rows[NR - 1] = w_up + static_cast<size_t>(r) * row_bytes;
+  float res[NR];
+  bool done = false;
+  if constexpr (BlockInfo<T>::kElems == 1) {
+    if (cols % 8 == 0) {
+      rows_dot_pf<T, NR, 4>(rows, cols, x, lane * 8, kWarp * 8, res);
+#pragma unroll
+      for (int i = 0; i < NR; ++i) res[i] = warp_sum(res[i]);
+      done = true;
     }
+  }
+  if (!done) {
+    griddep_wait();
+#pragma unroll
+    for (int i = 0; i < NR; ++i) res[i] = row_dot<T>(rows[i], cols, x, lane);
+  }
+  if constexpr (kSwiglu) {
+    const float a = res[0], u = res[NR - 1];
     // same rounding as the unfused swiglu kernel: silu(g) * u
     if (lane == 0) segs.y[s][r] = a / (1.0f + expf(-a)) * u;
   } else {
-    const float a = row_dot<T>(row, cols, x, lane);
-    if (lane == 0) segs.y[s][r] = a;
+    if (lane == 0) segs.y[s][r] = res[0];
   }
 }
 

@@ -95,8 +95,12 @@ TEST(EngineActQuant, LlamaCppOrderDotsEqualExactDot) {
     EXPECT_NEAR(dot_vecdot(x.data(), y.data(), n), ref, tol);
     EXPECT_NEAR(dot_vecdot(x.data(), y.data(), n, true), ref, tol);
     EXPECT_NEAR(dot_bf16_vecdot(x.data(), y.data(), n), ref, tol);
-    if (n % 16 == 0) EXPECT_NEAR(dot_tinyblas(x.data(), y.data(), n), ref, tol);
-    if (n % 32 == 0) EXPECT_NEAR(dot_bf16_tinyblas(x.data(), y.data(), n), ref, tol);
+    if (n % 16 == 0) {
+      EXPECT_NEAR(dot_tinyblas(x.data(), y.data(), n), ref, tol);
+    }
+    if (n % 32 == 0) {
+      EXPECT_NEAR(dot_bf16_tinyblas(x.data(), y.data(), n), ref, tol);
+    }
   }
   // The 16-lane horizontal sum is GCC's _mm512_reduce_add_ps tree, not left to right:
   // 2^24 + 1 + ... is absorbed differently.
