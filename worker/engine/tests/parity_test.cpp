@@ -28,15 +28,56 @@ constexpr int kGreedy = 64;
 // probabilities, which are denormal (imprecise) below ~e^-87.
 constexpr double kFloor = -80.0;
 
-// max |d log-softmax| allowed per weight type. F32 is the acceptance bound of the issue;
-// the others are the measured maxima (reports/cpu-parity.md) with ~2x headroom. The CPU
-// engine rounds matmul inputs as llama.cpp does (F16/BF16/Q8_0/Q8_K, act_quant.h), so most
-// positions agree to ~1e-6; the rest comes from a rounding of an activation that falls the
-// other way because float sums are added in another order (one quantum, chaotic).
+// max |d log-softmax| allowed per weight type.
+//
+// The CPU engine computes what llama.cpp's CPU backend computes, float operation for float
+// operation (worker/engine/cpu/act_quant.h, reports/cpu-parity.md): the same activation
+// rounding (vec_dot_type), the same summation order in every matmul (vec_dot lanes, tinyBLAS,
+// the Q4_0 repack), ggml_v_expf in softmax and SwiGLU, RoPE with GCC's FMA contraction.
+// Those types then agree to the oracle's own resolution (~5e-7: llama.cpp's probabilities
+// are float softmaxes of the logits) and their greedy continuations must be identical.
+// The orders are those of the AVX-512 builds of ggml-cpu that node-llama-cpp loads on an
+// AVX-512 machine (libggml-cpu-zen4/-cooperlake/-icelake/-skylakex.so); BF16 in addition
+// needs AVX512_BF16 (dpbf16). On a machine without them llama.cpp sums in 8 lanes, the
+// engine is then ~1e-6 away again (not exact) and the loose bounds below apply; the test
+// says so in its output.
+//
+// Q4_K is the one type not yet reproduced exactly (a few float ulps per logit, so activation
+// roundings can flip; measured maxima ~0.04): it keeps its loose bound and the near-tie
+// allowance for greedy continuations.
+constexpr double kExactBound = 2e-6;
 const std::map<std::string, double> kBound = {
     {"f32", 1e-4},  {"f16", 5e-3},  {"bf16", 3e-2}, {"q8_0", 0.15},
     {"q4_0", 0.15}, {"q4_k", 0.15}, {"q5_0", 0.15}, {"q6_k", 0.15},
 };
+
+bool host_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+bool host_has_avx512bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return host_has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+// Whether llama.cpp on this machine runs the kernels whose order the engine reproduces for
+// this weight type.
+bool exact_type(const std::string& type) {
+  if (type == "q4_k" || !host_has_avx512()) return false;
+  if (type == "bf16") return host_has_avx512bf16();
+  return true;
+}
+
+double bound_for(const std::string& type) {
+  return exact_type(type) ? kExactBound : kBound.at(type);
+}
 
 struct Case {
   std::string arch, shape, type, file;
@@ -187,7 +228,7 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
     }
     // most of the vocabulary is compared at every position (the rest is below the floor)
     EXPECT_GT(compared * 2, c.prompt.size() * static_cast<size_t>(model->config.vocab_size));
-    EXPECT_LE(max_abs, kBound.at(c.type)) << "log-softmax differs from llama.cpp";
+    EXPECT_LE(max_abs, bound_for(c.type)) << "log-softmax differs from llama.cpp";
     worst_by_type[c.type] = std::max(worst_by_type[c.type], max_abs);
 
     SamplingParams greedy;
@@ -205,10 +246,11 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
         break;
       }
     }
-    // Continuations must be identical. The one tolerated divergence is a near-tie: at the
-    // first differing step both picks are within the type's log-softmax bound of each
-    // other in llama.cpp's own distribution (never for F32). After it, the sequences
-    // condition on different tokens and are not compared.
+    // Continuations must be identical. For a type not reproduced exactly (Q4_K, or any
+    // type on a machine where llama.cpp runs other kernels) the one tolerated divergence is
+    // a near-tie: at the first differing step both picks are within the type's log-softmax
+    // bound of each other in llama.cpp's own distribution (never for F32). After it, the
+    // sequences condition on different tokens and are not compared.
     ASSERT_EQ(o.greedy.size(), gen.size());
     double tie_gap = -1;
     if (first_diff < gen.size()) {
@@ -218,6 +260,9 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
                                  << ") is not among llama.cpp's 5 best";
       tie_gap = top.at(o.greedy[first_diff]) - ours->second;
       EXPECT_NE(c.type, "f32") << "F32 greedy continuation differs at " << first_diff;
+      EXPECT_FALSE(exact_type(c.type))
+          << c.type << " greedy continuation differs at " << first_diff << " (gap " << tie_gap
+          << "): this type must match llama.cpp exactly";
       EXPECT_LE(tie_gap, kBound.at(c.type))
           << "greedy continuation differs at " << first_diff << " and it is no near-tie";
       ++near_ties;
@@ -233,9 +278,13 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
   }
   std::printf("parity: %zu cases, %d greedy continuations diverge at a near-tie\n", cases_.size(),
               near_ties);
+  if (!host_has_avx512()) {
+    std::printf("parity: no AVX-512 on this machine: llama.cpp runs its 8-lane kernels, whose "
+                "order the engine does not reproduce; loose bounds only (exactness NOT checked)\n");
+  }
   for (const auto& [type, worst] : worst_by_type) {
-    std::printf("parity %-5s max |d log-softmax| = %.3g (bound %.3g)\n", type.c_str(), worst,
-                kBound.at(type));
+    std::printf("parity %-5s max |d log-softmax| = %.3g (bound %.3g%s)\n", type.c_str(), worst,
+                bound_for(type), exact_type(type) ? ", exact type: identical greedy required" : "");
   }
   const std::string results = testpaths::env_or("WORKER_BINARY_DIR", WORKER_BINARY_DIR);
   std::ofstream(results + "/cpu-parity.json") << report.dump(1);
