@@ -301,30 +301,67 @@ struct Segs {
   int n;
 };
 
+// Every thread rounds 8 consecutive activations; the lanes of one rounding block (4 for
+// Q8_0's 32, the whole warp for Q8_K's 256) agree on its scale through shuffles. Same
+// arithmetic per element as round_q8_0_32 / round_q8_k_32x8 (and act_quant.cpp), so the
+// same values; the largest magnitude wins with the lowest index on ties, as there.
 template <GgmlType T>
 __device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int cols,
                                                 float* __restrict__ xs) {
-  const int nsb = cols / 32;
-  auto store = [&](int sb, const float* v) {
-    float4* o = reinterpret_cast<float4*>(xs + q1_pad(sb * 32));
+  constexpr bool kK = act_round<T>() == ActRound::Q8_K;
+  constexpr int kGroup = kK ? 32 : 4;
+  const int lane = threadIdx.x % kWarp;
+  const int n8 = cols / 8;  // a multiple of 4 (Q8_0) or 32 (Q8_K): whole groups only
+  for (int c = threadIdx.x; c - lane < n8; c += kQ1Threads) {  // trip count per warp
+    const bool active = c < n8;
+    float v[8];
+    if (active) {
+      const float4 p = reinterpret_cast<const float4*>(x)[2 * c];
+      const float4 q = reinterpret_cast<const float4*>(x)[2 * c + 1];
+      v[0] = p.x, v[1] = p.y, v[2] = p.z, v[3] = p.w, v[4] = q.x, v[5] = q.y, v[6] = q.z,
+      v[7] = q.w;
+    } else {
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
-      o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-  };
-  if constexpr (act_round<T>() == ActRound::Q8_K) {
-    // 8 consecutive lanes round one 256-block together: the trip count is per warp.
-    const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-    for (int sb0 = warp * kWarp; sb0 < nsb; sb0 += kQ1Threads) {
-      const int sb = sb0 + lane;
-      float v[32];
-      load_x32<T>(x, sb, sb < nsb, v);
-      if (sb < nsb) store(sb, v);
+      for (int i = 0; i < 8; ++i) v[i] = 0.0f;
     }
-  } else {
-    for (int sb = threadIdx.x; sb < nsb; sb += kQ1Threads) {
-      float v[32];
-      load_x32<T>(x, sb, true, v);
-      store(sb, v);
+    float amax = 0.0f, mx = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float a = fabsf(v[i]);
+      if (a > amax) {
+        amax = a;
+        mx = v[i];
+      }
+    }
+#pragma unroll
+    for (int o = 1; o < kGroup; o <<= 1) {
+      const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
+      const float om = __shfl_xor_sync(0xffffffffu, mx, o);
+      if (oa > amax || (oa == amax && (lane ^ o) < lane)) {
+        amax = oa;
+        mx = om;
+      }
+    }
+    if constexpr (kK) {
+      if (amax == 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+      } else {
+        const float iscale = -127.f / mx;
+        const float d = 1.0f / iscale;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = d * fminf(127.0f, rintf(iscale * v[i]));
+      }
+    } else {
+      const float d = round_f16(amax / 127.f);
+      const float id = amax != 0.0f ? 127.f / amax : 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) v[i] = d * rintf(v[i] * id);
+    }
+    if (active) {
+      float4* o = reinterpret_cast<float4*>(xs + q1_pad(8 * c));
+      o[0] = make_float4(v[0], v[1], v[2], v[3]);
+      o[1] = make_float4(v[4], v[5], v[6], v[7]);
     }
   }
 }

@@ -10,6 +10,14 @@
 namespace worker::cpu {
 namespace {
 
+// Kernels are always-inline so that one body serves both the portable build and the
+// FMA/AVX2 clones below (same floats: every step is an explicitly rounded fma or add).
+#if defined(__GNUC__)
+#define WORKER_ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define WORKER_ALWAYS_INLINE inline
+#endif
+
 constexpr int kQ = 32;    // Q8_0 / Q4_0 / Q5_0 block
 constexpr int kQK = 256;  // K-quant super-block
 
@@ -83,7 +91,7 @@ void quantize_q8_k(const float* x, int64_t n, QuantizedActivation& o) {
 // then hsum_float_8 ((v[i] + v[i+4]) for i < 4, then (t0 + t2) + (t1 + t3)).
 // `wq` yields a block's 32 weight quants in element order.
 template <typename Unpack>
-float dot_q0_lanes(const uint8_t* row, size_t block_bytes, const QuantizedActivation& a,
+WORKER_ALWAYS_INLINE float dot_q0_lanes(const uint8_t* row, size_t block_bytes, const QuantizedActivation& a,
                    Unpack wq) {
   const int64_t nb = a.n / kQ;
   float acc[8] = {};
@@ -104,7 +112,7 @@ float dot_q0_lanes(const uint8_t* row, size_t block_bytes, const QuantizedActiva
   return (t0 + t2) + (t1 + t3);
 }
 
-float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
+WORKER_ALWAYS_INLINE float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
   return dot_q0_lanes(row, 34, a, [](const uint8_t* blk, int8_t* w) { std::memcpy(w, blk + 2, kQ); });
 }
 
@@ -112,7 +120,7 @@ float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
 // buffer (block_q4_0x8, ggml_gemv/gemm_q4_0_8x8_q8_0, prompt and decode alike): one float
 // accumulator per output, acc = fma(float(integer block dot), d_w * d_a, acc), block after
 // block. Rows not a multiple of 8 stay in the plain layout (dot_q0_lanes).
-float dot_q4_0_repack(const uint8_t* row, const QuantizedActivation& a) {
+WORKER_ALWAYS_INLINE float dot_q4_0_repack(const uint8_t* row, const QuantizedActivation& a) {
   const int64_t nb = a.n / kQ;
   float acc = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
@@ -129,7 +137,7 @@ float dot_q4_0_repack(const uint8_t* row, const QuantizedActivation& a) {
   return acc;
 }
 
-float dot_q4_0(const uint8_t* row, const QuantizedActivation& a) {
+WORKER_ALWAYS_INLINE float dot_q4_0(const uint8_t* row, const QuantizedActivation& a) {
   return dot_q0_lanes(row, 18, a, [](const uint8_t* blk, int8_t* w) {
     const uint8_t* qs = blk + 2;
     for (int j = 0; j < kQ / 2; ++j) {
@@ -139,7 +147,7 @@ float dot_q4_0(const uint8_t* row, const QuantizedActivation& a) {
   });
 }
 
-float dot_q5_0(const uint8_t* row, const QuantizedActivation& a) {
+WORKER_ALWAYS_INLINE float dot_q5_0(const uint8_t* row, const QuantizedActivation& a) {
   return dot_q0_lanes(row, 22, a, [](const uint8_t* blk, int8_t* w) {
     uint32_t qh;
     std::memcpy(&qh, blk + 2, 4);
@@ -153,7 +161,7 @@ float dot_q5_0(const uint8_t* row, const QuantizedActivation& a) {
   });
 }
 
-void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
+WORKER_ALWAYS_INLINE void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
   if (j < 4) {
     d = q[j] & 63;
     m = q[j + 4] & 63;
@@ -170,7 +178,7 @@ void scale_min_k4(int j, const uint8_t* q, int& d, int& m) {
 // acc[t]); the mins go to 4 lanes, lane k = min_2k bsum32_2k + min_2k+1 bsum32_2k+1,
 // accm[k] = fma(-d_a * dmin, lane k, accm[k]). Result hsum_float_8(acc) + ((accm0 + accm2) +
 // (accm1 + accm3)).
-float dot_q4_k(const uint8_t* row, const QuantizedActivation& a) {
+WORKER_ALWAYS_INLINE float dot_q4_k(const uint8_t* row, const QuantizedActivation& a) {
   const int64_t nb = a.n / kQK;
   float acc[8] = {}, accm[4] = {};
   for (int64_t b = 0; b < nb; ++b) {
@@ -214,7 +222,7 @@ float dot_q4_k(const uint8_t* row, const QuantizedActivation& a) {
 // integer sums are exact (isum = sum_j scale_j * dot_j, imin = sum_j min_j * bsum_j); the
 // floats go acc = fma(float(isum), d * d_a, acc), accm = fma(float(imin), dmin * d_a, accm)
 // super-block after super-block, result acc - accm.
-float dot_q4_k_repack(const uint8_t* row, const QuantizedActivation& a) {
+WORKER_ALWAYS_INLINE float dot_q4_k_repack(const uint8_t* row, const QuantizedActivation& a) {
   const int64_t nb = a.n / kQK;
   float acc = 0.0f, accm = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
@@ -251,7 +259,7 @@ float dot_q4_k_repack(const uint8_t* row, const QuantizedActivation& a) {
 // 32 * (bsum[2t] sc[2t] + bsum[2t+1] sc[2t+1]); then acc[t] = fma(d, float(lane t), acc[t])
 // and hsum_float_8. Integer parts are exact; the int -> float conversion and the float
 // steps are what must come in this order.
-float dot_q6_k(const uint8_t* row, const QuantizedActivation& a) {
+WORKER_ALWAYS_INLINE float dot_q6_k(const uint8_t* row, const QuantizedActivation& a) {
   const int64_t nb = a.n / kQK;
   float acc[8] = {};
   uint8_t v[kQK];
@@ -306,11 +314,6 @@ float dot_f32(const float* x, const float* y, int64_t n) {
 // The bodies are always-inline templates instantiated twice: once for CPUs with FMA (where
 // std::fma becomes one instruction, and the lane loops vectorise) and once portable. Both
 // compute identical floats: every step is an explicitly rounded fma or add, in a fixed order.
-#if defined(__GNUC__)
-#define WORKER_ALWAYS_INLINE inline __attribute__((always_inline))
-#else
-#define WORKER_ALWAYS_INLINE inline
-#endif
 
 WORKER_ALWAYS_INLINE float hsum16_impl(const float* v) {
   float t8[8], t4[4];
@@ -496,6 +499,28 @@ void quantize_activation(GgmlType t, const float* x, int64_t n, QuantizedActivat
   }
 }
 
+namespace {
+WORKER_ALWAYS_INLINE float dot_blocks(GgmlType t, const uint8_t* r, const QuantizedActivation& a) {
+  switch (t) {
+    case GgmlType::Q8_0: return dot_q8_0(r, a);
+    case GgmlType::Q4_0: return a.repacked ? dot_q4_0_repack(r, a) : dot_q4_0(r, a);
+    case GgmlType::Q5_0: return dot_q5_0(r, a);
+    case GgmlType::Q4_K: return a.repacked ? dot_q4_k_repack(r, a) : dot_q4_k(r, a);
+    case GgmlType::Q6_K: return dot_q6_k(r, a);
+    default:
+      throw WorkerError(ErrorCode::Internal,
+                        "dot_quantized: unsupported weight type " +
+                            std::string(ggml_type_name(static_cast<uint32_t>(t))));
+  }
+}
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2,fma"))) float dot_blocks_fma(GgmlType t, const uint8_t* r,
+                                                         const QuantizedActivation& a) {
+  return dot_blocks(t, r, a);
+}
+#endif
+}  // namespace
+
 float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, float* scratch) {
   const auto* r = static_cast<const uint8_t*>(row);
   switch (t) {
@@ -508,15 +533,11 @@ float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, f
     case GgmlType::BF16:
       dequantize_row(t, row, scratch, a.n);
       return dot_f32(scratch, a.f.data(), a.n);
-    case GgmlType::Q8_0: return dot_q8_0(r, a);
-    case GgmlType::Q4_0: return a.repacked ? dot_q4_0_repack(r, a) : dot_q4_0(r, a);
-    case GgmlType::Q5_0: return dot_q5_0(r, a);
-    case GgmlType::Q4_K: return a.repacked ? dot_q4_k_repack(r, a) : dot_q4_k(r, a);
-    case GgmlType::Q6_K: return dot_q6_k(r, a);
     default:
-      throw WorkerError(ErrorCode::Internal,
-                        "dot_quantized: unsupported weight type " +
-                            std::string(ggml_type_name(static_cast<uint32_t>(t))));
+#if defined(__x86_64__) && defined(__GNUC__)
+      if (have_fma()) return dot_blocks_fma(t, r, a);
+#endif
+      return dot_blocks(t, r, a);
   }
 }
 

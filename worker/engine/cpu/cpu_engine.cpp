@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cmath>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -272,16 +271,7 @@ class CpuEngine final : public Engine {
   void matmul(const TensorInfo& W, const float* in, int64_t n, float* out) {
     const int64_t K = W.row_len(), M = W.rows();
     if (acts_.size() < static_cast<size_t>(n)) acts_.resize(static_cast<size_t>(n));
-    bool repacked = cpu::repacked_on_x86(W.type, M);
-    if (W.type == GgmlType::Q4_K && std::getenv("EXP_Q4K")) {
-      const std::string set = std::string(",") + std::getenv("EXP_Q4K") + ",";
-      std::string nm = W.name;
-      const auto p1 = nm.rfind('.');
-      nm = nm.substr(0, p1);
-      const auto p2 = nm.rfind('.');
-      if (p2 != std::string::npos) nm = nm.substr(p2 + 1);
-      repacked = set.find("," + nm + ",") != std::string::npos;
-    }
+    const bool repacked = cpu::repacked_on_x86(W.type, M);
     for (int64_t t = 0; t < n; ++t) {
       cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
       acts_[static_cast<size_t>(t)].repacked = repacked;
