@@ -300,15 +300,6 @@ WORKER_ALWAYS_INLINE float dot_q6_k(const uint8_t* row, const QuantizedActivatio
   return (t0 + t2) + (t1 + t3);
 }
 
-float dot_f32(const float* x, const float* y, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += x[i + j] * y[i + j];
-  }
-  for (; i < n; ++i) acc[i & 7] += x[i] * y[i];
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
 
 // ---- llama.cpp CPU summation orders (see act_quant.h) ----
 // The bodies are always-inline templates instantiated twice: once for CPUs with FMA (where
@@ -525,14 +516,12 @@ float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, f
   const auto* r = static_cast<const uint8_t*>(row);
   switch (t) {
     case GgmlType::F32:
-      if (reinterpret_cast<uintptr_t>(r) % alignof(float) == 0) {
-        return dot_f32(reinterpret_cast<const float*>(row), a.f.data(), a.n);
-      }
-      [[fallthrough]];
     case GgmlType::F16:
+      dequantize_row(t, row, scratch, a.n);
+      return dot_vecdot(scratch, a.f.data(), a.n, t == GgmlType::F16);
     case GgmlType::BF16:
       dequantize_row(t, row, scratch, a.n);
-      return dot_f32(scratch, a.f.data(), a.n);
+      return dot_bf16_vecdot(scratch, a.f.data(), a.n);
     default:
 #if defined(__x86_64__) && defined(__GNUC__)
       if (have_fma()) return dot_blocks_fma(t, r, a);

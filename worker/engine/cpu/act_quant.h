@@ -31,7 +31,8 @@ bool repacked_on_x86(GgmlType weight_type, int64_t rows);
 
 void quantize_activation(GgmlType weight_type, const float* x, int64_t n, QuantizedActivation& out);
 
-// dot(weight row of `type` (raw blocks), activation); `scratch` holds n floats (F16/BF16).
+// dot(weight row of `type` (raw blocks), activation) in the order llama.cpp uses for one
+// token (vec_dot; the repacked order when a.repacked); `scratch` holds n floats (F32/F16/BF16).
 float dot_quantized(GgmlType type, const void* row, const QuantizedActivation& a, float* scratch);
 
 // ---------------------------------------------------------------------------------------
