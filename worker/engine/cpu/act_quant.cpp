@@ -91,8 +91,8 @@ void quantize_q8_k(const float* x, int64_t n, QuantizedActivation& o) {
 // then hsum_float_8 ((v[i] + v[i+4]) for i < 4, then (t0 + t2) + (t1 + t3)).
 // `wq` yields a block's 32 weight quants in element order.
 template <typename Unpack>
-WORKER_ALWAYS_INLINE float dot_q0_lanes(const uint8_t* row, size_t block_bytes, const QuantizedActivation& a,
-                   Unpack wq) {
+WORKER_ALWAYS_INLINE float dot_q0_lanes(const uint8_t* row, size_t block_bytes,
+                                        const QuantizedActivation& a, Unpack wq) {
   const int64_t nb = a.n / kQ;
   float acc[8] = {};
   int8_t w[kQ];
@@ -102,8 +102,8 @@ WORKER_ALWAYS_INLINE float dot_q0_lanes(const uint8_t* row, size_t block_bytes, 
     const int8_t* y = a.q.data() + b * kQ;
     const float d = fp16_to_fp32(rd16(blk)) * a.d[static_cast<size_t>(b)];
     for (int i = 0; i < 8; ++i) {
-      const int s = w[4 * i] * y[4 * i] + w[4 * i + 1] * y[4 * i + 1] + w[4 * i + 2] * y[4 * i + 2] +
-                    w[4 * i + 3] * y[4 * i + 3];
+      const int s = w[4 * i] * y[4 * i] + w[4 * i + 1] * y[4 * i + 1] +
+                    w[4 * i + 2] * y[4 * i + 2] + w[4 * i + 3] * y[4 * i + 3];
       acc[i] = std::fma(d, static_cast<float>(s), acc[i]);
     }
   }
@@ -113,7 +113,8 @@ WORKER_ALWAYS_INLINE float dot_q0_lanes(const uint8_t* row, size_t block_bytes, 
 }
 
 WORKER_ALWAYS_INLINE float dot_q8_0(const uint8_t* row, const QuantizedActivation& a) {
-  return dot_q0_lanes(row, 34, a, [](const uint8_t* blk, int8_t* w) { std::memcpy(w, blk + 2, kQ); });
+  return dot_q0_lanes(row, 34, a,
+                      [](const uint8_t* blk, int8_t* w) { std::memcpy(w, blk + 2, kQ); });
 }
 
 // Q4_0 on x86: llama.cpp moves Q4_0 weights with a multiple of 8 rows into the CPU "repack"
@@ -193,8 +194,8 @@ WORKER_ALWAYS_INLINE float dot_q4_k(const uint8_t* row, const QuantizedActivatio
     const float d = yd * fp16_to_fp32(rd16(blk));
     const float dmin = -yd * fp16_to_fp32(rd16(blk + 2));
     for (int k = 0; k < 4; ++k) {
-      const int prod = mn[2 * k] * (bs[4 * k] + bs[4 * k + 1]) +
-                       mn[2 * k + 1] * (bs[4 * k + 2] + bs[4 * k + 3]);
+      const int prod =
+          mn[2 * k] * (bs[4 * k] + bs[4 * k + 1]) + mn[2 * k + 1] * (bs[4 * k + 2] + bs[4 * k + 3]);
       accm[k] = std::fma(dmin, static_cast<float>(prod), accm[k]);
     }
     int32_t lane[8] = {};
@@ -300,7 +301,6 @@ WORKER_ALWAYS_INLINE float dot_q6_k(const uint8_t* row, const QuantizedActivatio
   return (t0 + t2) + (t1 + t3);
 }
 
-
 // ---- llama.cpp CPU summation orders (see act_quant.h) ----
 // The bodies are always-inline templates instantiated twice: once for CPUs with FMA (where
 // std::fma becomes one instruction, and the lane loops vectorise) and once portable. Both
@@ -313,8 +313,7 @@ WORKER_ALWAYS_INLINE float hsum16_impl(const float* v) {
   return (t4[0] + t4[2]) + (t4[1] + t4[3]);
 }
 
-WORKER_ALWAYS_INLINE float dot_vecdot_impl(const float* x, const float* y, int64_t n,
-                                           bool f16) {
+WORKER_ALWAYS_INLINE float dot_vecdot_impl(const float* x, const float* y, int64_t n, bool f16) {
   float acc[64] = {};
   const int64_t np = n & ~int64_t{63};
   for (int64_t i = 0; i < np; i += 64) {
@@ -385,8 +384,8 @@ __attribute__((target("avx2,fma"))) float dot_bf16_tinyblas_fma(const float* a, 
                                                                 int64_t k) {
   return dot_bf16_tinyblas_impl(a, b, k);
 }
-__attribute__((target("avx2,fma"))) float dot_vecdot_fma(const float* x, const float* y,
-                                                         int64_t n, bool f16) {
+__attribute__((target("avx2,fma"))) float dot_vecdot_fma(const float* x, const float* y, int64_t n,
+                                                         bool f16) {
   return dot_vecdot_impl(x, y, n, f16);
 }
 __attribute__((target("avx2,fma"))) float dot_tinyblas_fma(const float* a, const float* b,
@@ -401,7 +400,9 @@ bool have_fma() {
 
 }  // namespace
 
-float hsum16(const float* v) { return hsum16_impl(v); }
+float hsum16(const float* v) {
+  return hsum16_impl(v);
+}
 
 bool repacked_on_x86(GgmlType t, int64_t rows) {
   return (t == GgmlType::Q4_0) && rows % 8 == 0;
@@ -436,8 +437,8 @@ float dot_bf16_tinyblas(const float* a, const float* b, int64_t k) {
 }
 
 // llamafile_sgemm: only for prompt batches (n >= 2); F32 x F32 and F16 x F16 (the
-// activation converted to F16 first) on AVX-512F, BF16 x BF16 on AVX512_BF16; tinyBLAS::matmul needs k % KN == 0
-// and m % 4 == 0, otherwise mul_mat falls back to vec_dot.
+// activation converted to F16 first) on AVX-512F, BF16 x BF16 on AVX512_BF16; tinyBLAS::matmul
+// needs k % KN == 0 and m % 4 == 0, otherwise mul_mat falls back to vec_dot.
 bool tinyblas_takes(GgmlType t, int64_t m, int64_t n_tokens, int64_t k) {
   if (n_tokens < 2 || m % 4 != 0) return false;
   if (t == GgmlType::F32 || t == GgmlType::F16) return k % 16 == 0;
@@ -453,15 +454,17 @@ float ggml_expf(float x) {
   const float n = z - r;
   const float b = std::fma(-n, 0x1.7f7d1cp-20f, std::fma(-n, 0x1.62e4p-1f, x));
   const float u = b * b;
-  const float j = std::fma(
-      std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u, std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-      u, std::fma(0x1.ffffecp-1f, b, 1.0f));
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, std::fma(0x1.ffffecp-1f, b, 1.0f));
   if (std::isnan(n)) return n;
   if (std::fabs(n) > 192.0f) return n <= 0.0f ? 0.0f : std::numeric_limits<float>::infinity();
   return std::ldexp(j, static_cast<int>(n));
 }
 
-float ggml_silu(float x) { return x / (1.0f + ggml_expf(0.0f - x)); }
+float ggml_silu(float x) {
+  return x / (1.0f + ggml_expf(0.0f - x));
+}
 
 void quantize_activation(GgmlType t, const float* x, int64_t n, QuantizedActivation& o) {
   o.weight_type = t;

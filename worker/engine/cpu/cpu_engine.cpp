@@ -115,8 +115,7 @@ const std::vector<float>& f16_table() {
 #if defined(__x86_64__) && defined(__GNUC__)
 // The F16C instruction converts 8 halves at once, exactly (same floats as the table); used
 // when the CPU has it, decided once at run time so the build stays portable.
-__attribute__((target("avx,f16c"))) void f16_row_f16c(const uint8_t* src, float* dst,
-                                                       int64_t n) {
+__attribute__((target("avx,f16c"))) void f16_row_f16c(const uint8_t* src, float* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i));
@@ -161,9 +160,7 @@ const float* row_f32(const TensorInfo& w, int64_t r, float* buf) {
       }
       std::memcpy(buf, src, static_cast<size_t>(n) * sizeof(float));
       return buf;
-    case GgmlType::F16:
-      f16_row(src, buf, n);
-      return buf;
+    case GgmlType::F16: f16_row(src, buf, n); return buf;
     default:  // BF16 (quantized types never come here)
       dequantize_row(w.type, src, buf, n);
       return buf;
@@ -290,11 +287,11 @@ class CpuEngine final : public Engine {
               for (int64_t t = 0; t < n; ++t) {
                 const float* a = acts_[static_cast<size_t>(t)].f.data();
                 if (bf16) {
-                  out[t * M + r] = tiny ? cpu::dot_bf16_tinyblas(row, a, K)
-                                        : cpu::dot_bf16_vecdot(row, a, K);
+                  out[t * M + r] =
+                      tiny ? cpu::dot_bf16_tinyblas(row, a, K) : cpu::dot_bf16_vecdot(row, a, K);
                 } else {
-                  out[t * M + r] = tiny ? cpu::dot_tinyblas(row, a, K)
-                                        : cpu::dot_vecdot(row, a, K, f16);
+                  out[t * M + r] =
+                      tiny ? cpu::dot_tinyblas(row, a, K) : cpu::dot_vecdot(row, a, K, f16);
                 }
               }
             } else {

@@ -279,8 +279,9 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
   std::printf("parity: %zu cases, %d greedy continuations diverge at a near-tie\n", cases_.size(),
               near_ties);
   if (!host_has_avx512()) {
-    std::printf("parity: no AVX-512 on this machine: llama.cpp runs its 8-lane kernels, whose "
-                "order the engine does not reproduce; loose bounds only (exactness NOT checked)\n");
+    std::printf(
+        "parity: no AVX-512 on this machine: llama.cpp runs its 8-lane kernels, whose "
+        "order the engine does not reproduce; loose bounds only (exactness NOT checked)\n");
   }
   for (const auto& [type, worst] : worst_by_type) {
     std::printf("parity %-5s max |d log-softmax| = %.3g (bound %.3g%s)\n", type.c_str(), worst,
