@@ -219,10 +219,12 @@ WORKER_ALWAYS_INLINE float dot_q4_k(const uint8_t* row, const QuantizedActivatio
 }
 
 // Q4_K on x86: llama.cpp repacks Q4_K weights with a multiple of 8 rows (block_q4_Kx8,
-// ggml_gemv/gemm_q4_K_8x8_q8_K, prompt and decode alike). Per output and super-block the
-// integer sums are exact (isum = sum_j scale_j * dot_j, imin = sum_j min_j * bsum_j); the
-// floats go acc = fma(float(isum), d * d_a, acc), accm = fma(float(imin), dmin * d_a, accm)
-// super-block after super-block, result acc - accm.
+// prompt and decode alike). Integer sums are exact; the floats differ by kernel:
+// ggml_gemv_q4_K_8x8_q8_K (one token, and the n % 4 last tokens of a batch) accumulates once
+// per super-block, acc = fma(float(isum), d * d_a, acc), accm = fma(float(imin), dmin * d_a,
+// accm); ggml_gemm_q4_K_8x8_q8_K (groups of 4 tokens) does the same once per pair of
+// sub-blocks (64 elements). Result acc - accm. (Checked value for value against the library's
+// CPU_REPACK buffer path, which is what llama.cpp ran.)
 WORKER_ALWAYS_INLINE float dot_q4_k_repack(const uint8_t* row, const QuantizedActivation& a) {
   const int64_t nb = a.n / kQK;
   float acc = 0.0f, accm = 0.0f;
@@ -232,6 +234,8 @@ WORKER_ALWAYS_INLINE float dot_q4_k_repack(const uint8_t* row, const QuantizedAc
     const uint8_t* qs = blk + 16;
     const int8_t* y = a.q.data() + b * kQK;
     const int32_t* bs = a.bsum.data() + b * 16;
+    const float yd = a.d[static_cast<size_t>(b)];
+    const float dd = fp16_to_fp32(rd16(blk)) * yd, dm = fp16_to_fp32(rd16(blk + 2)) * yd;
     int isum = 0, imin = 0;
     for (int j = 0; j < 4; ++j) {  // 64 elements: low nibbles (sub-block 2j), high (2j+1)
       int sc0, m0, sc1, m1;
@@ -242,12 +246,20 @@ WORKER_ALWAYS_INLINE float dot_q4_k_repack(const uint8_t* row, const QuantizedAc
         s0 += (qs[j * 32 + l] & 0xF) * y[j * 64 + l];
         s1 += (qs[j * 32 + l] >> 4) * y[j * 64 + 32 + l];
       }
-      isum += sc0 * s0 + sc1 * s1;
-      imin += m0 * (bs[4 * j] + bs[4 * j + 1]) + m1 * (bs[4 * j + 2] + bs[4 * j + 3]);
+      const int isb = sc0 * s0 + sc1 * s1;
+      const int msb = m0 * (bs[4 * j] + bs[4 * j + 1]) + m1 * (bs[4 * j + 2] + bs[4 * j + 3]);
+      if (a.repack_gemm) {
+        acc = std::fma(static_cast<float>(isb), dd, acc);
+        accm = std::fma(static_cast<float>(msb), dm, accm);
+      } else {
+        isum += isb;
+        imin += msb;
+      }
     }
-    const float yd = a.d[static_cast<size_t>(b)];
-    acc = std::fma(static_cast<float>(isum), fp16_to_fp32(rd16(blk)) * yd, acc);
-    accm = std::fma(static_cast<float>(imin), fp16_to_fp32(rd16(blk + 2)) * yd, accm);
+    if (!a.repack_gemm) {
+      acc = std::fma(static_cast<float>(isum), dd, acc);
+      accm = std::fma(static_cast<float>(imin), dm, accm);
+    }
   }
   return acc - accm;
 }
@@ -405,7 +417,7 @@ float hsum16(const float* v) {
 }
 
 bool repacked_on_x86(GgmlType t, int64_t rows) {
-  return (t == GgmlType::Q4_0) && rows % 8 == 0;
+  return (t == GgmlType::Q4_0 || t == GgmlType::Q4_K) && rows % 8 == 0;
 }
 
 float dot_vecdot(const float* x, const float* y, int64_t n, bool f16) {

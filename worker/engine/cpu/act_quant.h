@@ -23,6 +23,9 @@ struct QuantizedActivation {
   // The weight matrix is one llama.cpp keeps in its CPU "repack" buffer on x86 (Q4_0 and
   // Q4_K with a multiple of 8 rows): its dot products are summed in another order.
   bool repacked = false;
+  // With a repacked weight, llama.cpp runs groups of 4 tokens through the gemm kernel and the
+  // rest (n % 4, and single tokens) through gemv; for Q4_K they accumulate differently.
+  bool repack_gemm = false;
 };
 
 // Whether llama.cpp's x86 CPU backend repacks a weight of this type with `rows` rows

@@ -272,6 +272,7 @@ class CpuEngine final : public Engine {
     for (int64_t t = 0; t < n; ++t) {
       cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
       acts_[static_cast<size_t>(t)].repacked = repacked;
+      acts_[static_cast<size_t>(t)].repack_gemm = repacked && t < n - n % 4;
     }
     const bool float_weights =
         W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;

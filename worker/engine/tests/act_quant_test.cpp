@@ -63,12 +63,13 @@ TEST(EngineActQuant, IntegerBlockDotsEqualDequantizedDot) {
         ref += static_cast<double>(w[static_cast<size_t>(i)]) * xa;
         mag += std::abs(static_cast<double>(w[static_cast<size_t>(i)]) * xa);
       }
-      // both summation orders (plain vec_dot lanes, and the repacked-weight order for the
-      // types llama.cpp repacks on x86) are the same sum up to float rounding
-      for (bool repacked : {false, true}) {
-        a.repacked = repacked;
+      // every summation order (plain vec_dot lanes; the repacked-weight gemv and gemm orders
+      // for the types llama.cpp repacks on x86) is the same sum up to float rounding
+      for (int order = 0; order < 3; ++order) {
+        a.repacked = order > 0;
+        a.repack_gemm = order == 2;
         const double got = static_cast<double>(dot_quantized(t, row.data(), a, scratch.data()));
-        ASSERT_NEAR(got, ref, 1e-5 * mag + 1e-6) << "repacked " << repacked;
+        ASSERT_NEAR(got, ref, 1e-5 * mag + 1e-6) << "order " << order;
       }
     }
   }

@@ -42,9 +42,6 @@ constexpr double kFloor = -80.0;
 // engine is then ~1e-6 away again (not exact) and the loose bounds below apply; the test
 // says so in its output.
 //
-// Q4_K is the one type not yet reproduced exactly (a few float ulps per logit, so activation
-// roundings can flip; measured maxima ~0.04): it keeps its loose bound and the near-tie
-// allowance for greedy continuations.
 constexpr double kExactBound = 2e-6;
 const std::map<std::string, double> kBound = {
     {"f32", 1e-4},  {"f16", 5e-3},  {"bf16", 3e-2}, {"q8_0", 0.15},
@@ -70,7 +67,7 @@ bool host_has_avx512bf16() {
 // Whether llama.cpp on this machine runs the kernels whose order the engine reproduces for
 // this weight type.
 bool exact_type(const std::string& type) {
-  if (type == "q4_k" || !host_has_avx512()) return false;
+  if (!host_has_avx512()) return false;
   if (type == "bf16") return host_has_avx512bf16();
   return true;
 }
@@ -246,8 +243,8 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
         break;
       }
     }
-    // Continuations must be identical. For a type not reproduced exactly (Q4_K, or any
-    // type on a machine where llama.cpp runs other kernels) the one tolerated divergence is
+    // Continuations must be identical. For a type not reproduced exactly (any type on a
+    // machine where llama.cpp runs other kernels) the one tolerated divergence is
     // a near-tie: at the first differing step both picks are within the type's log-softmax
     // bound of each other in llama.cpp's own distribution (never for F32). After it, the
     // sequences condition on different tokens and are not compared.
