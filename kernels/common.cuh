@@ -238,14 +238,56 @@ __device__ __forceinline__ void deq32<GgmlType::BF16>(const uint8_t* row, int sb
   }
 }
 
+// Quantized blocks are only 2-byte aligned in general (18, 22, 34 and 210 bytes), so
+// byte-wise loads were the safe choice, but they made the quantized matvecs issue-bound
+// (32-64 load instructions per lane per 32 weights). load_words() reads 4*NW bytes from
+// a 2-byte aligned address as little-endian 32-bit words with the widest loads the
+// address allows: 16-byte, 4-byte, or pairs of 2-byte loads.
+template <int NW>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[NW]) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  if constexpr (NW % 4 == 0) {
+    if ((a & 15) == 0) {
+      const uint4* q = reinterpret_cast<const uint4*>(p);
+#pragma unroll
+      for (int i = 0; i < NW / 4; ++i) {
+        const uint4 u = q[i];
+        w[4 * i] = u.x;
+        w[4 * i + 1] = u.y;
+        w[4 * i + 2] = u.z;
+        w[4 * i + 3] = u.w;
+      }
+      return;
+    }
+  }
+  if ((a & 3) == 0) {
+    const uint32_t* q = reinterpret_cast<const uint32_t*>(p);
+#pragma unroll
+    for (int i = 0; i < NW; ++i) w[i] = q[i];
+  } else {
+    const uint16_t* q = reinterpret_cast<const uint16_t*>(p);
+#pragma unroll
+    for (int i = 0; i < NW; ++i)
+      w[i] = static_cast<uint32_t>(q[2 * i]) | (static_cast<uint32_t>(q[2 * i + 1]) << 16);
+  }
+}
+// Byte j of the words (j known at compile time after unrolling).
+template <int NW>
+__device__ __forceinline__ uint32_t byte_of(const uint32_t (&w)[NW], int j) {
+  return (w[j >> 2] >> (8 * (j & 3))) & 0xFFu;
+}
+
 // block_q8_0 {f16 d; int8 qs[32]}: x = d * q
 template <>
 __device__ __forceinline__ void deq32<GgmlType::Q8_0>(const uint8_t* row, int sb, float* v) {
   const uint8_t* b = row + sb * 34;
   const float d = ld_half(b);
-  const int8_t* q = reinterpret_cast<const int8_t*>(b + 2);
+  uint32_t w[8];
+  load_words(b + 2, w);
 #pragma unroll
-  for (int i = 0; i < 32; ++i) v[i] = d * static_cast<float>(q[i]);
+  for (int i = 0; i < 32; ++i) {
+    v[i] = d * static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(byte_of(w, i))));
+  }
 }
 
 // block_q4_0 {f16 d; u8 qs[16]}: low nibbles are elements 0..15, high nibbles 16..31.
@@ -253,11 +295,13 @@ template <>
 __device__ __forceinline__ void deq32<GgmlType::Q4_0>(const uint8_t* row, int sb, float* v) {
   const uint8_t* b = row + sb * 18;
   const float d = ld_half(b);
-  const uint8_t* q = b + 2;
+  uint32_t w[4];
+  load_words(b + 2, w);
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
-    v[j] = static_cast<float>((q[j] & 0x0F) - 8) * d;
-    v[j + 16] = static_cast<float>((q[j] >> 4) - 8) * d;
+    const int q = static_cast<int>(byte_of(w, j));
+    v[j] = static_cast<float>((q & 0x0F) - 8) * d;
+    v[j + 16] = static_cast<float>((q >> 4) - 8) * d;
   }
 }
 
@@ -266,15 +310,16 @@ template <>
 __device__ __forceinline__ void deq32<GgmlType::Q5_0>(const uint8_t* row, int sb, float* v) {
   const uint8_t* b = row + sb * 22;
   const float d = ld_half(b);
-  const uint32_t qh = static_cast<uint32_t>(b[2]) | (static_cast<uint32_t>(b[3]) << 8) |
-                      (static_cast<uint32_t>(b[4]) << 16) | (static_cast<uint32_t>(b[5]) << 24);
-  const uint8_t* q = b + 6;
+  uint32_t w[5];  // qh (4 bytes) then qs (16 bytes)
+  load_words(b + 2, w);
+  const uint32_t qh = w[0];
 #pragma unroll
   for (int j = 0; j < 16; ++j) {
+    const int q = static_cast<int>(byte_of(w, 4 + j));
     const int xh0 = ((qh >> j) << 4) & 0x10;
     const int xh1 = (qh >> (j + 12)) & 0x10;
-    v[j] = static_cast<float>(((q[j] & 0x0F) | xh0) - 16) * d;
-    v[j + 16] = static_cast<float>(((q[j] >> 4) | xh1) - 16) * d;
+    v[j] = static_cast<float>(((q & 0x0F) | xh0) - 16) * d;
+    v[j + 16] = static_cast<float>(((q >> 4) | xh1) - 16) * d;
   }
 }
 
@@ -284,21 +329,30 @@ template <>
 __device__ __forceinline__ void deq32<GgmlType::Q4_K>(const uint8_t* row, int sb, float* v) {
   const uint8_t* b = row + (sb >> 3) * 144;
   const int s = sb & 7;
-  const float d = ld_half(b), dmin = ld_half(b + 2);
-  const uint8_t* sc = b + 4;
+  uint32_t hw[4];  // d, dmin, scales[12]
+  load_words(b, hw);
+  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] & 0xFFFFu)));
+  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] >> 16)));
+  // scales[i] for a run-time i: pick the word with selects (a run-time index into hw
+  // would put it in local memory)
+  auto sc = [&](int i) {
+    const uint32_t word = i < 4 ? hw[1] : (i < 8 ? hw[2] : hw[3]);
+    return static_cast<int>((word >> (8 * (i & 3))) & 0xFFu);
+  };
   int scale, mn;
   if (s < 4) {
-    scale = sc[s] & 63;
-    mn = sc[s + 4] & 63;
+    scale = sc(s) & 63;
+    mn = sc(s + 4) & 63;
   } else {
-    scale = (sc[s + 4] & 0xF) | ((sc[s - 4] >> 6) << 4);
-    mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+    scale = (sc(s + 4) & 0xF) | ((sc(s - 4) >> 6) << 4);
+    mn = (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4);
   }
   const float d1 = d * static_cast<float>(scale), m1 = dmin * static_cast<float>(mn);
-  const uint8_t* q = b + 16 + 32 * (s >> 1);
+  uint32_t w[8];
+  load_words(b + 16 + 32 * (s >> 1), w);
   const int shift = (s & 1) * 4;
 #pragma unroll
-  for (int l = 0; l < 32; ++l) v[l] = d1 * static_cast<float>((q[l] >> shift) & 0xF) - m1;
+  for (int l = 0; l < 32; ++l) v[l] = d1 * static_cast<float>((byte_of(w, l) >> shift) & 0xF) - m1;
 }
 
 // block_q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: two halves of 128 weights,
@@ -307,15 +361,18 @@ template <>
 __device__ __forceinline__ void deq32<GgmlType::Q6_K>(const uint8_t* row, int sb, float* v) {
   const uint8_t* b = row + (sb >> 3) * 210;
   const int s = sb & 7, h = s >> 2, k = s & 3;
-  const uint8_t* ql = b + 64 * h + 32 * (k & 1);
-  const uint8_t* qh = b + 128 + 32 * h;
+  uint32_t ql[8], qh[8];
+  load_words(b + 64 * h + 32 * (k & 1), ql);
+  load_words(b + 128 + 32 * h, qh);
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * k;
   const float d = ld_half(b + 208);
   const int nshift = (k >> 1) * 4, hshift = 2 * k;
   const float d0 = d * static_cast<float>(sc[0]), d1 = d * static_cast<float>(sc[1]);
 #pragma unroll
   for (int l = 0; l < 32; ++l) {
-    const int q = (((ql[l] >> nshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
+    const int q = static_cast<int>(((byte_of(ql, l) >> nshift) & 0xF) |
+                                   (((byte_of(qh, l) >> hshift) & 3) << 4)) -
+                  32;
     v[l] = (l < 16 ? d0 : d1) * static_cast<float>(q);
   }
 }

@@ -287,11 +287,12 @@ __global__ void __launch_bounds__(kSplitThreads)
 // gate and up rows in one warp, y = silu(gate x) * (up x).
 constexpr int kQ1Threads = 256;
 constexpr int kQ1Warps = kQ1Threads / kWarp;
-constexpr int kQ1MaxCols = 10240;  // shared memory: q1_pad(cols) floats <= 46 KB
-// 4 floats of padding per 32 keep the lanes' 16-byte shared loads (row stride 144 B)
-// from piling onto the same banks.
-__host__ __device__ constexpr int q1_pad(int i) {
-  return i + (i >> 5) * 4;
+constexpr int kQ1MaxCols = 16384;
+// Shared memory of the rounded row: int8 values [cols] then one float scale per 32
+// (x = d * q exactly as rounded), a fifth of the FP32 row: at 20+ KB per block the FP32
+// copy let only one block per SM run (ncu, H100).
+__host__ __device__ constexpr size_t q1_smem_bytes(int cols) {
+  return static_cast<size_t>(cols) + static_cast<size_t>(cols / 32) * sizeof(float);
 }
 
 struct Segs {
@@ -307,7 +308,7 @@ struct Segs {
 // same values; the largest magnitude wins with the lowest index on ties, as there.
 template <GgmlType T>
 __device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int cols,
-                                                float* __restrict__ xs) {
+                                                int8_t* __restrict__ xq, float* __restrict__ xd) {
   constexpr bool kK = act_round<T>() == ActRound::Q8_K;
   constexpr int kGroup = kK ? 32 : 4;
   const int lane = threadIdx.x % kWarp;
@@ -342,40 +343,48 @@ __device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int
         mx = om;
       }
     }
+    float d = 0.0f;
+    int q[8];
     if constexpr (kK) {
       if (amax == 0.0f) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = 0.0f;
+        for (int i = 0; i < 8; ++i) q[i] = 0;
       } else {
         const float iscale = -127.f / mx;
-        const float d = 1.0f / iscale;
+        d = 1.0f / iscale;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = d * fminf(127.0f, rintf(iscale * v[i]));
+        for (int i = 0; i < 8; ++i) q[i] = static_cast<int>(fminf(127.0f, rintf(iscale * v[i])));
       }
     } else {
-      const float d = round_f16(amax / 127.f);
+      d = round_f16(amax / 127.f);
       const float id = amax != 0.0f ? 127.f / amax : 0.0f;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) v[i] = d * rintf(v[i] * id);
+      for (int i = 0; i < 8; ++i) q[i] = static_cast<int>(rintf(v[i] * id));
     }
     if (active) {
-      float4* o = reinterpret_cast<float4*>(xs + q1_pad(8 * c));
-      o[0] = make_float4(v[0], v[1], v[2], v[3]);
-      o[1] = make_float4(v[4], v[5], v[6], v[7]);
+      uint32_t lo = 0, hi = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        lo |= (static_cast<uint32_t>(q[i]) & 0xFFu) << (8 * i);
+        hi |= (static_cast<uint32_t>(q[4 + i]) & 0xFFu) << (8 * i);
+      }
+      reinterpret_cast<uint2*>(xq)[c] = make_uint2(lo, hi);
+      if ((c & 3) == 0) xd[c >> 2] = d;
     }
   }
 }
 
-template <GgmlType T>
-__device__ __forceinline__ float dot32_smem(const float* v, const float* __restrict__ xp) {
+// Sum of v[i] * x[i] over one 32-block of the rounded row, x[i] = d * q[i].
+__device__ __forceinline__ float dot32_smem(const float* v, const int8_t* __restrict__ xq,
+                                            float d) {
+  const uint4* p = reinterpret_cast<const uint4*>(xq);
+  const uint4 u0 = p[0], u1 = p[1];
+  const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
   float a = 0.0f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    const float4 f = reinterpret_cast<const float4*>(xp)[k];
-    a += v[4 * k] * f.x;
-    a += v[4 * k + 1] * f.y;
-    a += v[4 * k + 2] * f.z;
-    a += v[4 * k + 3] * f.w;
+  for (int i = 0; i < 32; ++i) {
+    const int q = static_cast<int8_t>(static_cast<uint8_t>((w[i >> 2] >> (8 * (i & 3))) & 0xFFu));
+    a += v[i] * (d * static_cast<float>(q));
   }
   return a;
 }
@@ -384,8 +393,9 @@ template <GgmlType T, int S, bool kSwiglu>
 __global__ void __launch_bounds__(kQ1Threads)
     matvec_q1_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
                      const float* __restrict__ x, int accumulate) {
-  extern __shared__ float4 xs_raw[];
-  float* xs = reinterpret_cast<float*>(xs_raw);
+  extern __shared__ uint4 xs_raw[];
+  int8_t* xq = reinterpret_cast<int8_t*>(xs_raw);
+  float* xd = reinterpret_cast<float*>(xq + cols);
   __shared__ float part[kQ1Warps][2];
   griddep_launch();
   constexpr int R = kQ1Warps / S;
@@ -407,21 +417,19 @@ __global__ void __launch_bounds__(kQ1Threads)
     if constexpr (kSwiglu) deq32<T>(row_u, sb0, u0);
   }
   griddep_wait();
-  round_x_to_smem<T>(x, cols, xs);
+  round_x_to_smem<T>(x, cols, xq, xd);
   __syncthreads();
   float a = 0.0f, u = 0.0f;
   if (first) {
-    const float* xp = xs + q1_pad(sb0 * 32);
-    a += dot32_smem<T>(v0, xp);
-    if constexpr (kSwiglu) u += dot32_smem<T>(u0, xp);
+    a += dot32_smem(v0, xq + sb0 * 32, xd[sb0]);
+    if constexpr (kSwiglu) u += dot32_smem(u0, xq + sb0 * 32, xd[sb0]);
     for (int sb = sb0 + kWarp * S; sb < nsb; sb += kWarp * S) {
-      const float* xq = xs + q1_pad(sb * 32);
       float v[32];
       deq32<T>(row, sb, v);
-      a += dot32_smem<T>(v, xq);
+      a += dot32_smem(v, xq + sb * 32, xd[sb]);
       if constexpr (kSwiglu) {
         deq32<T>(row_u, sb, v);
-        u += dot32_smem<T>(v, xq);
+        u += dot32_smem(v, xq + sb * 32, xd[sb]);
       }
     }
   }
@@ -449,26 +457,40 @@ __global__ void __launch_bounds__(kQ1Threads)
   *out = accumulate ? *out + res : res;
 }
 
+template <GgmlType T, int S, bool kSwiglu>
+void launch_q1_split(const Segs& segs, int rows, const uint8_t* w_up, int cols, size_t row_bytes,
+                     const float* x, bool acc, cudaStream_t st) {
+  constexpr int kRowsPerBlock = kQ1Warps / S;
+  // Left to itself the driver picks the smallest shared-memory carveout that holds one
+  // block (8-32 KB for these few KB), which let only 1-3 blocks per SM run (ncu, H100);
+  // ask for the largest so registers are the limit instead. Once per instantiation.
+  static const bool carveout_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(matvec_q1_kernel<T, S, kSwiglu>,
+                                    cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    cudaSharedmemCarveoutMaxShared));
+    return true;
+  }();
+  (void)carveout_set;
+  launch_pdl_smem("matvec_q1_kernel", matvec_q1_kernel<T, S, kSwiglu>,
+                  dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
+                  dim3(kQ1Threads), q1_smem_bytes(cols), st, segs, w_up, cols, row_bytes, x,
+                  acc ? 1 : 0);
+}
+
 template <GgmlType T, bool kSwiglu>
 void launch_q1(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes, const float* x,
                bool acc, cudaStream_t st) {
   int rows = 0;
   for (int i = 0; i < segs.n; ++i) rows += segs.rows[i];
   const int nsb = cols / 32;
-  const size_t smem = static_cast<size_t>(q1_pad(cols)) * sizeof(float);
-  auto go = [&](auto kernel, int rows_per_block) {
-    launch_pdl_smem("matvec_q1_kernel", kernel,
-                    dim3(static_cast<unsigned>((rows + rows_per_block - 1) / rows_per_block)),
-                    dim3(kQ1Threads), smem, st, segs, w_up, cols, row_bytes, x, acc ? 1 : 0);
-  };
   if (nsb <= 64)
-    go(matvec_q1_kernel<T, 1, kSwiglu>, kQ1Warps);
+    launch_q1_split<T, 1, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
   else if (nsb <= 128)
-    go(matvec_q1_kernel<T, 2, kSwiglu>, kQ1Warps / 2);
+    launch_q1_split<T, 2, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
   else if (nsb <= 256)
-    go(matvec_q1_kernel<T, 4, kSwiglu>, kQ1Warps / 4);
+    launch_q1_split<T, 4, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
   else
-    go(matvec_q1_kernel<T, 8, kSwiglu>, 1);
+    launch_q1_split<T, 8, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
 }
 
 // True when the one-token quantized kernel takes this shape (x fits in shared memory).
