@@ -232,10 +232,29 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
     greedy.temperature = 0.0f;
     std::mt19937_64 rng(0);
     std::vector<int32_t> gen;
+    // The decode steps run the one-token kernels (vec_dot, gemv): their logits are checked
+    // too, against the 5 best log-probabilities llama.cpp reported at each step, as long as
+    // both continuations are the same.
+    double decode_max_abs = 0;
     for (int i = 0; i < kGreedy; ++i) {
+      const size_t step = static_cast<size_t>(i);
+      if (step < o.greedy_top.size() && (step == 0 || gen.back() == o.greedy[step - 1])) {
+        const auto l = engine->logits();
+        double mx = l[0];
+        for (float v : l) mx = std::max(mx, static_cast<double>(v));
+        double sum = 0;
+        for (float v : l) sum += std::exp(static_cast<double>(v) - mx);
+        const double lse = mx + std::log(sum);
+        for (const auto& [id, lp] : o.greedy_top[step]) {
+          const double d = std::abs(static_cast<double>(l[static_cast<size_t>(id)]) - lse - lp);
+          decode_max_abs = std::max(decode_max_abs, d);
+        }
+      }
       gen.push_back(engine->sample(greedy, gen, rng));
       if (i + 1 < kGreedy) engine->eval(std::span<const int32_t>(&gen.back(), 1));
     }
+    EXPECT_LE(decode_max_abs, bound_for(c.type)) << "greedy-step log-probabilities differ";
+    worst_by_type[c.type] = std::max(worst_by_type[c.type], decode_max_abs);
     size_t first_diff = gen.size();
     for (size_t i = 0; i < gen.size() && i < o.greedy.size(); ++i) {
       if (gen[i] != o.greedy[i]) {
@@ -271,7 +290,8 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
          {"entries", compared},
          {"oracle", c.oracle_out},
          {"greedy_first_mismatch", first_diff == gen.size() ? -1 : static_cast<int>(first_diff)},
-         {"near_tie_gap", tie_gap}});
+         {"near_tie_gap", tie_gap},
+         {"decode_max_abs", decode_max_abs}});
   }
   std::printf("parity: %zu cases, %d greedy continuations diverge at a near-tie\n", cases_.size(),
               near_ties);
