@@ -318,6 +318,18 @@ WORKER_ALWAYS_INLINE float dot_q6_k(const uint8_t* row, const QuantizedActivatio
 // std::fma becomes one instruction, and the lane loops vectorise) and once portable. Both
 // compute identical floats: every step is an explicitly rounded fma or add, in a fixed order.
 
+// a * b rounded to float before it is used: keeps GCC/clang from contracting it with a
+// following add into an FMA (which they do in the FMA clones below, -ffp-contract=fast).
+WORKER_ALWAYS_INLINE float rounded_product(float a, float b) {
+  float p = a * b;
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __asm__("" : "+x"(p));
+#elif defined(__GNUC__) && defined(__aarch64__)
+  __asm__("" : "+w"(p));
+#endif
+  return p;
+}
+
 WORKER_ALWAYS_INLINE float hsum16_impl(const float* v) {
   float t8[8], t4[4];
   for (int i = 0; i < 8; ++i) t8[i] = v[i + 8] + v[i];
@@ -341,8 +353,21 @@ WORKER_ALWAYS_INLINE float dot_vecdot_impl(const float* x, const float* y, int64
     for (int64_t i = np; i < n; ++i) s += static_cast<double>(x[i] * y[i]);
     return static_cast<float>(s);
   }
-  // ggml_vec_dot_f32: `sumf += x[i]*y[i]` in float, contracted to an FMA by GCC (x86 builds)
-  for (int64_t i = np; i < n; ++i) sum = std::fma(x[i], y[i], sum);
+  // ggml_vec_dot_f32's leftover loop `sumf += x[i]*y[i]` as GCC 11 compiled it (zen4
+  // disassembly): products of 16, then of 8, elements are multiplied as vectors and added to
+  // the float sum one by one in index order (rounded product, then add); the last < 8 are
+  // scalar FMAs.
+  int64_t i = np;
+  if (n - i >= 16) {
+    for (; i + 16 <= n; i += 16) {
+      for (int l = 0; l < 16; ++l) sum += rounded_product(x[i + l], y[i + l]);
+    }
+  }
+  if (n - i >= 8) {
+    for (int l = 0; l < 8; ++l) sum += rounded_product(x[i + l], y[i + l]);
+    i += 8;
+  }
+  for (; i < n; ++i) sum = std::fma(x[i], y[i], sum);
   return sum;
 }
 

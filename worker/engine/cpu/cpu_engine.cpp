@@ -481,8 +481,14 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     checkpoint("ffn_norm", li, xn.data(), nr, D, p0);
     matmul(*L.w_gate, xn.data(), nr, gate.data());
     matmul(*L.w_up, xn.data(), nr, up.data());
-    for (size_t i = 0; i < static_cast<size_t>(nr * F); ++i) {
-      gate[i] = cpu::ggml_silu(gate[i]) * up[i];  // ggml_vec_swiglu_f32
+    // ggml_vec_swiglu_f32 per row: 16 lanes at a time with ggml_v_silu, the last F % 16 with
+    // the scalar ggml_silu_f32 (x / (1 + expf(-x)), libm's expf).
+    const int64_t f16 = F & ~int64_t{15};
+    for (int64_t t = 0; t < nr; ++t) {
+      float* g = gate.data() + t * F;
+      const float* u = up.data() + t * F;
+      for (int64_t i = 0; i < f16; ++i) g[i] = cpu::ggml_silu(g[i]) * u[i];
+      for (int64_t i = f16; i < F; ++i) g[i] = (g[i] / (1.0f + std::exp(-g[i]))) * u[i];
     }
     checkpoint("ffn_act", li, gate.data(), nr, F, p0);
     matmul(*L.w_down, gate.data(), nr, tmp.data());
