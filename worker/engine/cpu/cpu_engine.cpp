@@ -431,6 +431,7 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     // window is padded (256 cells); the padding holds zero weights and adds nothing, so
     // padding to 64 here gives the same lanes.
     const int64_t cap = (n_kv_total + 63) & ~int64_t{63};
+    const bool kqv_tiny = cpu::tinyblas_takes(GgmlType::F32, hd, n, 256);
     pool_.parallel_for(
         n * nh,
         [&](int64_t b, int64_t e, int) {
@@ -459,8 +460,10 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
             float* out = att.data() + t * q_dim + h * hd;
             for (int64_t d = 0; d < hd; ++d) {
               for (int64_t j = 0; j < n_att; ++j) col[j] = vc[j * kv_dim + g * hd + d];
-              out[d] = n == 1 ? cpu::dot_vecdot(col.data(), sc.data(), cap)
-                              : cpu::dot_tinyblas(col.data(), sc.data(), n16);
+              // llama.cpp's KV window is a multiple of 256 cells, so tinyBLAS takes every
+              // batch of >= 2 tokens (m = head_dim permitting)
+              out[d] = kqv_tiny ? cpu::dot_tinyblas(col.data(), sc.data(), n16)
+                                : cpu::dot_vecdot(col.data(), sc.data(), cap);
             }
           }
         },
