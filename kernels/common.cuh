@@ -106,6 +106,20 @@ __host__ __device__ constexpr ActRound act_round() {
     return ActRound::None;
 }
 
+// The same for a type known at run time (host and device).
+__host__ __device__ constexpr ActRound act_round_of(uint32_t type) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::F16: return ActRound::F16;
+    case GgmlType::BF16: return ActRound::BF16;
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0: return ActRound::Q8_0;
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K: return ActRound::Q8_K;
+    default: return ActRound::None;
+  }
+}
+
 __device__ __forceinline__ float round_f16(float x) {
   return __half2float(__float2half_rn(x));
 }

@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <string>
 
 #include "common.cuh"
@@ -300,7 +301,23 @@ struct Segs {
   float* y[3];
   int rows[3];
   int n;
+  // Mixed-type segments (matvec_q1_kernel with kMixed): each segment's own type and row
+  // size; the types share one activation rounding (Q8_0 or Q8_K).
+  uint32_t type[3] = {0, 0, 0};
+  size_t row_bytes[3] = {0, 0, 0};
 };
+
+// deq32 for a quantized type known only at run time (mixed Q/K/V segments; the warp's
+// segment, hence the branch, is uniform across the warp).
+__device__ __forceinline__ void deq32_any(uint32_t type, const uint8_t* row, int sb, float* v) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::Q8_0: return deq32<GgmlType::Q8_0>(row, sb, v);
+    case GgmlType::Q4_0: return deq32<GgmlType::Q4_0>(row, sb, v);
+    case GgmlType::Q5_0: return deq32<GgmlType::Q5_0>(row, sb, v);
+    case GgmlType::Q4_K: return deq32<GgmlType::Q4_K>(row, sb, v);
+    default: return deq32<GgmlType::Q6_K>(row, sb, v);
+  }
+}
 
 // Every thread rounds 8 consecutive activations; the lanes of one rounding block (4 for
 // Q8_0's 32, the whole warp for Q8_K's 256) agree on its scale through shuffles. Same
@@ -389,7 +406,7 @@ __device__ __forceinline__ float dot32_smem(const float* v, const int8_t* __rest
   return a;
 }
 
-template <GgmlType T, int S, bool kSwiglu>
+template <GgmlType T, int S, bool kSwiglu, bool kMixed = false>
 __global__ void __launch_bounds__(kQ1Threads)
     matvec_q1_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
                      const float* __restrict__ x, int accumulate) {
@@ -405,7 +422,15 @@ __global__ void __launch_bounds__(kQ1Threads)
   while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
   const bool valid = s < segs.n;
   const int nsb = cols / 32;
-  const uint8_t* row = valid ? segs.w[s] + static_cast<size_t>(r) * row_bytes : nullptr;
+  const size_t rb = kMixed && valid ? segs.row_bytes[s] : row_bytes;
+  const uint32_t type = kMixed && valid ? segs.type[s] : static_cast<uint32_t>(T);
+  auto deq = [&](const uint8_t* w, int sb, float* v) {
+    if constexpr (kMixed)
+      deq32_any(type, w, sb, v);
+    else
+      deq32<T>(w, sb, v);
+  };
+  const uint8_t* row = valid ? segs.w[s] + static_cast<size_t>(r) * rb : nullptr;
   const uint8_t* row_u = kSwiglu && valid ? w_up + static_cast<size_t>(r) * row_bytes : nullptr;
   // The first sub-block's weights are dequantized before the PDL wait (weights are never
   // written by a kernel): their latency overlaps the previous kernel's tail.
@@ -413,7 +438,7 @@ __global__ void __launch_bounds__(kQ1Threads)
   const bool first = valid && sb0 < nsb;
   float v0[32], u0[32];
   if (first) {
-    deq32<T>(row, sb0, v0);
+    deq(row, sb0, v0);
     if constexpr (kSwiglu) deq32<T>(row_u, sb0, u0);
   }
   griddep_wait();
@@ -425,7 +450,7 @@ __global__ void __launch_bounds__(kQ1Threads)
     if constexpr (kSwiglu) u += dot32_smem(u0, xq + sb0 * 32, xd[sb0]);
     for (int sb = sb0 + kWarp * S; sb < nsb; sb += kWarp * S) {
       float v[32];
-      deq32<T>(row, sb, v);
+      deq(row, sb, v);
       a += dot32_smem(v, xq + sb * 32, xd[sb]);
       if constexpr (kSwiglu) {
         deq32<T>(row_u, sb, v);
@@ -457,7 +482,7 @@ __global__ void __launch_bounds__(kQ1Threads)
   *out = accumulate ? *out + res : res;
 }
 
-template <GgmlType T, int S, bool kSwiglu>
+template <GgmlType T, int S, bool kSwiglu, bool kMixed = false>
 void launch_q1_split(const Segs& segs, int rows, const uint8_t* w_up, int cols, size_t row_bytes,
                      const float* x, bool acc, cudaStream_t st) {
   constexpr int kRowsPerBlock = kQ1Warps / S;
@@ -465,32 +490,32 @@ void launch_q1_split(const Segs& segs, int rows, const uint8_t* w_up, int cols, 
   // block (8-32 KB for these few KB), which let only 1-3 blocks per SM run (ncu, H100);
   // ask for the largest so registers are the limit instead. Once per instantiation.
   static const bool carveout_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(matvec_q1_kernel<T, S, kSwiglu>,
+    CUDA_CHECK(cudaFuncSetAttribute(matvec_q1_kernel<T, S, kSwiglu, kMixed>,
                                     cudaFuncAttributePreferredSharedMemoryCarveout,
                                     cudaSharedmemCarveoutMaxShared));
     return true;
   }();
   (void)carveout_set;
-  launch_pdl_smem("matvec_q1_kernel", matvec_q1_kernel<T, S, kSwiglu>,
+  launch_pdl_smem("matvec_q1_kernel", matvec_q1_kernel<T, S, kSwiglu, kMixed>,
                   dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
                   dim3(kQ1Threads), q1_smem_bytes(cols), st, segs, w_up, cols, row_bytes, x,
                   acc ? 1 : 0);
 }
 
-template <GgmlType T, bool kSwiglu>
+template <GgmlType T, bool kSwiglu, bool kMixed = false>
 void launch_q1(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes, const float* x,
                bool acc, cudaStream_t st) {
   int rows = 0;
   for (int i = 0; i < segs.n; ++i) rows += segs.rows[i];
   const int nsb = cols / 32;
   if (nsb <= 64)
-    launch_q1_split<T, 1, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
+    launch_q1_split<T, 1, kSwiglu, kMixed>(segs, rows, w_up, cols, row_bytes, x, acc, st);
   else if (nsb <= 128)
-    launch_q1_split<T, 2, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
+    launch_q1_split<T, 2, kSwiglu, kMixed>(segs, rows, w_up, cols, row_bytes, x, acc, st);
   else if (nsb <= 256)
-    launch_q1_split<T, 4, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
+    launch_q1_split<T, 4, kSwiglu, kMixed>(segs, rows, w_up, cols, row_bytes, x, acc, st);
   else
-    launch_q1_split<T, 8, kSwiglu>(segs, rows, w_up, cols, row_bytes, x, acc, st);
+    launch_q1_split<T, 8, kSwiglu, kMixed>(segs, rows, w_up, cols, row_bytes, x, acc, st);
 }
 
 // True when the one-token quantized kernel takes this shape (x fits in shared memory).
@@ -777,6 +802,27 @@ void round_activations(uint32_t weight_type, const float* x, float* out, int n_t
 void matvec_qkv(const WeightView& q, const WeightView& k, const WeightView& v, const float* x,
                 float* yq, float* yk, float* yv, cudaStream_t stream) {
   if (!same_layout(q, k) || !same_layout(q, v)) {
+    // Quantized Q/K/V of different types (a Q4_K_M file's Q5_0 Q and K with a Q8_0 V)
+    // still share one launch when they round the activations alike.
+    const ActRound kind = act_round_of(q.type);
+    static const bool mixed_off = std::getenv("WORKER_NO_MIXED_QKV") != nullptr;  // A/B runs
+    if (!mixed_off && (kind == ActRound::Q8_0 || kind == ActRound::Q8_K) &&
+        act_round_of(k.type) == kind && act_round_of(v.type) == kind && q.cols == k.cols &&
+        q.cols == v.cols && q1_fits(q.cols) && q.cols % (kind == ActRound::Q8_K ? 256 : 32) == 0) {
+      Segs segs{{static_cast<const uint8_t*>(q.data), static_cast<const uint8_t*>(k.data),
+                 static_cast<const uint8_t*>(v.data)},
+                {yq, yk, yv},
+                {static_cast<int>(q.rows), static_cast<int>(k.rows), static_cast<int>(v.rows)},
+                3,
+                {q.type, k.type, v.type},
+                {q.row_bytes, k.row_bytes, v.row_bytes}};
+      const int cols = static_cast<int>(q.cols);
+      if (kind == ActRound::Q8_0)
+        launch_q1<GgmlType::Q8_0, false, true>(segs, nullptr, cols, 0, x, false, stream);
+      else
+        launch_q1<GgmlType::Q4_K, false, true>(segs, nullptr, cols, 0, x, false, stream);
+      return;
+    }
     matvec(q, x, yq, 1, false, stream);
     matvec(k, x, yk, 1, false, stream);
     matvec(v, x, yv, 1, false, stream);

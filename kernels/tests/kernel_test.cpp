@@ -216,7 +216,9 @@ TEST(KernelMatvec, FusedQkvAndSwigluDecode) {
     return y;
   };
   for (GgmlType type : kAllTypes) {
-    for (GgmlType other : {type, GgmlType::Q8_0}) {
+    // other != type: Q/K/V of mixed types; Q4_0/Q5_0 + Q8_0 and Q4_K + Q6_K share one
+    // activation rounding and take the mixed one-launch kernel, the rest three matvecs
+    for (GgmlType other : {type, GgmlType::Q8_0, GgmlType::Q6_K}) {
       const int64_t cols = 512, rq = 96, rk = 32, rf = 200;
       auto x = randn(cols, rng);
       auto wq = random_rows(type, rq, cols, rng), wk = random_rows(type, rk, cols, rng),

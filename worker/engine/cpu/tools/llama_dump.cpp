@@ -11,13 +11,15 @@
 //       worker/engine/cpu/tools/llama_dump.cpp -L$L -l:libllama.v0.4.0.so
 //       -l:libggml.v0.4.0.so -l:libggml-base.so -Wl,-rpath,$L -o /tmp/llama_dump
 //   (one command line)
-//   /tmp/llama_dump MODEL.gguf 1,2,3 OUT.jsonl $L [TENSORS]
+//   /tmp/llama_dump MODEL.gguf 1,2,3 OUT.jsonl $L [TENSORS [GREEDY]]
 //
 // TENSORS: comma-separated graph tensor names (llama.cpp's cb() names, e.g.
 // attn_norm-0,kqv_out-0,ffn_inp-0,l_out-1,result_norm; several ops can share a name and are
 // all written, in graph order), or "list" to print every node's name, op and shape.
+// ("none": no tensors). GREEDY N: afterwards decode N-1 greedy tokens one at a time (the
+// one-token kernels), as `worker-orcd generate --n N --all-logits` does.
 // Records: {"checkpoint": name, "values": [...]} per row, then {"token_idx": i, "values":
-// logits} per position.
+// logits} per position (prompt, then decode steps).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -112,14 +114,28 @@ int main(int argc, char** argv) {
   if (llama_decode(ctx, b) != 0) return 1;
   const int nv = llama_vocab_n_tokens(llama_model_get_vocab(model));
   char s[32];
-  for (size_t i = 0; i < toks.size(); ++i) {
-    const float* l = llama_get_logits_ith(ctx, static_cast<int32_t>(i));
-    out << "{\"token_idx\":" << i << ",\"values\":[";
+  auto write_logits = [&](size_t idx, const float* l) {
+    out << "{\"token_idx\":" << idx << ",\"values\":[";
     for (int j = 0; j < nv; ++j) {
       std::snprintf(s, sizeof s, "%.9g", static_cast<double>(l[j]));
       out << (j ? "," : "") << s;
     }
     out << "]}\n";
+  };
+  for (size_t i = 0; i < toks.size(); ++i) {
+    write_logits(i, llama_get_logits_ith(ctx, static_cast<int32_t>(i)));
+  }
+  const int greedy = argc > 6 ? std::atoi(argv[6]) : 0;
+  const float* last = llama_get_logits_ith(ctx, static_cast<int32_t>(toks.size() - 1));
+  for (int step = 1; step < greedy; ++step) {
+    llama_token next = 0;
+    for (int j = 1; j < nv; ++j) {
+      if (last[j] > last[next]) next = j;
+    }
+    llama_batch one = llama_batch_get_one(&next, 1);
+    if (llama_decode(ctx, one) != 0) return 1;
+    last = llama_get_logits_ith(ctx, -1);
+    write_logits(toks.size() + static_cast<size_t>(step) - 1, last);
   }
   llama_batch_free(b);
   llama_free(ctx);
