@@ -2,9 +2,10 @@
 // Matrix-vector products the way llama.cpp's CPU backend computes them: the activation
 // vector is first converted to the weight type's "vec_dot_type" (F32 for F32 weights, F16
 // for F16, BF16 for BF16, Q8_0 for Q4_0/Q5_0/Q8_0, Q8_K for Q4_K/Q6_K), then dotted with
-// the stored blocks in integer arithmetic and scaled. Matching this rounding is what makes
-// the CPU reference agree with llama.cpp on quantized models to ~1e-5 instead of ~1e-1,
-// and so keeps greedy continuations identical.
+// the stored blocks (integer block dots, scaled), the float steps in the order of the ggml
+// kernel llama.cpp runs for that weight and batch: vec_dot lanes, llamafile tinyBLAS, or the
+// x86 "repack" gemv/gemm. Matching the rounding and the order makes the logits
+// bit-identical to llama.cpp's (reports/cpu-parity.md).
 #include <cstdint>
 #include <vector>
 

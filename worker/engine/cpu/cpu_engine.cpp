@@ -1,9 +1,11 @@
 // The CPU reference backend (D4, M0-W-1214): qwen2 and llama in FP32, weights read in
 // place from the mapping and dequantized one row at a time (never a full FP32 copy).
-// Matmul inputs are rounded to the weight type's vec_dot_type exactly as llama.cpp's CPU
-// backend does (act_quant.h). Every op follows llama.cpp's CPU graph for these architectures
-// (ggml's rms_norm, rope, soft_max, silu) so that logits agree with llama.cpp to ~1e-5 on F32
-// weights.
+// Every op computes the same floats, in the same order, as llama.cpp's CPU backend (the
+// AVX-512 ggml-cpu build node-llama-cpp loads on such a CPU): matmul inputs rounded to the
+// weight type's vec_dot_type and products summed in the order of the kernel llama.cpp picks
+// (act_quant.h), rms_norm, rope, soft_max, SwiGLU as ggml computes them. On the generated
+// fixtures, stories260K and the 0.5B-shaped models the logits are bit-identical to llama.cpp's
+// (reports/cpu-parity.md).
 #include "engine/cpu/cpu_engine.h"
 
 #include <algorithm>
