@@ -1,5 +1,6 @@
 #include "engine/cpu/act_quant.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -449,9 +450,10 @@ __attribute__((target("avx2,fma"))) float dot_tinyblas_fma(const float* a, const
                                                            int64_t k) {
   return dot_tinyblas_impl(a, b, k);
 }
+std::atomic<bool> g_force_portable{false};
 bool have_fma() {
   static const bool yes = __builtin_cpu_supports("fma") && __builtin_cpu_supports("avx2");
-  return yes;
+  return yes && !g_force_portable.load(std::memory_order_relaxed);
 }
 #endif
 
@@ -459,6 +461,14 @@ bool have_fma() {
 
 float hsum16(const float* v) {
   return hsum16_impl(v);
+}
+
+void force_portable_kernels(bool on) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  g_force_portable.store(on, std::memory_order_relaxed);
+#else
+  (void)on;
+#endif
 }
 
 bool repacked_on_x86(GgmlType t, int64_t rows) {

@@ -72,6 +72,10 @@ bool tinyblas_takes(GgmlType weight_type, int64_t m, int64_t n_tokens, int64_t k
 float dot_bf16_vecdot(const float* x, const float* y, int64_t n);
 float dot_bf16_tinyblas(const float* a, const float* b, int64_t k);
 
+// Tests: run the portable kernels even where the FMA/AVX2 ones would be used (both must give
+// the same floats).
+void force_portable_kernels(bool on);
+
 // ggml_v_expf (AVX-512 version: polynomial, _mm512_scalef_ps) for one lane.
 float ggml_expf(float x);
 // ggml_v_silu: x / (1 + ggml_v_expf(-x)).

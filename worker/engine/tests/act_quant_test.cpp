@@ -111,6 +111,53 @@ TEST(EngineActQuant, LlamaCppOrderDotsEqualExactDot) {
   EXPECT_EQ(hsum16(v), 16777216.0f + 14.0f);
 }
 
+// The FMA/AVX2 kernels (used where the CPU has them) and the portable ones compute the same
+// floats, bit for bit, for every weight type and summation order.
+// REQ: M0-W-1214 WRK-D15
+TEST(EngineActQuant, PortableAndSimdKernelsAgreeBitForBit) {
+  std::mt19937 g(17);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int64_t n : {256, 512, 1000}) {
+    std::vector<float> x(static_cast<size_t>(n)), y(static_cast<size_t>(n));
+    for (auto& v : x) v = bf16_to_fp32(fp32_to_bf16(nd(g)));
+    for (auto& v : y) v = bf16_to_fp32(fp32_to_bf16(nd(g)));
+    float fast[5], port[5];
+    for (int pass = 0; pass < 2; ++pass) {
+      force_portable_kernels(pass == 1);
+      float* o = pass == 0 ? fast : port;
+      o[0] = dot_vecdot(x.data(), y.data(), n);
+      o[1] = dot_vecdot(x.data(), y.data(), n, true);
+      o[2] = dot_bf16_vecdot(x.data(), y.data(), n);
+      o[3] = n % 16 == 0 ? dot_tinyblas(x.data(), y.data(), n) : 0.0f;
+      o[4] = n % 32 == 0 ? dot_bf16_tinyblas(x.data(), y.data(), n) : 0.0f;
+    }
+    force_portable_kernels(false);
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(fast[i], port[i]) << "n " << n << " kernel " << i;
+  }
+  const int64_t n = 512;
+  for (GgmlType t :
+       {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+    SCOPED_TRACE(std::string(ggml_type_name(static_cast<uint32_t>(t))));
+    for (int trial = 0; trial < 20; ++trial) {
+      const auto row = random_row(t, n, g);
+      std::vector<float> x(n), scratch(n);
+      for (auto& v : x) v = nd(g);
+      QuantizedActivation a;
+      quantize_activation(t, x.data(), n, a);
+      for (int order = 0; order < 3; ++order) {
+        a.repacked = order > 0;
+        a.repack_gemm = order == 2;
+        force_portable_kernels(false);
+        const float fast = dot_quantized(t, row.data(), a, scratch.data());
+        force_portable_kernels(true);
+        const float port = dot_quantized(t, row.data(), a, scratch.data());
+        force_portable_kernels(false);
+        ASSERT_EQ(fast, port) << "order " << order;
+      }
+    }
+  }
+}
+
 // ggml_v_expf is a polynomial with ~1.5 ulp error, not libm's expf; ggml_silu uses it.
 // REQ: WRK-D2
 TEST(EngineActQuant, GgmlExpfApproximatesExp) {
