@@ -35,8 +35,9 @@ bool repacked_on_x86(GgmlType weight_type, int64_t rows);
 
 void quantize_activation(GgmlType weight_type, const float* x, int64_t n, QuantizedActivation& out);
 
-// dot(weight row of `type` (raw blocks), activation) in the order llama.cpp uses for one
-// token (vec_dot; the repacked order when a.repacked); `scratch` holds n floats (F32/F16/BF16).
+// dot(weight row of `type` (raw blocks), activation) in the order of the kernel llama.cpp
+// uses: vec_dot lanes, or for a repacked weight gemv (a.repacked) / gemm (a.repack_gemm).
+// F32/F16/BF16 rows take the one-token vec_dot order; `scratch` holds n floats for them.
 float dot_quantized(GgmlType type, const void* row, const QuantizedActivation& a, float* scratch);
 
 // ---------------------------------------------------------------------------------------
@@ -55,8 +56,9 @@ float hsum16(const float* v);
 
 // ggml_vec_dot_f32 / ggml_vec_dot_f16 (after the exact F16 -> F32 conversion): 4 x 16 lane
 // accumulators (GGML_F32_STEP 64) updated with FMA, reduced 4 -> 2 -> 1 vectors, then
-// hsum16; leftovers (n % 64) added one by one (f16: in double, as ggml_vec_dot_f16). Used
-// by mul_mat for one token (decode) and for the attention KQ and KQV products.
+// hsum16; leftovers (n % 64) as GCC compiled ggml's tail loop (16- and 8-wide rounded
+// products added in order, the last < 8 as FMAs; f16: each product added in double). Used by
+// mul_mat for one token (decode), for k % 16 != 0, and for the attention KQ and KQV products.
 float dot_vecdot(const float* x, const float* y, int64_t n, bool f16 = false);
 
 // llamafile tinyBLAS<16, __m512> gemm_bloc: one 16-lane FMA accumulator per output over the
