@@ -289,11 +289,11 @@ __global__ void __launch_bounds__(kSplitThreads)
 constexpr int kQ1Threads = 256;
 constexpr int kQ1Warps = kQ1Threads / kWarp;
 constexpr int kQ1MaxCols = 16384;
-// Shared memory of the rounded row: int8 values [cols] then one float scale per 32
-// (x = d * q exactly as rounded), a fifth of the FP32 row: at 20+ KB per block the FP32
-// copy let only one block per SM run (ncu, H100).
+// Shared memory of the rounded row: int8 values [cols], then per 32 the float scale d
+// (x = d * q exactly as rounded) and the int sum of the 32 values; the sub-block dots are
+// integer (dp4a) dots against it.
 __host__ __device__ constexpr size_t q1_smem_bytes(int cols) {
-  return static_cast<size_t>(cols) + static_cast<size_t>(cols / 32) * sizeof(float);
+  return static_cast<size_t>(cols) + static_cast<size_t>(cols / 32) * (sizeof(float) + sizeof(int));
 }
 
 struct Segs {
@@ -307,25 +307,14 @@ struct Segs {
   size_t row_bytes[3] = {0, 0, 0};
 };
 
-// deq32 for a quantized type known only at run time (mixed Q/K/V segments; the warp's
-// segment, hence the branch, is uniform across the warp).
-__device__ __forceinline__ void deq32_any(uint32_t type, const uint8_t* row, int sb, float* v) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::Q8_0: return deq32<GgmlType::Q8_0>(row, sb, v);
-    case GgmlType::Q4_0: return deq32<GgmlType::Q4_0>(row, sb, v);
-    case GgmlType::Q5_0: return deq32<GgmlType::Q5_0>(row, sb, v);
-    case GgmlType::Q4_K: return deq32<GgmlType::Q4_K>(row, sb, v);
-    default: return deq32<GgmlType::Q6_K>(row, sb, v);
-  }
-}
-
 // Every thread rounds 8 consecutive activations; the lanes of one rounding block (4 for
 // Q8_0's 32, the whole warp for Q8_K's 256) agree on its scale through shuffles. Same
 // arithmetic per element as round_q8_0_32 / round_q8_k_32x8 (and act_quant.cpp), so the
 // same values; the largest magnitude wins with the lowest index on ties, as there.
 template <GgmlType T>
 __device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int cols,
-                                                int8_t* __restrict__ xq, float* __restrict__ xd) {
+                                                int8_t* __restrict__ xq, float* __restrict__ xd,
+                                                int* __restrict__ xsum) {
   constexpr bool kK = act_round<T>() == ActRound::Q8_K;
   constexpr int kGroup = kK ? 32 : 4;
   const int lane = threadIdx.x % kWarp;
@@ -386,24 +375,172 @@ __device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int
         hi |= (static_cast<uint32_t>(q[4 + i]) & 0xFFu) << (8 * i);
       }
       reinterpret_cast<uint2*>(xq)[c] = make_uint2(lo, hi);
-      if ((c & 3) == 0) xd[c >> 2] = d;
+    }
+    // per 32-block: the scale and the sum of the 8-bit values (the integer dots' offset
+    // terms: Q4_0/Q5_0's -8/-16 and Q4_K's minimum)
+    int qs = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qs += q[i];
+    qs += __shfl_xor_sync(0xffffffffu, qs, 1);
+    qs += __shfl_xor_sync(0xffffffffu, qs, 2);
+    if (active && (c & 3) == 0) {
+      xd[c >> 2] = d;
+      xsum[c >> 2] = qs;
     }
   }
 }
 
-// Sum of v[i] * x[i] over one 32-block of the rounded row, x[i] = d * q[i].
-__device__ __forceinline__ float dot32_smem(const float* v, const int8_t* __restrict__ xq,
-                                            float d) {
-  const uint4* p = reinterpret_cast<const uint4*>(xq);
-  const uint4 u0 = p[0], u1 = p[1];
-  const uint32_t w[8] = {u0.x, u0.y, u0.z, u0.w, u1.x, u1.y, u1.z, u1.w};
-  float a = 0.0f;
+// ---- integer dots of one 32-weight sub-block with the rounded row ----
+// The row is held as int8 q with a scale d and the sum of q per 32 (x = d * q), so a
+// sub-block's dot is 8 dp4a over exact integers and one or two float multiplies: the
+// per-element int->float conversions of a float dequantization were the bottleneck
+// (conversions run at 1/8 of the FMA rate on sm_90).
+struct XBlk {
+  uint32_t w[8];  // 32 int8 activations
+  float d;
+  int sum;
+};
+__device__ __forceinline__ XBlk x_blk(const int8_t* __restrict__ xq, const float* __restrict__ xd,
+                                      const int* __restrict__ xsum, int sb) {
+  XBlk x;
+  const uint4* p = reinterpret_cast<const uint4*>(xq + 32 * sb);
+  const uint4 a = p[0], b = p[1];
+  x.w[0] = a.x, x.w[1] = a.y, x.w[2] = a.z, x.w[3] = a.w;
+  x.w[4] = b.x, x.w[5] = b.y, x.w[6] = b.z, x.w[7] = b.w;
+  x.d = xd[sb];
+  x.sum = xsum[sb];
+  return x;
+}
+__device__ __forceinline__ int dp4(uint32_t a, uint32_t b, int c) {
+  return __dp4a(static_cast<int>(a), static_cast<int>(b), c);
+}
+
+template <GgmlType T>
+__device__ __forceinline__ float dot32_int(const uint8_t* row, int sb, const XBlk& x);
+
+// block_q8_0: d * sum(q * qx)
+template <>
+__device__ __forceinline__ float dot32_int<GgmlType::Q8_0>(const uint8_t* row, int sb,
+                                                           const XBlk& x) {
+  const uint8_t* b = row + sb * 34;
+  uint32_t w[8];
+  load_words(b + 2, w);
+  int s = 0;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int q = static_cast<int8_t>(static_cast<uint8_t>((w[i >> 2] >> (8 * (i & 3))) & 0xFFu));
-    a += v[i] * (d * static_cast<float>(q));
+  for (int k = 0; k < 8; ++k) s = dp4(w[k], x.w[k], s);
+  return ld_half(b) * x.d * static_cast<float>(s);
+}
+
+// block_q4_0: nibbles n (low = elements 0..15, high = 16..31), weight d * (n - 8)
+template <>
+__device__ __forceinline__ float dot32_int<GgmlType::Q4_0>(const uint8_t* row, int sb,
+                                                           const XBlk& x) {
+  const uint8_t* b = row + sb * 18;
+  uint32_t w[4];
+  load_words(b + 2, w);
+  int s = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    s = dp4(w[k] & 0x0F0F0F0Fu, x.w[k], s);
+    s = dp4((w[k] >> 4) & 0x0F0F0F0Fu, x.w[4 + k], s);
   }
-  return a;
+  return ld_half(b) * x.d * static_cast<float>(s - 8 * x.sum);
+}
+
+// bit i of `bits` (4 bits) to bit 4 of byte i
+__device__ __forceinline__ uint32_t spread4_to_bit4(uint32_t bits) {
+  return ((bits & 1u) << 4) | ((bits & 2u) << 11) | ((bits & 4u) << 18) | ((bits & 8u) << 25);
+}
+
+// block_q5_0: 5-bit n = nibble | (bit j of qh) << 4, weight d * (n - 16)
+template <>
+__device__ __forceinline__ float dot32_int<GgmlType::Q5_0>(const uint8_t* row, int sb,
+                                                           const XBlk& x) {
+  const uint8_t* b = row + sb * 22;
+  uint32_t w[5];  // qh, then qs
+  load_words(b + 2, w);
+  const uint32_t qh = w[0];
+  int s = 0;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const uint32_t lo = (w[1 + k] & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (4 * k)) & 0xFu);
+    const uint32_t hi =
+        ((w[1 + k] >> 4) & 0x0F0F0F0Fu) | spread4_to_bit4((qh >> (16 + 4 * k)) & 0xFu);
+    s = dp4(lo, x.w[k], s);
+    s = dp4(hi, x.w[4 + k], s);
+  }
+  return ld_half(b) * x.d * static_cast<float>(s - 16 * x.sum);
+}
+
+// block_q4_K sub-block s: weight d*sc*n - dmin*m
+template <>
+__device__ __forceinline__ float dot32_int<GgmlType::Q4_K>(const uint8_t* row, int sb,
+                                                           const XBlk& x) {
+  const uint8_t* b = row + (sb >> 3) * 144;
+  const int s = sb & 7;
+  uint32_t hw[4];
+  load_words(b, hw);
+  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] & 0xFFFFu)));
+  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] >> 16)));
+  auto sc = [&](int i) {
+    const uint32_t word = i < 4 ? hw[1] : (i < 8 ? hw[2] : hw[3]);
+    return static_cast<int>((word >> (8 * (i & 3))) & 0xFFu);
+  };
+  int scale, mn;
+  if (s < 4) {
+    scale = sc(s) & 63;
+    mn = sc(s + 4) & 63;
+  } else {
+    scale = (sc(s + 4) & 0xF) | ((sc(s - 4) >> 6) << 4);
+    mn = (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4);
+  }
+  uint32_t w[8];
+  load_words(b + 16 + 32 * (s >> 1), w);
+  const int shift = (s & 1) * 4;
+  int acc = 0;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) acc = dp4((w[k] >> shift) & 0x0F0F0F0Fu, x.w[k], acc);
+  return x.d * (d * static_cast<float>(scale) * static_cast<float>(acc) -
+                dmin * static_cast<float>(mn) * static_cast<float>(x.sum));
+}
+
+// block_q6_K sub-block s: two halves of 16 with their own int8 scale, weight d*sc*(n - 32)
+template <>
+__device__ __forceinline__ float dot32_int<GgmlType::Q6_K>(const uint8_t* row, int sb,
+                                                           const XBlk& x) {
+  const uint8_t* b = row + (sb >> 3) * 210;
+  const int s = sb & 7, h = s >> 2, k = s & 3;
+  uint32_t ql[8], qh[8];
+  load_words(b + 64 * h + 32 * (k & 1), ql);
+  load_words(b + 128 + 32 * h, qh);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192) + 8 * h + 2 * k;
+  const int nshift = (k >> 1) * 4, hshift = 2 * k;
+  int acc[2] = {0, 0}, xs[2] = {0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint32_t n = ((ql[j] >> nshift) & 0x0F0F0F0Fu) | (((qh[j] >> hshift) & 0x03030303u) << 4);
+    acc[j >> 2] = dp4(n, x.w[j], acc[j >> 2]);
+    xs[j >> 2] = dp4(0x01010101u, x.w[j], xs[j >> 2]);
+  }
+  return ld_half(b + 208) * x.d *
+         (static_cast<float>(sc[0]) * static_cast<float>(acc[0] - 32 * xs[0]) +
+          static_cast<float>(sc[1]) * static_cast<float>(acc[1] - 32 * xs[1]));
+}
+
+__device__ __forceinline__ float dot32_int_any(uint32_t type, const uint8_t* row, int sb,
+                                               const XBlk& x) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::Q8_0: return dot32_int<GgmlType::Q8_0>(row, sb, x);
+    case GgmlType::Q4_0: return dot32_int<GgmlType::Q4_0>(row, sb, x);
+    case GgmlType::Q5_0: return dot32_int<GgmlType::Q5_0>(row, sb, x);
+    case GgmlType::Q4_K: return dot32_int<GgmlType::Q4_K>(row, sb, x);
+    default: return dot32_int<GgmlType::Q6_K>(row, sb, x);
+  }
+}
+
+// L2 prefetch of the 128-byte line holding p (weights, before the PDL wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 template <GgmlType T, int S, bool kSwiglu, bool kMixed = false>
@@ -413,6 +550,7 @@ __global__ void __launch_bounds__(kQ1Threads)
   extern __shared__ uint4 xs_raw[];
   int8_t* xq = reinterpret_cast<int8_t*>(xs_raw);
   float* xd = reinterpret_cast<float*>(xq + cols);
+  int* xsum = reinterpret_cast<int*>(xd + cols / 32);
   __shared__ float part[kQ1Warps][2];
   griddep_launch();
   constexpr int R = kQ1Warps / S;
@@ -424,38 +562,31 @@ __global__ void __launch_bounds__(kQ1Threads)
   const int nsb = cols / 32;
   const size_t rb = kMixed && valid ? segs.row_bytes[s] : row_bytes;
   const uint32_t type = kMixed && valid ? segs.type[s] : static_cast<uint32_t>(T);
-  auto deq = [&](const uint8_t* w, int sb, float* v) {
+  auto dot = [&](const uint8_t* w, int sb, const XBlk& xb) {
     if constexpr (kMixed)
-      deq32_any(type, w, sb, v);
+      return dot32_int_any(type, w, sb, xb);
     else
-      deq32<T>(w, sb, v);
+      return dot32_int<T>(w, sb, xb);
   };
   const uint8_t* row = valid ? segs.w[s] + static_cast<size_t>(r) * rb : nullptr;
   const uint8_t* row_u = kSwiglu && valid ? w_up + static_cast<size_t>(r) * row_bytes : nullptr;
-  // The first sub-block's weights are dequantized before the PDL wait (weights are never
-  // written by a kernel): their latency overlaps the previous kernel's tail.
+  // Weights are never written by a kernel: pull this lane's first blocks into L2 before
+  // the PDL wait, so their DRAM latency overlaps the previous kernel's tail.
   const int sb0 = piece * kWarp + lane;
-  const bool first = valid && sb0 < nsb;
-  float v0[32], u0[32];
-  if (first) {
-    deq(row, sb0, v0);
-    if constexpr (kSwiglu) deq32<T>(row_u, sb0, u0);
+  if (valid && sb0 < nsb) {
+    const size_t blk = static_cast<size_t>(sb0) * rb / static_cast<size_t>(nsb);
+    prefetch_l2(row + blk);
+    if constexpr (kSwiglu) prefetch_l2(row_u + blk);
   }
   griddep_wait();
-  round_x_to_smem<T>(x, cols, xq, xd);
+  round_x_to_smem<T>(x, cols, xq, xd, xsum);
   __syncthreads();
   float a = 0.0f, u = 0.0f;
-  if (first) {
-    a += dot32_smem(v0, xq + sb0 * 32, xd[sb0]);
-    if constexpr (kSwiglu) u += dot32_smem(u0, xq + sb0 * 32, xd[sb0]);
-    for (int sb = sb0 + kWarp * S; sb < nsb; sb += kWarp * S) {
-      float v[32];
-      deq(row, sb, v);
-      a += dot32_smem(v, xq + sb * 32, xd[sb]);
-      if constexpr (kSwiglu) {
-        deq32<T>(row_u, sb, v);
-        u += dot32_smem(v, xq + sb * 32, xd[sb]);
-      }
+  if (valid) {
+    for (int sb = sb0; sb < nsb; sb += kWarp * S) {
+      const XBlk xb = x_blk(xq, xd, xsum, sb);
+      a += dot(row, sb, xb);
+      if constexpr (kSwiglu) u += dot32_int<T>(row_u, sb, xb);
     }
   }
   a = warp_sum(a);
