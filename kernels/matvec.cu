@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -555,62 +556,84 @@ __global__ void __launch_bounds__(kQ1Threads)
   griddep_launch();
   constexpr int R = kQ1Warps / S;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, piece = warp % S;
-  int r = blockIdx.x * R + warp / S;
-  int s = 0;
-  while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
-  const bool valid = s < segs.n;
   const int nsb = cols / 32;
-  const size_t rb = kMixed && valid ? segs.row_bytes[s] : row_bytes;
-  const uint32_t type = kMixed && valid ? segs.type[s] : static_cast<uint32_t>(T);
-  auto dot = [&](const uint8_t* w, int sb, const XBlk& xb) {
-    if constexpr (kMixed)
-      return dot32_int_any(type, w, sb, xb);
-    else
-      return dot32_int<T>(w, sb, xb);
+  int total = 0;
+  for (int i = 0; i < segs.n; ++i) total += segs.rows[i];
+  // The grid may be smaller than the row count (the LM head): blocks then walk the rows
+  // with a grid stride, so the rounded row is built once per block rather than per 8 rows.
+  struct RowRef {
+    const uint8_t* row = nullptr;
+    const uint8_t* row_u = nullptr;
+    float* out = nullptr;
+    uint32_t type = 0;
+    bool valid = false;
   };
-  const uint8_t* row = valid ? segs.w[s] + static_cast<size_t>(r) * rb : nullptr;
-  const uint8_t* row_u = kSwiglu && valid ? w_up + static_cast<size_t>(r) * row_bytes : nullptr;
-  // Weights are never written by a kernel: pull this lane's first blocks into L2 before
-  // the PDL wait, so their DRAM latency overlaps the previous kernel's tail.
+  auto locate = [&](int base) {
+    RowRef ref;
+    int r = base + warp / S, s = 0;
+    while (s < segs.n && r >= segs.rows[s]) r -= segs.rows[s++];
+    if (s >= segs.n) return ref;
+    const size_t rb = kMixed ? segs.row_bytes[s] : row_bytes;
+    ref.type = kMixed ? segs.type[s] : static_cast<uint32_t>(T);
+    ref.row = segs.w[s] + static_cast<size_t>(r) * rb;
+    if constexpr (kSwiglu) ref.row_u = w_up + static_cast<size_t>(r) * row_bytes;
+    ref.out = segs.y[s] + r;
+    ref.valid = true;
+    return ref;
+  };
   const int sb0 = piece * kWarp + lane;
-  if (valid && sb0 < nsb) {
-    const size_t blk = static_cast<size_t>(sb0) * rb / static_cast<size_t>(nsb);
-    prefetch_l2(row + blk);
-    if constexpr (kSwiglu) prefetch_l2(row_u + blk);
+  {
+    // Weights are never written by a kernel: pull this lane's first block into L2 before
+    // the PDL wait, so its DRAM latency overlaps the previous kernel's tail.
+    const RowRef f = locate(blockIdx.x * R);
+    if (f.valid && sb0 < nsb) {
+      const size_t rb = kMixed ? 0 : row_bytes;
+      const size_t off = kMixed ? 0 : static_cast<size_t>(sb0) * rb / static_cast<size_t>(nsb);
+      prefetch_l2(f.row + off);
+      if constexpr (kSwiglu) prefetch_l2(f.row_u + off);
+    }
   }
   griddep_wait();
   round_x_to_smem<T>(x, cols, xq, xd, xsum);
   __syncthreads();
-  float a = 0.0f, u = 0.0f;
-  if (valid) {
-    for (int sb = sb0; sb < nsb; sb += kWarp * S) {
-      const XBlk xb = x_blk(xq, xd, xsum, sb);
-      a += dot(row, sb, xb);
-      if constexpr (kSwiglu) u += dot32_int<T>(row_u, sb, xb);
+  for (int base = blockIdx.x * R; base < total; base += gridDim.x * R) {  // block-uniform
+    const RowRef ref = locate(base);
+    float a = 0.0f, u = 0.0f;
+    if (ref.valid) {
+      for (int sb = sb0; sb < nsb; sb += kWarp * S) {
+        const XBlk xb = x_blk(xq, xd, xsum, sb);
+        if constexpr (kMixed)
+          a += dot32_int_any(ref.type, ref.row, sb, xb);
+        else
+          a += dot32_int<T>(ref.row, sb, xb);
+        if constexpr (kSwiglu) u += dot32_int<T>(ref.row_u, sb, xb);
+      }
     }
-  }
-  a = warp_sum(a);
-  if constexpr (kSwiglu) u = warp_sum(u);
-  if constexpr (S > 1) {
-    if (lane == 0) {
-      part[warp][0] = a;
-      part[warp][1] = u;
-    }
-    __syncthreads();
-    if (piece != 0) return;
-    a = part[warp][0];
-    u = part[warp][1];
+    a = warp_sum(a);
+    if constexpr (kSwiglu) u = warp_sum(u);
+    if constexpr (S > 1) {
+      if (lane == 0) {
+        part[warp][0] = a;
+        part[warp][1] = u;
+      }
+      __syncthreads();
+      if (piece == 0) {
+        a = part[warp][0];
+        u = part[warp][1];
 #pragma unroll
-    for (int k = 1; k < S; ++k) {
-      a += part[warp + k][0];
-      u += part[warp + k][1];
+        for (int k = 1; k < S; ++k) {
+          a += part[warp + k][0];
+          u += part[warp + k][1];
+        }
+      }
+      __syncthreads();  // part[] is reused by the next rows
+    }
+    if (ref.valid && piece == 0 && lane == 0) {
+      // same rounding as the unfused swiglu kernel: silu(g) * u
+      const float res = kSwiglu ? a / (1.0f + expf(-a)) * u : a;
+      *ref.out = accumulate ? *ref.out + res : res;
     }
   }
-  if (!valid || lane != 0) return;
-  float* out = segs.y[s] + r;
-  // same rounding as the unfused swiglu kernel: silu(g) * u
-  const float res = kSwiglu ? a / (1.0f + expf(-a)) * u : a;
-  *out = accumulate ? *out + res : res;
 }
 
 template <GgmlType T, int S, bool kSwiglu, bool kMixed = false>
@@ -627,10 +650,20 @@ void launch_q1_split(const Segs& segs, int rows, const uint8_t* w_up, int cols, 
     return true;
   }();
   (void)carveout_set;
+  // At most the blocks that fit on the GPU at once (one wave); more rows are walked by
+  // the blocks (grid stride).
+  static const int max_blocks = [] {
+    int dev = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &per_sm, matvec_q1_kernel<T, S, kSwiglu, kMixed>, kQ1Threads, q1_smem_bytes(kQ1MaxCols)));
+    return std::max(1, sms * std::max(1, per_sm));
+  }();
+  const int blocks = std::min((rows + kRowsPerBlock - 1) / kRowsPerBlock, max_blocks);
   launch_pdl_smem("matvec_q1_kernel", matvec_q1_kernel<T, S, kSwiglu, kMixed>,
-                  dim3(static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock)),
-                  dim3(kQ1Threads), q1_smem_bytes(cols), st, segs, w_up, cols, row_bytes, x,
-                  acc ? 1 : 0);
+                  dim3(static_cast<unsigned>(blocks)), dim3(kQ1Threads), q1_smem_bytes(cols), st,
+                  segs, w_up, cols, row_bytes, x, acc ? 1 : 0);
 }
 
 template <GgmlType T, bool kSwiglu, bool kMixed = false>

@@ -130,12 +130,21 @@ std::string tname(GgmlType t) {
 TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
   REQUIRE_GPU();
   std::mt19937 rng(1234);
-  const Shape shapes[] = {{1, 256, 1},    {37, 512, 1},  {130, 1024, 3},
-                          {64, 4864, 8},  {96, 768, 13}, {9, 2304, 2},
-                          {300, 4864, 1}, {224, 768, 1},  // one token: split-row kernel
+  const Shape shapes[] = {{1, 256, 1},
+                          {37, 512, 1},
+                          {130, 1024, 3},
+                          {64, 4864, 8},
+                          {96, 768, 13},
+                          {9, 2304, 2},
+                          {300, 4864, 1},
+                          {224, 768, 1},  // one token: split-row kernel
                           // one token, quantized: 2 and 8 warps per row, and a row too long
                           // for the shared-memory kernel (the per-row kernel takes it)
-                          {20, 3072, 1},  {11, 9216, 1}, {5, 12288, 1}};
+                          {20, 3072, 1},
+                          {11, 9216, 1},
+                          {5, 12288, 1},
+                          // more rows than one wave of blocks: grid-stride rows
+                          {9000, 256, 1}};
   for (GgmlType type : kAllTypes) {
     for (const Shape& s : shapes) {
       for (bool acc : {false, true}) {
