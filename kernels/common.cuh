@@ -143,10 +143,15 @@ __device__ __forceinline__ void round_q8_0_32(float* v) {
 // the group): the value of largest magnitude (first in index order on ties) sets
 // iscale = -127/max; q = min(127, rint(iscale*x)); x = q / iscale. Every lane of the warp
 // must call it (shuffles).
-__device__ __forceinline__ void round_q8_k_32x8(float* v) {
-  float amax = 0.0f, mx = 0.0f;
+// The value of largest magnitude over the N values of each of G consecutive lanes (first
+// in index order on ties: a lower lane holds lower indices), as |max| and signed value.
+// Every lane of the warp must call it (shuffles).
+template <int G, int N>
+__device__ __forceinline__ void group_absmax(const float* v, float& amax, float& mx) {
+  amax = 0.0f;
+  mx = 0.0f;
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < N; ++i) {
     const float a = fabsf(v[i]);
     if (a > amax) {
       amax = a;
@@ -155,16 +160,20 @@ __device__ __forceinline__ void round_q8_k_32x8(float* v) {
   }
   const int lane = threadIdx.x % kWarp;
 #pragma unroll
-  for (int o = 1; o < 8; o <<= 1) {
+  for (int o = 1; o < G; o <<= 1) {
     const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
     const float om = __shfl_xor_sync(0xffffffffu, mx, o);
     // the partner covers lower indices when its lane is lower: it wins ties
-    const bool partner_lower = (lane ^ o) < lane;
-    if (oa > amax || (oa == amax && partner_lower)) {
+    if (oa > amax || (oa == amax && (lane ^ o) < lane)) {
       amax = oa;
       mx = om;
     }
   }
+}
+
+__device__ __forceinline__ void round_q8_k_32x8(float* v) {
+  float amax, mx;
+  group_absmax<8, 32>(v, amax, mx);
   if (amax == 0.0f) {
 #pragma unroll
     for (int i = 0; i < 32; ++i) v[i] = 0.0f;
@@ -339,29 +348,40 @@ __device__ __forceinline__ void deq32<GgmlType::Q5_0>(const uint8_t* row, int sb
 
 // block_q4_K {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}, 256 weights in 8 sub-blocks
 // of 32 with 6-bit scales and mins (ggml's get_scale_min_k4).
-template <>
-__device__ __forceinline__ void deq32<GgmlType::Q4_K>(const uint8_t* row, int sb, float* v) {
-  const uint8_t* b = row + (sb >> 3) * 144;
-  const int s = sb & 7;
+// Super-block scale d, min dmin and sub-block s's 6-bit scale and min of a block_q4_K.
+struct Q4KSub {
+  float d, dmin;
+  int scale, mn;
+};
+__device__ __forceinline__ Q4KSub q4k_sub(const uint8_t* b, int s) {
   uint32_t hw[4];  // d, dmin, scales[12]
   load_words(b, hw);
-  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] & 0xFFFFu)));
-  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] >> 16)));
+  Q4KSub r;
+  r.d = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] & 0xFFFFu)));
+  r.dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] >> 16)));
   // scales[i] for a run-time i: pick the word with selects (a run-time index into hw
   // would put it in local memory)
   auto sc = [&](int i) {
     const uint32_t word = i < 4 ? hw[1] : (i < 8 ? hw[2] : hw[3]);
     return static_cast<int>((word >> (8 * (i & 3))) & 0xFFu);
   };
-  int scale, mn;
   if (s < 4) {
-    scale = sc(s) & 63;
-    mn = sc(s + 4) & 63;
+    r.scale = sc(s) & 63;
+    r.mn = sc(s + 4) & 63;
   } else {
-    scale = (sc(s + 4) & 0xF) | ((sc(s - 4) >> 6) << 4);
-    mn = (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4);
+    r.scale = (sc(s + 4) & 0xF) | ((sc(s - 4) >> 6) << 4);
+    r.mn = (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4);
   }
-  const float d1 = d * static_cast<float>(scale), m1 = dmin * static_cast<float>(mn);
+  return r;
+}
+
+template <>
+__device__ __forceinline__ void deq32<GgmlType::Q4_K>(const uint8_t* row, int sb, float* v) {
+  const uint8_t* b = row + (sb >> 3) * 144;
+  const int s = sb & 7;
+  const Q4KSub sub = q4k_sub(b, s);
+  const float d1 = sub.d * static_cast<float>(sub.scale),
+              m1 = sub.dmin * static_cast<float>(sub.mn);
   uint32_t w[8];
   load_words(b + 16 + 32 * (s >> 1), w);
   const int shift = (s & 1) * 4;

@@ -332,24 +332,8 @@ __device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int
 #pragma unroll
       for (int i = 0; i < 8; ++i) v[i] = 0.0f;
     }
-    float amax = 0.0f, mx = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float a = fabsf(v[i]);
-      if (a > amax) {
-        amax = a;
-        mx = v[i];
-      }
-    }
-#pragma unroll
-    for (int o = 1; o < kGroup; o <<= 1) {
-      const float oa = __shfl_xor_sync(0xffffffffu, amax, o);
-      const float om = __shfl_xor_sync(0xffffffffu, mx, o);
-      if (oa > amax || (oa == amax && (lane ^ o) < lane)) {
-        amax = oa;
-        mx = om;
-      }
-    }
+    float amax, mx;
+    group_absmax<kGroup, 8>(v, amax, mx);
     float d = 0.0f;
     int q[8];
     if constexpr (kK) {
@@ -479,30 +463,15 @@ __device__ __forceinline__ float dot32_int<GgmlType::Q4_K>(const uint8_t* row, i
                                                            const XBlk& x) {
   const uint8_t* b = row + (sb >> 3) * 144;
   const int s = sb & 7;
-  uint32_t hw[4];
-  load_words(b, hw);
-  const float d = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] & 0xFFFFu)));
-  const float dmin = __half2float(__ushort_as_half(static_cast<unsigned short>(hw[0] >> 16)));
-  auto sc = [&](int i) {
-    const uint32_t word = i < 4 ? hw[1] : (i < 8 ? hw[2] : hw[3]);
-    return static_cast<int>((word >> (8 * (i & 3))) & 0xFFu);
-  };
-  int scale, mn;
-  if (s < 4) {
-    scale = sc(s) & 63;
-    mn = sc(s + 4) & 63;
-  } else {
-    scale = (sc(s + 4) & 0xF) | ((sc(s - 4) >> 6) << 4);
-    mn = (sc(s + 4) >> 4) | ((sc(s) >> 6) << 4);
-  }
+  const Q4KSub sub = q4k_sub(b, s);
   uint32_t w[8];
   load_words(b + 16 + 32 * (s >> 1), w);
   const int shift = (s & 1) * 4;
   int acc = 0;
 #pragma unroll
   for (int k = 0; k < 8; ++k) acc = dp4((w[k] >> shift) & 0x0F0F0F0Fu, x.w[k], acc);
-  return x.d * (d * static_cast<float>(scale) * static_cast<float>(acc) -
-                dmin * static_cast<float>(mn) * static_cast<float>(x.sum));
+  return x.d * (sub.d * static_cast<float>(sub.scale) * static_cast<float>(acc) -
+                sub.dmin * static_cast<float>(sub.mn) * static_cast<float>(x.sum));
 }
 
 // block_q6_K sub-block s: two halves of 16 with their own int8 scale, weight d*sc*(n - 32)
