@@ -25,6 +25,13 @@ namespace worker::kern {
 // device is older than compute capability 9.0. Read once per process.
 bool pdl_enabled();
 
+// Library kernels (cuBLAS, CUB) may be launched with PDL themselves and then start while
+// our previous kernel, which lets dependents launch at its start, still runs; measured on
+// an H100, cuBLAS's FP32 GEMM then read its input before it was written (wrong logits,
+// different on every run). Call this before every library call: the next kernel starts
+// only after everything before it has completed.
+void pdl_fence(cudaStream_t stream);
+
 template <typename... KArgs, typename... Args>
 void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
                      size_t smem_bytes, cudaStream_t stream, Args... args) {

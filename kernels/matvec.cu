@@ -1037,6 +1037,7 @@ void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, voi
   // Row-major W [rows, cols] is column-major [cols, rows]; so y^T = op_T(W) * x^T with
   // x [n_tok, cols] row-major = column-major [cols, n_tok].
   auto gemm = [&](const void* b, cudaDataType_t ty, float bt) {
+    pdl_fence(stream);  // see launch.cuh: cuBLAS must not start before its inputs are written
     CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n_tok, k, &one, w.data, ty, k, b,
                               ty, k, &bt, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));

@@ -247,6 +247,7 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
     return;
   }
   size_t bytes = s.sort_temp_bytes;
+  pdl_fence(stream);  // see launch.cuh: CUB's kernels must not start before `work` is written
   // Stable radix sort: equal logits keep ascending ids, the CPU's (logit desc, id asc).
   CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
       s.sort_temp, bytes, work, s.keys_sorted, s.ids, s.ids_sorted, n_vocab, 0,
