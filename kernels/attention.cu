@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kWarps* kWarp)
     attention_kernel(const float* __restrict__ q, const KV* __restrict__ kc,
                      const KV* __restrict__ vc, float* __restrict__ out, int n_head, int n_head_kv,
                      int hd, const int32_t* __restrict__ d_n_past, float* __restrict__ partial) {
-  griddep_enter();
+  griddep_wait();
   __shared__ float sh_m[kWarps], sh_l[kWarps];
   __shared__ float sh_acc[kWarps][D * kWarp];
   const int h = blockIdx.x, t = blockIdx.y;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kWarps* kWarp)
 
 __global__ void attention_combine_kernel(const float* __restrict__ partial, float* __restrict__ out,
                                          int n_head, int hd, int n_split) {
-  griddep_enter();
+  griddep_wait();
   const int h = blockIdx.x, t = blockIdx.y;
   const float* ph = partial + (static_cast<size_t>(t) * n_head + h) * n_split * (2 + hd);
   float M = -INFINITY;

@@ -12,25 +12,20 @@ namespace worker::kern {
 
 constexpr int kWarp = 32;
 
-// Programmatic dependent launch (see launch.cuh). Both are no-ops in a kernel launched
-// without the PDL attribute. griddep_launch(): the next kernel in the stream may be
-// scheduled now. griddep_wait(): blocks until the previous kernel has completed and its
-// writes are visible; every kernel calls it before touching data an earlier kernel wrote.
-__device__ __forceinline__ void griddep_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// Programmatic dependent launch (see launch.cuh): blocks until the previous kernel has
+// completed and its writes are visible; a no-op in a kernel launched without the PDL
+// attribute. Every kernel calls it before touching data an earlier kernel wrote.
+//
+// No kernel issues griddepcontrol.launch_dependents (an early trigger): with it at kernel
+// entry, the F32-weight models gave wrong and run-to-run different tokens on an H100
+// (cuda_engine_tests: stories260K, repetition, parity), with or without fences around
+// cuBLAS, and skipping PDL for any single kernel did not fix it; without the early trigger
+// every test passes. So a dependent is launched when its predecessor completes, and its
+// pre-wait part (weight loads) overlaps the predecessor's drain and the launch itself.
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-}
-// Both at a kernel's entry: the usual start of a kernel whose every input comes from the
-// previous kernel.
-__device__ __forceinline__ void griddep_enter() {
-  griddep_launch();
-  griddep_wait();
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

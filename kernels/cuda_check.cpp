@@ -49,6 +49,22 @@ bool pdl_enabled() {
   }();
   return on;
 }
+bool pdl_skipped(const char* kernel_name) {
+  static const std::string skip = [] {
+    std::string list;
+    if (const char* e = std::getenv("WORKER_PDL_SKIP")) {
+      list.push_back(',');
+      list.append(e);
+      list.push_back(',');
+    }
+    return list;
+  }();
+  if (skip.empty()) return false;
+  std::string needle(1, ',');
+  needle.append(kernel_name);
+  needle.push_back(',');
+  return skip.find(needle) != std::string::npos;
+}
 }  // namespace kern
 
 }  // namespace worker

@@ -12,7 +12,7 @@ namespace {
 template <GgmlType T>
 __global__ void embed_q_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int cols,
                                const int32_t* __restrict__ tokens, float* __restrict__ out) {
-  griddep_enter();
+  griddep_wait();
   const uint8_t* row = w + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
   float* o = out + static_cast<size_t>(blockIdx.x) * cols;
   for (int sb = threadIdx.x; sb < cols / 32; sb += blockDim.x) {
@@ -26,7 +26,7 @@ __global__ void embed_q_kernel(const uint8_t* __restrict__ w, size_t row_bytes, 
 __global__ void embed_f_kernel(const uint8_t* __restrict__ w, uint32_t type, size_t row_bytes,
                                int cols, const int32_t* __restrict__ tokens,
                                float* __restrict__ out) {
-  griddep_enter();
+  griddep_wait();
   const uint8_t* row = w + static_cast<size_t>(tokens[blockIdx.x]) * row_bytes;
   float* o = out + static_cast<size_t>(blockIdx.x) * cols;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = load_float_elem(row, type, i);

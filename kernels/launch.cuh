@@ -3,10 +3,11 @@
 //
 // A decode step is ~150-220 small kernels; between two of them the GPU otherwise drains
 // the first grid, flushes, and only then starts scheduling the second (~1-2 us each, more
-// than many of these kernels take). Launched through launch_pdl(), the next kernel's
-// blocks may be scheduled while the previous kernel still runs: they do the work that
-// does not depend on it (address math, pulling their weights into L2), then wait in
-// griddep_wait() until the previous grid has completed and its writes are visible.
+// than many of these kernels take). Launched through launch_pdl(), the next kernel is
+// launched as soon as the previous one's blocks have finished (no kernel triggers earlier:
+// see griddep_wait in common.cuh); its blocks do the work that does not depend on it
+// (address math, loading their weights) and then wait in griddep_wait() until the previous
+// grid's writes are visible.
 //
 // Contract for every kernel launched this way (checked by review, exercised by the kernel
 // and engine tests with PDL on and off):
@@ -24,13 +25,9 @@ namespace worker::kern {
 // False when WORKER_NO_PDL is set in the environment (A/B measurements) or the current
 // device is older than compute capability 9.0. Read once per process.
 bool pdl_enabled();
-
-// Library kernels (cuBLAS, CUB) may be launched with PDL themselves and then start while
-// our previous kernel, which lets dependents launch at its start, still runs; measured on
-// an H100, cuBLAS's FP32 GEMM then read its input before it was written (wrong logits,
-// different on every run). Call this before every library call: the next kernel starts
-// only after everything before it has completed.
-void pdl_fence(cudaStream_t stream);
+// True for a kernel named in WORKER_PDL_SKIP (comma-separated kernel names): launched
+// without the PDL attribute (bisecting an ordering problem to one kernel).
+bool pdl_skipped(const char* kernel_name);
 
 template <typename... KArgs, typename... Args>
 void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
@@ -44,7 +41,7 @@ void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cfg.numAttrs = pdl_enabled() && !pdl_skipped(name) ? 1 : 0;
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name, __FILE__,
              __LINE__);
 }

@@ -58,7 +58,7 @@ template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_q_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                     const float* __restrict__ x, float* __restrict__ y, int n_tok, int accumulate) {
-  griddep_enter();
+  griddep_wait();
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -182,7 +182,7 @@ template <GgmlType T, int NT>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_f_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                     const float* __restrict__ x, float* __restrict__ y, int n_tok, int accumulate) {
-  griddep_enter();
+  griddep_wait();
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_scalar_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                          const float* __restrict__ x, float* __restrict__ y, int n_tok,
                          int accumulate) {
-  griddep_enter();
+  griddep_wait();
   const int lane = threadIdx.x % kWarp;
   const int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   const int t0 = blockIdx.y * NT;
@@ -260,7 +260,6 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kSplitThreads)
     matvec_split_kernel(const uint8_t* __restrict__ w, int cols, size_t row_bytes,
                         const float* __restrict__ x, float* __restrict__ y, int accumulate) {
-  griddep_launch();
   static_assert(BlockInfo<T>::kElems == 1, "float weight types only");
   __shared__ float sh[kSplitThreads / kWarp];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -522,7 +521,6 @@ __global__ void __launch_bounds__(kQ1Threads)
   float* xd = reinterpret_cast<float*>(xq + cols);
   int* xsum = reinterpret_cast<int*>(xd + cols / 32);
   __shared__ float part[kQ1Warps][2];
-  griddep_launch();
   constexpr int R = kQ1Warps / S;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, piece = warp % S;
   const int nsb = cols / 32;
@@ -737,14 +735,14 @@ __device__ __forceinline__ __nv_bfloat16 to_lowp<__nv_bfloat16>(float f) {
 
 template <typename T>
 __global__ void to_lowp_kernel(const float* __restrict__ x, T* __restrict__ out, size_t n) {
-  griddep_enter();
+  griddep_wait();
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i < n) out[i] = to_lowp<T>(x[i]);
 }
 
 template <GgmlType T>
 __global__ void round_act_kernel(const float* __restrict__ x, float* __restrict__ out, int cols) {
-  griddep_enter();
+  griddep_wait();
   const int lane = threadIdx.x;
   const int nsb = cols / 32;
   const int sb = blockIdx.y * kWarp + lane;
@@ -763,7 +761,7 @@ __global__ void round_act_kernel(const float* __restrict__ x, float* __restrict_
 template <GgmlType T>
 __global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int cols,
                                int64_t n_sub, float* __restrict__ out) {
-  griddep_enter();
+  griddep_wait();
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n_sub) return;
   const int per_row = cols / 32;
@@ -832,7 +830,6 @@ template <GgmlType T, bool kSwiglu>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     matvec_multi_kernel(Segs segs, const uint8_t* __restrict__ w_up, int cols, size_t row_bytes,
                         const float* __restrict__ x) {
-  griddep_launch();
   const int lane = threadIdx.x % kWarp;
   int r = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
   int s = 0;
@@ -1037,7 +1034,6 @@ void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, voi
   // Row-major W [rows, cols] is column-major [cols, rows]; so y^T = op_T(W) * x^T with
   // x [n_tok, cols] row-major = column-major [cols, n_tok].
   auto gemm = [&](const void* b, cudaDataType_t ty, float bt) {
-    pdl_fence(stream);  // see launch.cuh: cuBLAS must not start before its inputs are written
     CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n_tok, k, &one, w.data, ty, k, b,
                               ty, k, &bt, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
                               CUBLAS_GEMM_DEFAULT));

@@ -20,7 +20,7 @@ __global__ void __launch_bounds__(kThreads)
     const int i = threadIdx.x + k * kThreads;
     wpre[k] = i < n ? load_float_elem(w, w_type, i) : 0.0f;
   }
-  griddep_enter();
+  griddep_wait();
   const float* xr = x + static_cast<size_t>(blockIdx.x) * n;
   float* yr = y + static_cast<size_t>(blockIdx.x) * n;
   float ss = 0.0f, xpre[kPre];

@@ -37,8 +37,7 @@ __global__ void qkv_rope_kernel(float* __restrict__ q, float* __restrict__ k, fl
                                 VecView bq, VecView bk, VecView bv, RopeParams p,
                                 const int32_t* __restrict__ d_n_past, KV* __restrict__ kc,
                                 KV* __restrict__ vc) {
-  extern __shared__ float sh_head[];  // head_dim floats
-  griddep_launch();
+  extern __shared__ float sh_head[];                          // head_dim floats
   const int t = blockIdx.y, h = blockIdx.x, d = threadIdx.x;  // blockDim.x >= head_dim
   const bool is_q = h < p.n_head;
   const int hd = p.head_dim;

@@ -11,7 +11,7 @@ namespace {
 constexpr int kThreads = 1024;
 
 __global__ void iota_kernel(int32_t* ids, int32_t* seen, int n) {
-  griddep_enter();
+  griddep_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) {
     ids[i] = i;
@@ -20,7 +20,7 @@ __global__ void iota_kernel(int32_t* ids, int32_t* seen, int n) {
 }
 
 __global__ void copy_kernel(const float* __restrict__ in, float* __restrict__ out, int n) {
-  griddep_enter();
+  griddep_wait();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) out[i] = in[i];
 }
@@ -30,7 +30,7 @@ __global__ void copy_kernel(const float* __restrict__ in, float* __restrict__ ou
 __global__ void penalty_kernel(float* __restrict__ work, int n_vocab,
                                const SampleParams* __restrict__ p, const int32_t* __restrict__ hist,
                                int32_t* __restrict__ seen) {
-  griddep_enter();
+  griddep_wait();
   const float pen = p->repetition_penalty;
   const int nh = p->n_history;
   if (pen == 1.0f) return;
@@ -75,7 +75,7 @@ constexpr int kArgmaxThreads = 256;
 
 __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float* __restrict__ pv,
                                       int32_t* __restrict__ pi) {
-  griddep_enter();
+  griddep_wait();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
   const int chunk = (n + gridDim.x - 1) / gridDim.x;
@@ -97,7 +97,7 @@ __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float*
 
 __global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t* __restrict__ pi,
                                     int nb, int n, int32_t* __restrict__ out) {
-  griddep_enter();
+  griddep_wait();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
   float best = -INFINITY;
@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(kThreads)
     finalize_kernel(const float* __restrict__ keys, const int32_t* __restrict__ ids, int n_vocab,
                     const SampleParams* __restrict__ prm, double* __restrict__ probs,
                     int32_t* __restrict__ out) {
-  griddep_enter();
+  griddep_wait();
   __shared__ double sh[32];
   __shared__ double sh_tot[kThreads];
   __shared__ int sh_idx;
@@ -247,7 +247,6 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
     return;
   }
   size_t bytes = s.sort_temp_bytes;
-  pdl_fence(stream);  // see launch.cuh: CUB's kernels must not start before `work` is written
   // Stable radix sort: equal logits keep ascending ids, the CPU's (logit desc, id asc).
   CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
       s.sort_temp, bytes, work, s.keys_sorted, s.ids, s.ids_sorted, n_vocab, 0,

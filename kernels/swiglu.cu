@@ -6,7 +6,7 @@
 namespace worker::kern {
 namespace {
 __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, size_t n) {
-  griddep_enter();
+  griddep_wait();
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i < n) {
     const float x = g[i];
@@ -14,7 +14,7 @@ __global__ void swiglu_kernel(float* __restrict__ g, const float* __restrict__ u
   }
 }
 __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, size_t n) {
-  griddep_enter();
+  griddep_wait();
   const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   if (i < n) y[i] += x[i];
 }
