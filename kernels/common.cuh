@@ -12,19 +12,22 @@ namespace worker::kern {
 
 constexpr int kWarp = 32;
 
-// Programmatic dependent launch (see launch.cuh): blocks until the previous kernel has
-// completed and its writes are visible; a no-op in a kernel launched without the PDL
+// Programmatic dependent launch (see launch.cuh). griddep_wait() blocks until the previous
+// kernel has completed and its writes are visible, and then lets the next kernel launch
+// (griddepcontrol.launch_dependents); both are no-ops in a kernel launched without the PDL
 // attribute. Every kernel calls it before touching data an earlier kernel wrote.
 //
-// No kernel issues griddepcontrol.launch_dependents (an early trigger): with it at kernel
-// entry, the F32-weight models gave wrong and run-to-run different tokens on an H100
-// (cuda_engine_tests: stories260K, repetition, parity), with or without fences around
-// cuBLAS, and skipping PDL for any single kernel did not fix it; without the early trigger
-// every test passes. So a dependent is launched when its predecessor completes, and its
-// pre-wait part (weight loads) overlaps the predecessor's drain and the launch itself.
+// Why the trigger comes after the wait: the wait only makes the *previous* grid's writes
+// visible. A trigger at kernel entry let the next-but-one kernel launch while the previous
+// one was still running, and that kernel could then read what the previous one wrote
+// before it was visible to it: on an H100 the F32-weight models gave wrong, run-to-run
+// different tokens (cuda_engine_tests). Triggering after the wait means a kernel is
+// launched only after its predecessor's predecessor has completed; its pre-wait part
+// (weight loads) overlaps the predecessor's work.
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

@@ -3,9 +3,9 @@
 //
 // A decode step is ~150-220 small kernels; between two of them the GPU otherwise drains
 // the first grid, flushes, and only then starts scheduling the second (~1-2 us each, more
-// than many of these kernels take). Launched through launch_pdl(), the next kernel is
-// launched as soon as the previous one's blocks have finished (no kernel triggers earlier:
-// see griddep_wait in common.cuh); its blocks do the work that does not depend on it
+// than many of these kernels take). Launched through launch_pdl(), the next kernel may be
+// launched once every block of the previous one has passed its own griddep_wait() (see
+// common.cuh for why not earlier); its blocks do the work that does not depend on it
 // (address math, loading their weights) and then wait in griddep_wait() until the previous
 // grid's writes are visible.
 //
