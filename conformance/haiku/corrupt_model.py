@@ -3,9 +3,11 @@
 mutation check (issue 7, acceptance 2): the anti-cheat test must FAIL against it.
 
 The corruption keeps every value a valid number of its type (no NaN/Inf from random
-bytes): within the token embedding (and output) and each attention-output and FFN-down tensor, whole quantization blocks
-(or single values for float types) are permuted with a fixed seed. The model still runs
-and emits fluent-looking tokens, but not the trained ones.
+bytes): within every tensor, whole quantization blocks (or single values for float types)
+are permuted with a fixed seed. The model still runs and emits tokens, but not the trained
+ones. (Permuting only the embedding, attention-output and FFN-down tensors was too weak:
+that model still favoured the number words it was trained on, and at a one-word minute
+such as "twenty" its output held the word exactly once in 2 of 3 runs on an H100.)
 
 Usage: corrupt_model.py IN.gguf OUT.gguf
 """
@@ -24,9 +26,6 @@ def main():
     rng = random.Random(20261125)
     changed = 0
     for t in r.tensors:
-        if not (t.name.endswith("attn_output.weight") or t.name.endswith("ffn_down.weight")
-                or t.name == "token_embd.weight" or t.name == "output.weight"):
-            continue
         if t.ggml_type not in TYPE_SIZES:
             raise SystemExit(f"{t.name}: unsupported type {t.ggml_type}")
         _, block_bytes = TYPE_SIZES[t.ggml_type]
@@ -39,7 +38,7 @@ def main():
         data[start:start + len(raw)] = shuffled
         changed += 1
     if changed == 0:
-        raise SystemExit("no attn_output/ffn_down tensor found to corrupt")
+        raise SystemExit("no tensor found to corrupt")
     tmp = dst + ".tmp"
     with open(tmp, "wb") as f:
         f.write(data)
