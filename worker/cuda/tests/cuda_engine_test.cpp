@@ -25,6 +25,7 @@
 #include "cuda/device_buffer.h"
 #include "engine/cpu/cpu_engine.h"
 #include "engine/sampler.h"
+#include "engine/tests/test_paths.h"
 #include "gguf/model_config.h"
 #include "gpu_test_util.h"
 
@@ -33,19 +34,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return (v != nullptr && *v != '\0') ? std::string(v) : fallback;
-}
-std::string source_dir() {
-  return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR);
-}
-std::string shared_fixtures() {
-  return env_or("WORKER_SHARED_FIXTURES", source_dir() + "/../shared/fixtures");
-}
-std::string generated_fixtures() {
-  return env_or("WORKER_GENERATED_FIXTURES", source_dir() + "/fixtures/generated");
-}
+using testpaths::env_or;
+using testpaths::generated_fixtures;
+using testpaths::shared_fixtures;
+using testpaths::source_dir;
 std::string stories_path() {
   return shared_fixtures() + "/stories260K.gguf";
 }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/tests/test_paths.h"
 #include "gpu_test_util.h"
 
 namespace worker {
@@ -20,17 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return (v != nullptr && *v != '\0') ? std::string(v) : fallback;
-}
+using testpaths::env_or;
 
 // REQ: M0-W-1020 M0-W-1220
 TEST(CudaStartup, ModelTooLargeForCardExitsOneWithRequiredAndAvailableBytes) {
   REQUIRE_GPU();
-  const std::string src = env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR);
-  const std::string stories =
-      env_or("WORKER_SHARED_FIXTURES", src + "/../shared/fixtures") + "/stories260K.gguf";
+  const std::string stories = testpaths::shared_fixtures() + "/stories260K.gguf";
   ASSERT_TRUE(fs::is_regular_file(stories)) << "missing fixture " << stories;
   // The binary built with this test; WORKER_ORCD_BIN overrides it where binaries were
   // moved (ci/gpu-run.sh runs copies on the device machine).
@@ -40,8 +36,9 @@ TEST(CudaStartup, ModelTooLargeForCardExitsOneWithRequiredAndAvailableBytes) {
   const fs::path dir = fs::temp_directory_path() / ("cuda_startup_" + std::to_string(getpid()));
   fs::create_directories(dir);
   const std::string model = (dir / "huge.gguf").string();
-  const std::string gen = "python3 '" + src + "/fixtures/make_huge_model.py' --vocab '" + stories +
-                          "' --out '" + model + "' > /dev/null";
+  const std::string gen = "python3 '" + testpaths::source_dir() +
+                          "/fixtures/make_huge_model.py' --vocab '" + stories + "' --out '" +
+                          model + "' > /dev/null";
   ASSERT_EQ(std::system(gen.c_str()), 0) << gen;
   const auto size = fs::file_size(model);
   ASSERT_GT(size, 200ull * 1000 * 1000 * 1000) << "the model must not fit any card";
