@@ -1,0 +1,110 @@
+#pragma once
+// "Exact" kernels: every op computes bit for bit the floats of the CPU reference
+// (worker/engine/cpu, itself bit-identical with llama.cpp's AVX-512 CPU backend): the same
+// roundings (activations to the weight type's vec_dot_type, Q8_0 / Q8_K quantization), the
+// same float operations in the same order (the lane structure of ggml's vec_dot, llamafile's
+// tinyBLAS, the x86 repack gemv/gemm, ggml's polynomial exp, double sums where ggml sums in
+// double). Float sums are independent chains, so the GPU runs the chains in parallel and
+// combines them in the reference's fixed tree; integer block dots are exact in any order.
+//
+// These files are compiled with -fmad=false: a multiply followed by an add is never fused
+// behind our back; every fused multiply-add is an explicit fmaf() where the reference has
+// one.
+//
+// All pointers are device memory. n_past is read from device memory so that the decode step
+// can be captured in a CUDA graph and replayed.
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "matvec.cuh"  // WeightView
+
+namespace worker::kern::exact {
+
+// ---------------------------------------------------------------------------------------
+// Matrix products (exact_float.cu: F32/F16/BF16 weights; exact_quant.cu: quantized).
+
+// A matmul input: n_tok activation rows of `cols` values rounded / quantized for one weight
+// type exactly as cpu::quantize_activation does. Caller-owned device buffers sized for the
+// largest n_tok * cols (act_buffer_bytes lays them out in one allocation).
+struct ActBuf {
+  float* f = nullptr;       // [n_tok][cols] F32 / F16- / BF16-rounded values (float weights)
+  int8_t* q = nullptr;      // [n_tok][cols] Q8_0 or Q8_K quants (quantized weights)
+  float* d = nullptr;       // [n_tok][cols / 32] Q8_0 scales (fp16-rounded) or [n_tok][cols/256] Q8_K
+  int32_t* bsum = nullptr;  // [n_tok][cols / 16] Q8_K sums of 16 quants
+};
+// Bytes of one region holding an ActBuf for up to max_tok rows of up to max_cols values.
+size_t act_buffer_bytes(int max_tok, int max_cols);
+// Carves an ActBuf out of `base` (act_buffer_bytes(max_tok, max_cols) bytes, 256-aligned).
+ActBuf act_buffer_at(void* base, int max_tok, int max_cols);
+
+// a = x [n_tok][cols] rounded for `weight_type` (cpu::quantize_activation, row by row).
+void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, const ActBuf& a,
+                  cudaStream_t stream);
+
+// Which order the CPU reference's matmul (CpuEngine::matmul) uses depends on the whole batch
+// it multiplies, not only on the rows a call computes: `batch_n` is that batch's token count
+// and `t0` the index in it of this call's first token. Float weights: tinyBLAS order when
+// cpu::tinyblas_takes(type, rows, batch_n, cols), else vec_dot. Q4_0 / Q4_K with rows % 8 == 0
+// (cpu::repacked_on_x86): the repack orders, and for Q4_K the gemm order for the tokens with
+// index < batch_n - batch_n % 4, gemv for the rest.
+struct BatchOrder {
+  int batch_n = 1;
+  int t0 = 0;
+};
+
+// y[t][r] = dot(W row r, a row t) (y[t][r] + that when accumulate: the residual add, one
+// rounding, as the CPU's x += tmp) for t < n_tok, r < w.rows.
+void matmul(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
+            bool accumulate, cudaStream_t stream);
+
+namespace detail {
+// matmul for F32 / F16 / BF16 weights (exact_float.cu); matmul() dispatches to it.
+void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
+                  float* y, bool accumulate, cudaStream_t stream);
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// The other ops (exact_ops.cu), each as CpuEngine computes it.
+
+// ggml_rms_norm then the weight multiply: sum of float squares in double, mean = float(sum /
+// n), scale = 1 / sqrtf(mean + eps), y = (x * scale) * w. w: n floats (F32, converted at load).
+void rmsnorm(const float* x, const float* w, float* y, int n_rows, int n, float eps,
+             cudaStream_t stream);
+
+// RoPE cos/sin for positions 0..n_ctx-1, built on the host exactly as CpuEngine::rope does
+// (theta = pos; per pair: cos(theta), sin(theta) with the host's libm, theta *= theta_scale):
+// [n_ctx][n_rot / 2] pairs {cos, sin}. Uploaded once; kernels index it by position.
+void rope_table_host(int n_ctx, int n_rot, float theta_scale, float* out /* 2*n_ctx*(n_rot/2) */);
+
+struct AttnShape {
+  int n_head = 0, n_head_kv = 0, head_dim = 0, n_rot = 0;
+  bool neox = false;
+};
+
+// For t < n_tok at position n_past + t: q += bq, k += bk, v += bv (each bias optional,
+// nullptr = absent, F32), RoPE on the first n_rot dims of every Q and K head
+// (d0 = fma(x0, c, -(x1*s)), d1 = fma(x0, s, x1*c)), then K and V stored to this layer's FP32
+// cache [n_ctx][n_head_kv * head_dim]. q is rotated in place; k and v are read.
+void bias_rope_store(float* q, const float* k, const float* v, const float* bq, const float* bk,
+                     const float* bv, const AttnShape& s, const float* rope_table, int n_tok,
+                     const int32_t* d_n_past, float* k_cache, float* v_cache, cudaStream_t stream);
+
+// Causal GQA attention over the FP32 cache, in CpuEngine::eval's order: scores by
+// cpu::dot_vecdot * (1/sqrtf(head_dim)), max, ggml_expf 16 at a time with each block's hsum16
+// added in double, probabilities * float(1/sum), then V^T * p: tinyBLAS over the 16-padded
+// keys when n_tok >= 2 and head_dim % 4 == 0, else vec_dot over the keys padded to 64
+// (n_kv_total = n_past + n_tok rounded up). out: [n_tok][n_head * head_dim].
+// `scratch` holds attention_scratch_floats(n_ctx, n_tok, n_head) floats.
+size_t attention_scratch_floats(int n_ctx, int max_tok, int n_head);
+void attention(const float* q, const float* k_cache, const float* v_cache, float* out, int n_tok,
+               const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+               cudaStream_t stream);
+
+// g[t][i] = silu(g[t][i]) * u[t][i] for i < F: ggml_silu (ggml_expf) for the first F & ~15,
+// x / (1 + expf(-x)) for the rest (libm's expf on the CPU; here exp in double, rounded once:
+// the correctly rounded value, which glibc's expf returns except within ~1e-3 of a rounding
+// tie).
+void swiglu(float* g, const float* u, int n_tok, int F, cudaStream_t stream);
+
+}  // namespace worker::kern::exact

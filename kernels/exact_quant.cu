@@ -1,0 +1,2 @@
+// Exact kernels, see exact.cuh. (Being written.)
+#include "exact.cuh"
