@@ -39,10 +39,11 @@ struct Result {
   worker::VramUsage vram;
 };
 
-Result run(const std::shared_ptr<const worker::Model>& model, bool graph, int n_decode,
+Result run(const std::shared_ptr<const worker::Model>& model, bool exact, bool graph, int n_decode,
            int n_prefill, int reps) {
   worker::CudaEngineOptions opt;
   opt.use_graph = graph;
+  opt.exact = exact;
   const int ctx = n_prefill + n_decode + 8;
   auto e = worker::make_cuda_engine(model, ctx, 0, opt);
   std::mt19937 rng(1);
@@ -82,6 +83,7 @@ Result run(const std::shared_ptr<const worker::Model>& model, bool graph, int n_
 
 int main(int argc, char** argv) {
   std::vector<std::string> models;
+  std::vector<bool> modes = {true, false};  // exact, fast
   int n_decode = 256, n_prefill = 512, reps = 3;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -100,10 +102,20 @@ int main(int argc, char** argv) {
       n_prefill = std::stoi(next());
     else if (a == "--reps")
       reps = std::stoi(next());
-    else {
-      std::fprintf(
-          stderr,
-          "usage: decode_bench --model F.gguf [...] [--decode N] [--prefill N] [--reps N]\n");
+    else if (a == "--numerics") {
+      const std::string m = next();
+      if (m == "exact")
+        modes = {true};
+      else if (m == "fast")
+        modes = {false};
+      else if (m != "both") {
+        std::fprintf(stderr, "--numerics exact|fast|both\n");
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr,
+                   "usage: decode_bench --model F.gguf [...] [--decode N] [--prefill N] [--reps N] "
+                   "[--numerics exact|fast|both]\n");
       return 2;
     }
   }
@@ -111,30 +123,31 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decode_bench: no --model given\n");
     return 2;
   }
-  std::printf("%-28s %-6s %10s %9s %9s %12s %10s %18s\n", "model", "graph", "decode", "ms/tok",
-              "GB/s", "prefill", "VRAM MiB", "logits hash");
+  std::printf("%-28s %-6s %-6s %10s %9s %9s %12s %10s %18s\n", "model", "exact", "graph", "decode",
+              "ms/tok", "GB/s", "prefill", "VRAM MiB", "logits hash");
   for (const auto& path : models) {
     auto model = worker::load_model(path);
     const auto& c = model->config;
-    for (bool graph : {true, false}) {
-      const Result r = run(model, graph, n_decode, n_prefill, reps);
-      // Bytes one decode step must read: every weight except the embedding rows not
-      // looked up (the table is read whole only when it is also the LM head), plus the
-      // KV cache at the mean position of the timed decode.
-      uint64_t w = r.vram.weights;
-      if (!c.tied_output) w -= model->weights.token_embd->nbytes;
-      const double mean_pos = n_prefill + n_decode / 2.0;
-      const double kv = 2.0 * static_cast<double>(c.n_layer) * mean_pos *
-                        static_cast<double>(c.n_head_kv * c.head_dim) * 2.0;
-      const double gbs = (static_cast<double>(w) + kv) / (r.decode_ms * 1e-3) / 1e9;
-      const std::string name = path.substr(path.find_last_of('/') + 1);
-      std::printf("%-28s %-6s %7.1f t/s %9.3f %9.0f %8.0f t/s %10.1f %018llx\n", name.c_str(),
-                  graph ? "yes" : "no", 1000.0 / r.decode_ms, r.decode_ms, gbs,
-                  n_prefill / (r.prefill_ms * 1e-3),
-                  static_cast<double>(r.vram.total()) / 1048576.0,
-                  static_cast<unsigned long long>(r.hash));
-      std::fflush(stdout);
-    }
+    for (const bool exact : modes)
+      for (bool graph : {true, false}) {
+        const Result r = run(model, exact, graph, n_decode, n_prefill, reps);
+        // Bytes one decode step must read: every weight except the embedding rows not
+        // looked up (the table is read whole only when it is also the LM head), plus the
+        // KV cache at the mean position of the timed decode.
+        uint64_t w = r.vram.weights;
+        if (!c.tied_output) w -= model->weights.token_embd->nbytes;
+        const double mean_pos = n_prefill + n_decode / 2.0;
+        const double kv = 2.0 * static_cast<double>(c.n_layer) * mean_pos *
+                          static_cast<double>(c.n_head_kv * c.head_dim) * (exact ? 4.0 : 2.0);
+        const double gbs = (static_cast<double>(w) + kv) / (r.decode_ms * 1e-3) / 1e9;
+        const std::string name = path.substr(path.find_last_of('/') + 1);
+        std::printf("%-28s %-6s %-6s %7.1f t/s %9.3f %9.0f %8.0f t/s %10.1f %018llx\n",
+                    name.c_str(), exact ? "yes" : "no", graph ? "yes" : "no", 1000.0 / r.decode_ms,
+                    r.decode_ms, gbs, n_prefill / (r.prefill_ms * 1e-3),
+                    static_cast<double>(r.vram.total()) / 1048576.0,
+                    static_cast<unsigned long long>(r.hash));
+        std::fflush(stdout);
+      }
   }
   return 0;
 }

@@ -26,6 +26,7 @@
 #include "cuda_check.h"
 #include "embed.cuh"
 #include "engine/sampler.h"
+#include "exact.cuh"
 #include "matvec.cuh"
 #include "rmsnorm.cuh"
 #include "rope_qkv.cuh"
@@ -67,6 +68,21 @@ class Layout {
   size_t used_ = 0;
 };
 
+// Extra scratch of the exact kernels (zero for the fast ones): the rounded / quantized
+// matmul input and the attention's probabilities.
+struct ExactSizes {
+  size_t act_bytes = 0, attn_floats = 0;
+};
+
+ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
+  ExactSizes e;
+  if (!exact) return e;
+  const int widest = static_cast<int>(std::max({c.n_embd, c.n_head * c.head_dim, c.n_ff}));
+  e.act_bytes = kern::exact::act_buffer_bytes(B, widest);
+  e.attn_floats = kern::exact::attention_scratch_floats(n_ctx, B, static_cast<int>(c.n_head));
+  return e;
+}
+
 // Activations for a batch of up to B tokens.
 struct Scratch {
   DeviceBuffer buf;
@@ -77,9 +93,12 @@ struct Scratch {
   float* attn_part = nullptr;  // split-KV attention partials (few-token batches)
   float* wdeq = nullptr;       // one dequantized weight matrix (quantized prefill); may be null
   int32_t* io = nullptr;       // [0] = n_past, [1..B] = token ids
+  kern::exact::ActBuf act;     // exact kernels: the current matmul input
+  uint32_t act_type = 0;       // weight type `act` was last rounded for
+  float* attn_scr = nullptr;   // exact attention's probabilities
 
   static void lay(Layout& L, const ModelConfig& c, int B, int rows, size_t wdeq_floats,
-                  Scratch* s) {
+                  const ExactSizes& ex, Scratch* s) {
     const size_t E = static_cast<size_t>(c.n_embd), QD = static_cast<size_t>(c.n_head * c.head_dim),
                  KD = static_cast<size_t>(c.n_head_kv * c.head_dim),
                  F = static_cast<size_t>(c.n_ff), V = static_cast<size_t>(c.vocab_size),
@@ -102,7 +121,14 @@ struct Scratch {
     float* attn_part = L.take<float>(std::max<size_t>(part, 1));
     float* wdeq = wdeq_floats ? L.take<float>(wdeq_floats) : nullptr;
     int32_t* io = L.take<int32_t>(b + 1);
+    void* act = ex.act_bytes ? L.take<uint8_t>(ex.act_bytes) : nullptr;
+    float* attn_scr = ex.attn_floats ? L.take<float>(ex.attn_floats) : nullptr;
     if (s) {
+      if (act) {
+        const int widest = static_cast<int>(std::max({E, QD, F}));
+        s->act = kern::exact::act_buffer_at(act, B, widest);
+      }
+      s->attn_scr = attn_scr;
       s->attn_part = attn_part;
       s->wdeq = wdeq;
       s->B = B;
@@ -120,15 +146,17 @@ struct Scratch {
       s->io = io;
     }
   }
-  static size_t bytes(const ModelConfig& c, int B, int rows, size_t wdeq_floats) {
+  static size_t bytes(const ModelConfig& c, int B, int rows, size_t wdeq_floats,
+                      const ExactSizes& ex) {
     Layout L(nullptr);
-    lay(L, c, B, rows, wdeq_floats, nullptr);
+    lay(L, c, B, rows, wdeq_floats, ex, nullptr);
     return L.used();
   }
-  void allocate(const ModelConfig& c, int B_, int rows, size_t wdeq_floats, const char* what) {
-    buf = DeviceBuffer(bytes(c, B_, rows, wdeq_floats), what);
+  void allocate(const ModelConfig& c, int B_, int rows, size_t wdeq_floats, const ExactSizes& ex,
+                const char* what) {
+    buf = DeviceBuffer(bytes(c, B_, rows, wdeq_floats, ex), what);
     Layout L(static_cast<uint8_t*>(buf.data()));
-    lay(L, c, B_, rows, wdeq_floats, this);
+    lay(L, c, B_, rows, wdeq_floats, ex, this);
   }
 };
 
@@ -207,6 +235,25 @@ size_t max_quant_matrix(const ModelWeights& w) {
   return m;
 }
 
+// Exact mode: the norm weights and biases converted to F32 once (the vectors the CPU
+// reference multiplies), followed by the RoPE cos/sin table for every position.
+std::vector<const TensorInfo*> exact_vector_tensors(const ModelWeights& w) {
+  std::vector<const TensorInfo*> out{w.output_norm};
+  for (const auto& l : w.layers) {
+    for (const TensorInfo* t : {l.attn_norm, l.ffn_norm, l.bq, l.bk, l.bv}) out.push_back(t);
+  }
+  return out;
+}
+
+size_t exact_vector_bytes(const ModelWeights& w, const ModelConfig& c, int32_t n_ctx) {
+  size_t total = 0;
+  for (const TensorInfo* t : exact_vector_tensors(w)) {
+    if (t != nullptr) total += align_up(static_cast<size_t>(t->n_elements()) * sizeof(float));
+  }
+  return total +
+         align_up(static_cast<size_t>(n_ctx) * static_cast<size_t>(c.n_rot) * sizeof(float));
+}
+
 size_t kv_bytes(const ModelConfig& c, int32_t n_ctx, bool f32) {
   return align_up(2 * static_cast<size_t>(c.n_layer) * static_cast<size_t>(n_ctx) *
                   static_cast<size_t>(c.n_head_kv * c.head_dim) * (f32 ? 4 : 2));
@@ -251,7 +298,7 @@ class CudaEngine final : public Engine {
     VramUsage u;
     u.weights = weights_.size();
     u.kv_cache = kv_.size();
-    u.scratch = dec_.buf.size() + batch_.buf.size() + samp_.buf.size();
+    u.scratch = dec_.buf.size() + batch_.buf.size() + samp_.buf.size() + exact_vecs_.size();
     return u;
   }
   bool verify_residency() override;
@@ -271,6 +318,11 @@ class CudaEngine final : public Engine {
   void mm(Scratch& s, const kern::WeightView& w, const float* x, float* y, int n, bool acc);
   void forward(Scratch& s, int n);
   void final_logits(Scratch& s, int first_row, int rows);
+  void setup_exact();
+  void mm_exact(Scratch& s, const kern::WeightView& w, const float* x, int cols, int n, float* y,
+                bool acc, bool reuse);
+  void forward_exact(Scratch& s, int n, bool last_only);
+  void final_logits_exact(Scratch& s, int first_row, int n_out, int rows_per_call, float* host_out);
   void decode_body();
   void decode_one(int32_t token);
   void* kc(size_t l) const { return kv_base_ + (2 * l) * kv_layer_bytes_; }
@@ -294,6 +346,17 @@ class CudaEngine final : public Engine {
   kern::VecView out_norm_;
   std::vector<LayerDev> layers_;
   kern::RopeParams rope_;
+
+  // Exact mode (opt_.exact): F32 norm weights / biases and the RoPE table.
+  struct LayerVecs {
+    const float *attn_norm = nullptr, *ffn_norm = nullptr, *bq = nullptr, *bk = nullptr,
+                *bv = nullptr;
+  };
+  DeviceBuffer exact_vecs_;
+  std::vector<LayerVecs> xvec_;
+  const float* out_norm_f32_ = nullptr;
+  const float* rope_table_ = nullptr;
+  kern::exact::AttnShape shape_;
 
   DeviceBuffer kv_;
   uint8_t* kv_base_ = nullptr;
@@ -330,6 +393,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
             std::to_string(cfg_.head_dim) + ", n_rot " + std::to_string(cfg_.n_rot) + ")");
   }
   if (opt_.max_batch < 1) opt_.max_batch = 1;
+  if (opt_.exact) opt_.kv_cache_f32 = true;  // the CPU reference's cache
   if (opt_.upload_chunk_bytes < 4096) opt_.upload_chunk_bytes = 4096;
   n_ctx_ = resolve_ctx(cfg_, ctx_size);
 
@@ -356,12 +420,13 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
 
   upload_weights();
+  if (opt_.exact) setup_exact();
 
   const size_t KD = static_cast<size_t>(cfg_.n_head_kv * cfg_.head_dim);
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
   kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
   kv_base_ = static_cast<uint8_t*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, 0, "decode scratch");
+  dec_.allocate(cfg_, 1, 1, 0, exact_sizes(cfg_, 1, n_ctx_, opt_.exact), "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
   samp_.buf = DeviceBuffer(SampleRegion::bytes(V, n_ctx_, sort_bytes), "sampling scratch");
@@ -471,7 +536,7 @@ kern::VecView CudaEngine::vec(const TensorInfo* t) const {
 bool CudaEngine::verify_residency() {
   std::string why;
   bool ok = true;
-  const DeviceBuffer* fixed[] = {&weights_.buffer(), &kv_, &dec_.buf, &samp_.buf};
+  const DeviceBuffer* fixed[] = {&weights_.buffer(), &kv_, &dec_.buf, &samp_.buf, &exact_vecs_};
   for (const DeviceBuffer* b : fixed) {
     if (*b && !cuda::is_device_resident(b->data(), device_, &why)) {
       ok = false;
@@ -542,11 +607,131 @@ void CudaEngine::final_logits(Scratch& s, int first_row, int rows) {
   kern::matvec(output_, s.xn, s.logits, rows, false, stream_);
 }
 
+void CudaEngine::setup_exact() {
+  const ModelWeights& w = model_->weights;
+  exact_vecs_ = DeviceBuffer(exact_vector_bytes(w, cfg_, n_ctx_), "exact-mode vectors");
+  std::vector<uint8_t> host(exact_vecs_.size());
+  auto* base = static_cast<const uint8_t*>(exact_vecs_.data());
+  std::map<const TensorInfo*, const float*> at;
+  size_t off = 0;
+  for (const TensorInfo* t : exact_vector_tensors(w)) {
+    if (t == nullptr || at.count(t) != 0) continue;
+    auto* dst = reinterpret_cast<float*>(host.data() + off);
+    for (int64_t r = 0; r < t->rows(); ++r) {
+      dequantize_row(t->type, t->row(r), dst + r * t->row_len(), t->row_len());
+    }
+    at[t] = reinterpret_cast<const float*>(base + off);
+    off += align_up(static_cast<size_t>(t->n_elements()) * sizeof(float));
+  }
+  kern::exact::rope_table_host(n_ctx_, static_cast<int>(cfg_.n_rot), rope_.theta_scale,
+                               reinterpret_cast<float*>(host.data() + off));
+  rope_table_ = reinterpret_cast<const float*>(base + off);
+  CUDA_CHECK(cudaMemcpy(exact_vecs_.data(), host.data(), host.size(), cudaMemcpyHostToDevice));
+  auto get = [&](const TensorInfo* t) -> const float* { return t ? at.at(t) : nullptr; };
+  out_norm_f32_ = get(w.output_norm);
+  for (const auto& l : w.layers) {
+    xvec_.push_back({get(l.attn_norm), get(l.ffn_norm), get(l.bq), get(l.bk), get(l.bv)});
+  }
+  shape_.n_head = static_cast<int>(cfg_.n_head);
+  shape_.n_head_kv = static_cast<int>(cfg_.n_head_kv);
+  shape_.head_dim = static_cast<int>(cfg_.head_dim);
+  shape_.n_rot = static_cast<int>(cfg_.n_rot);
+  shape_.neox = cfg_.rope_neox;
+}
+
+// Rows r.. of an exact matmul input rounded for weight type `type`, `cols` wide.
+kern::exact::ActBuf act_rows(const kern::exact::ActBuf& a, uint32_t type, int cols, int r) {
+  const auto t = static_cast<GgmlType>(type);
+  const size_t R = static_cast<size_t>(r), C = static_cast<size_t>(cols);
+  const bool qk = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+  kern::exact::ActBuf o = a;
+  o.f = a.f + R * C;
+  o.q = a.q + R * C;
+  o.d = a.d + R * (qk ? C / 256 : C / 32);
+  o.bsum = a.bsum + R * (C / 16);
+  return o;
+}
+
+// y = W x for n rows of x (cols wide), as one batch of the CPU reference's matmul. `reuse`:
+// x is what the previous call rounded (Q, K and V; gate and up), so a weight of the same
+// type reuses that rounding.
+void CudaEngine::mm_exact(Scratch& s, const kern::WeightView& w, const float* x, int cols, int n,
+                          float* y, bool acc, bool reuse) {
+  if (!reuse || s.act_type != w.type) {
+    kern::exact::quantize_act(w.type, x, n, cols, s.act, stream_);
+    s.act_type = w.type;
+  }
+  kern::exact::matmul(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
+}
+
+// CpuEngine::eval's sequence, op for op. last_only: the last layer's FFN runs for the last
+// row only (the reference keeps only the output rows there, and with one row its matmuls
+// take the one-token order).
+void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
+  namespace ex = kern::exact;
+  const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
+            F = static_cast<int>(cfg_.n_ff);
+  kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const LayerDev& L = layers_[il];
+    const LayerVecs& V = xvec_[il];
+    auto* kcache = static_cast<float*>(kc(il));
+    auto* vcache = static_cast<float*>(vc(il));
+    ex::rmsnorm(s.x, V.attn_norm, s.xn, n, E, cfg_.norm_eps, stream_);
+    mm_exact(s, L.wq, s.xn, E, n, s.q, false, false);
+    mm_exact(s, L.wk, s.xn, E, n, s.k, false, true);
+    mm_exact(s, L.wv, s.xn, E, n, s.v, false, true);
+    ex::bias_rope_store(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io, kcache,
+                        vcache, stream_);
+    ex::attention(s.q, kcache, vcache, s.att, n, shape_, n_ctx_, s.io, s.attn_scr, stream_);
+    mm_exact(s, L.wo, s.att, QD, n, s.x, true, false);  // x += Wo att
+    const int r0 = (last_only && il + 1 == layers_.size()) ? n - 1 : 0;
+    const int nr = n - r0;
+    float* xr = s.x + static_cast<size_t>(r0) * static_cast<size_t>(E);
+    ex::rmsnorm(xr, V.ffn_norm, s.xn, nr, E, cfg_.norm_eps, stream_);
+    mm_exact(s, L.gate, s.xn, E, nr, s.g, false, false);
+    mm_exact(s, L.up, s.xn, E, nr, s.u, false, true);
+    ex::swiglu(s.g, s.u, nr, F, stream_);
+    mm_exact(s, L.down, s.g, F, nr, xr, true, false);  // x += Wdown act
+  }
+}
+
+// Logits of rows first_row .. first_row + n_out - 1 of s.x: the final norm and the LM head
+// as one batch of n_out rows (its order depends on n_out), computed rows_per_call rows at a
+// time into s.logits; each piece is copied to host_out + r * vocab (when given) before the
+// next overwrites it (same stream).
+void CudaEngine::final_logits_exact(Scratch& s, int first_row, int n_out, int rows_per_call,
+                                    float* host_out) {
+  namespace ex = kern::exact;
+  const int E = static_cast<int>(cfg_.n_embd);
+  const size_t V = static_cast<size_t>(cfg_.vocab_size);
+  ex::rmsnorm(s.x + static_cast<size_t>(first_row) * static_cast<size_t>(E), out_norm_f32_, s.xn,
+              n_out, E, cfg_.norm_eps, stream_);
+  ex::quantize_act(output_.type, s.xn, n_out, E, s.act, stream_);
+  s.act_type = output_.type;
+  for (int r = 0; r < n_out; r += rows_per_call) {
+    const int rows = std::min(rows_per_call, n_out - r);
+    ex::matmul(output_, act_rows(s.act, output_.type, E, r), rows, ex::BatchOrder{n_out, r},
+               s.logits, false, stream_);
+    if (host_out != nullptr) {
+      CUDA_CHECK(cudaMemcpyAsync(host_out + static_cast<size_t>(r) * V, s.logits,
+                                 sizeof(float) * V * static_cast<size_t>(rows),
+                                 cudaMemcpyDeviceToHost, stream_));
+    }
+    d_last_ = s.logits + static_cast<size_t>(rows - 1) * V;
+  }
+}
+
 void CudaEngine::decode_body() {
   CUDA_CHECK(cudaMemcpyAsync(dec_.io, pin_io_.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
                              stream_));
-  forward(dec_, 1);
-  final_logits(dec_, 0, 1);
+  if (opt_.exact) {
+    forward_exact(dec_, 1, true);
+    final_logits_exact(dec_, 0, 1, 1, nullptr);
+  } else {
+    forward(dec_, 1);
+    final_logits(dec_, 0, 1);
+  }
 }
 
 void CudaEngine::decode_one(int32_t token) {
@@ -595,9 +780,10 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     const int B = std::max(1, std::min(opt_.max_batch, n_ctx_));
     batch_.buf.reset();
     batch_.B = 0;
-    batch_.allocate(cfg_, B, std::min(B, kLogitRows),
-                    B >= opt_.gemm_min_tokens ? max_quant_matrix(model_->weights) : 0,
-                    "prefill scratch");
+    batch_.allocate(
+        cfg_, B, std::min(B, kLogitRows),
+        !opt_.exact && B >= opt_.gemm_min_tokens ? max_quant_matrix(model_->weights) : 0,
+        exact_sizes(cfg_, B, n_ctx_, opt_.exact), "prefill scratch");
     std::string why;
     if (!cuda::is_device_resident(batch_.buf.data(), device_, &why)) {
       throw WorkerError(ErrorCode::CudaError, "prefill scratch not in VRAM: " + why);
@@ -612,19 +798,30 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     std::memcpy(io + 1, tokens.data() + off, sizeof(int32_t) * static_cast<size_t>(m));
     CUDA_CHECK(cudaMemcpyAsync(batch_.io, io, sizeof(int32_t) * (static_cast<size_t>(m) + 1),
                                cudaMemcpyHostToDevice, stream_));
-    forward(batch_, m);
-    if (all_logits) {
-      for (int r = 0; r < m; r += batch_.logit_rows) {
-        const int rows = std::min(batch_.logit_rows, m - r);
-        final_logits(batch_, r, rows);
-        CUDA_CHECK(cudaMemcpyAsync(all_host_.data() + (static_cast<size_t>(off) + r) * V,
-                                   batch_.logits, sizeof(float) * V * static_cast<size_t>(rows),
-                                   cudaMemcpyDeviceToHost, stream_));
-        d_last_ = batch_.logits + static_cast<size_t>(rows - 1) * V;
+    if (opt_.exact) {
+      // Earlier chunks' last-layer FFN outputs are never read: only their KV entries are.
+      forward_exact(batch_, m, !all_logits);
+      if (all_logits) {
+        final_logits_exact(batch_, 0, m, batch_.logit_rows,
+                           all_host_.data() + static_cast<size_t>(off) * V);
+      } else if (off + m == n) {
+        final_logits_exact(batch_, m - 1, 1, 1, nullptr);
       }
-    } else if (off + m == n) {
-      final_logits(batch_, m - 1, 1);
-      d_last_ = batch_.logits;
+    } else {
+      forward(batch_, m);
+      if (all_logits) {
+        for (int r = 0; r < m; r += batch_.logit_rows) {
+          const int rows = std::min(batch_.logit_rows, m - r);
+          final_logits(batch_, r, rows);
+          CUDA_CHECK(cudaMemcpyAsync(all_host_.data() + (static_cast<size_t>(off) + r) * V,
+                                     batch_.logits, sizeof(float) * V * static_cast<size_t>(rows),
+                                     cudaMemcpyDeviceToHost, stream_));
+          d_last_ = batch_.logits + static_cast<size_t>(rows - 1) * V;
+        }
+      } else if (off + m == n) {
+        final_logits(batch_, m - 1, 1);
+        d_last_ = batch_.logits;
+      }
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
@@ -699,12 +896,16 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   const int V = static_cast<int>(c.vocab_size);
   const int B = std::max(1, std::min(options.max_batch, n_ctx));
   VramUsage u;
+  const bool ex = options.exact;
   u.weights = weights_bytes(model.weights);
-  u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
-  u.scratch = Scratch::bytes(c, 1, 1, 0) +
-              Scratch::bytes(c, B, std::min(B, kLogitRows),
-                             B >= options.gemm_min_tokens ? max_quant_matrix(model.weights) : 0) +
-              SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V));
+  u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32 || ex);
+  u.scratch =
+      Scratch::bytes(c, 1, 1, 0, exact_sizes(c, 1, n_ctx, ex)) +
+      Scratch::bytes(c, B, std::min(B, kLogitRows),
+                     !ex && B >= options.gemm_min_tokens ? max_quant_matrix(model.weights) : 0,
+                     exact_sizes(c, B, n_ctx, ex)) +
+      SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
+      (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
   return u;
 }
 

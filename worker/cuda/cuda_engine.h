@@ -20,6 +20,13 @@ struct CudaEngineOptions {
   // use FP32 to compare the kernels with the CPU reference (FP32 cache) without the cache
   // rounding, which activation quantization (Q8_0/Q8_K, as llama.cpp) amplifies.
   bool kv_cache_f32 = false;
+  // Exact numerics (the default): every op computes bit for bit the floats of the CPU
+  // reference (and so of llama.cpp's CPU backend) with the kernels of kernels/exact.cuh, over
+  // an FP32 KV cache (the reference's); logits and greedy continuations equal the CPU
+  // backend's. false: the fast kernels (FP16 KV cache unless kv_cache_f32, cuBLAS prefill),
+  // whose sums run in other orders, so their logits differ from the reference in the last
+  // bits (bounds in worker/cuda/tests/cuda_engine_test.cpp).
+  bool exact = true;
 };
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                          int gpu_device, const CudaEngineOptions& options);

@@ -8,13 +8,16 @@
 namespace worker {
 
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<const Model> model,
-                                    int32_t ctx_size, int gpu_device) {
+                                    int32_t ctx_size, int gpu_device, bool fast_numerics) {
   if (backend == "cpu") return make_cpu_engine(std::move(model), ctx_size);
   if (backend == "cuda") {
 #ifdef WORKER_HAVE_CUDA
-    return make_cuda_engine(std::move(model), ctx_size, gpu_device);
+    CudaEngineOptions opt;
+    opt.exact = !fast_numerics;
+    return make_cuda_engine(std::move(model), ctx_size, gpu_device, opt);
 #else
     (void)gpu_device;
+    (void)fast_numerics;
     throw WorkerError(ErrorCode::CudaError,
                       "this worker was built without the CUDA backend; use --backend cpu "
                       "explicitly or rebuild with CUDA");

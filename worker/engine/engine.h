@@ -80,6 +80,7 @@ void check_eval_input(std::span<const int32_t> tokens, int32_t n_past, int32_t n
 // Backend factory. backend = "cpu" | "cuda"; throws WorkerError with a clear message
 // (no silent fallback, D4). ctx_size 0 = the model's training context (capped at 32768).
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<const Model> model,
-                                    int32_t ctx_size, int gpu_device = 0);
+                                    int32_t ctx_size, int gpu_device = 0,
+                                    bool fast_numerics = false);
 
 }  // namespace worker

@@ -43,6 +43,8 @@ options:
   --gpu-device N, --gpu N    CUDA device index (default 0)
   --worker-id UUID           worker id (default: a generated UUID v4)
   --backend cuda|cpu         inference backend (default cuda; no fallback)
+  --numerics exact|fast      cuda: exact = the CPU reference's logits bit for bit (default),
+                             fast = other summation orders, FP16 KV cache
   --ctx-size N               KV cache context size (default: the model's, capped at 32768)
   --queue-depth N            waiting jobs admitted before 503 WORKER_BUSY (default 16)
   --inference-timeout-sec S  per-job limit in seconds (fractions allowed), then INFERENCE_TIMEOUT (default 300)
@@ -119,6 +121,10 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.backend = value();
       if (o.backend != "cuda" && o.backend != "cpu")
         throw std::invalid_argument("--backend must be cuda or cpu, got '" + o.backend + "'");
+    } else if (a == "--numerics") {
+      o.numerics = value();
+      if (o.numerics != "exact" && o.numerics != "fast")
+        throw std::invalid_argument("--numerics must be exact or fast, got '" + o.numerics + "'");
     } else if (a == "--ctx-size") {
       o.ctx_size = parse_int<int32_t>(a, value(), 0, 1 << 20);
     } else if (a == "--queue-depth") {

@@ -15,6 +15,9 @@ struct CliOptions {
   std::string worker_id;  // generated (v4) when absent
   bool worker_id_generated = false;
   std::string backend = "cuda";
+  // cuda backend: "exact" (the CPU reference's floats bit for bit) or "fast" (see
+  // CudaEngineOptions::exact)
+  std::string numerics = "exact";
   int32_t ctx_size = 0;  // 0: the model's training context
   size_t queue_depth = 16;
   double inference_timeout_sec = 300;  // fractions allowed (tests use sub-second limits)

@@ -151,7 +151,7 @@ int worker_main(int argc, char** argv) {
     log::info("model_load_progress", {{"percent", 25}});
     tok = make_tokenizer(*model->file, opt.tokenizer);
     log::info("model_load_progress", {{"percent", 50}});
-    engine = make_engine(opt.backend, model, opt.ctx_size, opt.gpu_device);
+    engine = make_engine(opt.backend, model, opt.ctx_size, opt.gpu_device, opt.numerics == "fast");
     log::info("model_load_progress", {{"percent", 75}});
   } catch (const WorkerError& e) {
     http.stop();

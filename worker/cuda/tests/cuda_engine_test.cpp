@@ -26,6 +26,7 @@
 #include "engine/cpu/cpu_engine.h"
 #include "engine/sampler.h"
 #include "engine/tests/test_paths.h"
+#include "exact.cuh"
 #include "gguf/model_config.h"
 #include "gpu_test_util.h"
 
@@ -172,22 +173,113 @@ TEST(CudaEngine, Stories260KReproducesReferenceIds) {
   const auto prompt = ref["prompt_tokens"].get<std::vector<int32_t>>();
   const auto want = ref["generated_tokens"].get<std::vector<int32_t>>();
   auto model = load_model(stories_path());
-  for (bool graph : {true, false}) {
-    CudaEngineOptions opt;
-    opt.use_graph = graph;
-    auto e = make_cuda_engine(model, 512, 0, opt);
-    SamplingParams greedy;
-    greedy.temperature = 0.0f;
-    const auto got = generate_ids(*e, prompt, static_cast<int>(want.size()), greedy);
-    EXPECT_EQ(got, want) << "graph=" << graph;
+  for (bool exact : {true, false}) {
+    for (bool graph : {true, false}) {
+      CudaEngineOptions opt;
+      opt.use_graph = graph;
+      opt.exact = exact;
+      auto e = make_cuda_engine(model, 512, 0, opt);
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      const auto got = generate_ids(*e, prompt, static_cast<int>(want.size()), greedy);
+      EXPECT_EQ(got, want) << "graph=" << graph << " exact=" << exact;
+    }
   }
 }
 
-// Whole-model parity with the CPU reference on every generated fixture (all weight types,
-// qwen2 and llama): per-position log-softmax over the whole vocabulary for a prefill
-// (cuBLAS) and for every decode step, and greedy 64-token continuations, each backend with
-// its own sampler. `bound(type)` is the documented max |d log-softmax|; a greedy
-// divergence is accepted only where the CPU's two candidates are closer than that bound.
+// Floats that differ bit for bit between a and b; the first one is described in `first`.
+size_t count_bit_differences(std::span<const float> a, std::span<const float> b,
+                             std::string* first) {
+  size_t n = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], sizeof(float)) != 0) {
+      if (n == 0 && first != nullptr) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "logit %zu: cpu %a (%.9g), gpu %a (%.9g)", i,
+                      static_cast<double>(a[i]), static_cast<double>(a[i]),
+                      static_cast<double>(b[i]), static_cast<double>(b[i]));
+        *first = buf;
+      }
+      ++n;
+    }
+  }
+  return n + (a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
+}
+
+// The product's default numerics (CudaEngineOptions::exact): on every generated fixture (all
+// eight weight types, qwen2 and llama, GQA 1/2/7) and on stories260K, the logits of every
+// prompt position and of every one of 64 greedy decode steps are the CPU reference's bit for
+// bit, so the greedy continuations are identical. The 27-token prompt takes the batch orders
+// (tinyBLAS, repack gemm for 24 tokens and gemv for the last 3); decode the one-token orders
+// and the CUDA graph.
+// REQ: M0-W-1201 M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2 WRK-D15
+TEST(CudaEngine, ExactParityWithCpuReferenceBitForBit) {
+  REQUIRE_GPU();
+  auto models = generated_models();
+  ASSERT_FALSE(models.empty()) << "no generated fixtures in " << generated_fixtures()
+                               << " (run fixtures/generate_all.sh)";
+  models.push_back(stories_path());
+  int failed = 0;
+  for (const auto& path : models) {
+    SCOPED_TRACE(path);
+    const std::string name = fs::path(path).filename().string();
+    auto model = load_model(path);
+    auto cpu = make_cpu_engine(model, 256);
+    auto gpu = make_cuda_engine(model, 256, 0);  // defaults: exact
+    const auto prompt = random_prompt(27, model->config.vocab_size, 42);
+    cpu->eval(prompt, true);
+    gpu->eval(prompt, true);
+    size_t diff = 0, compared = 0;
+    std::string first, where;
+    for (size_t i = 0; i < prompt.size(); ++i) {
+      std::string f;
+      const size_t d = count_bit_differences(cpu->logits_at(i), gpu->logits_at(i), &f);
+      if (d > 0 && first.empty()) {
+        first = f;
+        where = "prompt position " + std::to_string(i);
+      }
+      diff += d;
+      compared += cpu->logits_at(i).size();
+    }
+    std::vector<int32_t> hc, hg;
+    std::mt19937_64 rc(1), rg(1);
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    int steps = 0;
+    for (; steps < 64; ++steps) {
+      const int32_t a = sample_logits(cpu->logits(), greedy, hc, rc);
+      const int32_t b = gpu->sample(greedy, hg, rg);
+      hc.push_back(a);
+      hg.push_back(b);
+      if (a != b) break;
+      cpu->eval(std::span<const int32_t>(&a, 1));
+      gpu->eval(std::span<const int32_t>(&b, 1));
+      std::string f;
+      const size_t d = count_bit_differences(cpu->logits(), gpu->logits(), &f);
+      if (d > 0 && first.empty()) {
+        first = f;
+        where = "decode step " + std::to_string(steps);
+      }
+      diff += d;
+      compared += cpu->logits().size();
+    }
+    EXPECT_EQ(hc, hg) << "greedy continuations differ";
+    EXPECT_EQ(diff, 0u) << "first difference at " << where << ": " << first;
+    if (diff != 0 || hc != hg) ++failed;
+    std::printf("[exact] %-26s %zu logits compared, %zu differ%s%s; greedy %s\n", name.c_str(),
+                compared, diff, first.empty() ? "" : " (first at ",
+                first.empty() ? "" : (where + ": " + first + ")").c_str(),
+                hc == hg ? "identical" : "DIVERGED");
+  }
+  std::printf("[exact] %zu models, %d not bit-identical\n", models.size(), failed);
+}
+
+// The fast kernels (CudaEngineOptions::exact = false) against the CPU reference on every
+// generated fixture (all weight types, qwen2 and llama): per-position log-softmax over the
+// whole vocabulary for a prefill (cuBLAS) and for every decode step, and greedy 64-token
+// continuations, each backend with its own sampler. `bound(type)` is the documented max |d
+// log-softmax|; a greedy divergence is accepted only where the CPU's two candidates are closer than
+// that bound.
 void run_parity(bool kv_f32, double (*bound)(const std::string& type)) {
   const auto models = generated_models();
   ASSERT_FALSE(models.empty()) << "no generated fixtures in " << generated_fixtures()
@@ -203,6 +295,7 @@ void run_parity(bool kv_f32, double (*bound)(const std::string& type)) {
     auto model = load_model(path);
     auto cpu = make_cpu_engine(model, 256);
     CudaEngineOptions opt;
+    opt.exact = false;
     opt.kv_cache_f32 = kv_f32;
     auto gpu = make_cuda_engine(model, 256, 0, opt);
     const auto prompt = random_prompt(24, model->config.vocab_size, 42);
@@ -267,15 +360,15 @@ double parity_bound(const std::string& type) {
 
 // FP32 KV cache (as the CPU reference): what remains is the rounding amplification above.
 // REQ: M0-W-1201 M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2
-TEST(CudaEngine, ParityWithCpuReferenceFp32KvCache) {
+TEST(CudaEngine, FastKernelsParityWithCpuReferenceFp32KvCache) {
   REQUIRE_GPU();
   run_parity(true, parity_bound);
 }
 
-// The product (FP16 KV cache, M0-W-1201): the 2e-2 for F32/F16 weights; the cache
-// rounding (~1e-3) adds to the amplification for the others.
+// The fast kernels with their FP16 KV cache (M0-W-1201): the 2e-2 holds for F32/F16
+// weights; the cache rounding (~1e-3) adds to the amplification for the others.
 // REQ: M0-W-1201 M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2
-TEST(CudaEngine, ParityWithCpuReferenceFp16KvCache) {
+TEST(CudaEngine, FastKernelsParityWithCpuReferenceFp16KvCache) {
   REQUIRE_GPU();
   run_parity(false, [](const std::string& type) {
     if (type == "f32" || type == "f16") return 2e-2;
@@ -317,29 +410,33 @@ TEST(CudaEngine, ReproducibleByRepetition) {
       picks.push_back(m);
   }
   for (const auto& path : picks) {
-    SCOPED_TRACE(path);
-    auto model = load_model(path);
-    auto e = make_cuda_engine(model, 256, 0);
-    const auto prompt = random_prompt(20, model->config.vocab_size, 7);
-    SamplingParams greedy;
-    greedy.temperature = 0.0f;
-    SamplingParams warm{0.7f, 1.0f, 0, 0.0f, 1.0f, 42};
-    EXPECT_EQ(generate_ids(*e, prompt, 48, greedy), generate_ids(*e, prompt, 48, greedy));
-    EXPECT_EQ(generate_ids(*e, prompt, 48, warm), generate_ids(*e, prompt, 48, warm));
-    // bitwise logits, graph vs no graph
-    CudaEngineOptions nog;
-    nog.use_graph = false;
-    auto e2 = make_cuda_engine(model, 256, 0, nog);
-    e->reset();
-    e->eval(prompt);
-    e2->eval(prompt);
-    for (int i = 0; i < 16; ++i) {
-      const auto a = e->logits();
-      const auto b = e2->logits();
-      ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size_bytes())) << "step " << i;
-      const int32_t t = argmax(a);
-      e->eval(std::span<const int32_t>(&t, 1));
-      e2->eval(std::span<const int32_t>(&t, 1));
+    for (bool exact : {true, false}) {
+      SCOPED_TRACE(path + (exact ? " (exact)" : " (fast)"));
+      auto model = load_model(path);
+      CudaEngineOptions mode;
+      mode.exact = exact;
+      auto e = make_cuda_engine(model, 256, 0, mode);
+      const auto prompt = random_prompt(20, model->config.vocab_size, 7);
+      SamplingParams greedy;
+      greedy.temperature = 0.0f;
+      SamplingParams warm{0.7f, 1.0f, 0, 0.0f, 1.0f, 42};
+      EXPECT_EQ(generate_ids(*e, prompt, 48, greedy), generate_ids(*e, prompt, 48, greedy));
+      EXPECT_EQ(generate_ids(*e, prompt, 48, warm), generate_ids(*e, prompt, 48, warm));
+      // bitwise logits, graph vs no graph
+      CudaEngineOptions nog = mode;
+      nog.use_graph = false;
+      auto e2 = make_cuda_engine(model, 256, 0, nog);
+      e->reset();
+      e->eval(prompt);
+      e2->eval(prompt);
+      for (int i = 0; i < 16; ++i) {
+        const auto a = e->logits();
+        const auto b = e2->logits();
+        ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size_bytes())) << "step " << i;
+        const int32_t t = argmax(a);
+        e->eval(std::span<const int32_t>(&t, 1));
+        e2->eval(std::span<const int32_t>(&t, 1));
+      }
     }
   }
 }
@@ -377,7 +474,14 @@ TEST(CudaEngine, ChunkedUploadAndVramAccounting) {
       add(t);
   EXPECT_EQ(u.weights, want_w);
   const auto& c = model->config;
-  EXPECT_EQ(u.kv_cache, cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 2));
+  // exact numerics (the default) keep the reference's FP32 cache; the fast kernels FP16
+  EXPECT_EQ(u.kv_cache, cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 4));
+  {
+    CudaEngineOptions fast;
+    fast.exact = false;
+    EXPECT_EQ(cuda_engine_vram_estimate(*model, 128, fast).kv_cache,
+              cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 2));
+  }
   EXPECT_GT(u.scratch, 0u);
   // The device really lost at least what the engine reports; cuBLAS's handle and module
   // loading add a few tens of MiB that no engine buffer owns.
@@ -440,70 +544,84 @@ TEST(CudaEngine, InsufficientVramFailsFastWithBytes) {
 // load, generate, and the VRAM the engine reports (what /health shows as vram_bytes_used)
 // is within 5% of an expected total computed here independently of the engine:
 //   weights: the sum of the GGUF's tensor sizes (stored format, no FP32 copy);
-//   KV cache: 2 (K,V) x n_layer x n_ctx x n_head_kv x head_dim x 2 bytes (FP16);
+//   KV cache: 2 (K,V) x n_layer x n_ctx x n_head_kv x head_dim x 4 bytes (FP32, exact
+//   numerics) or 2 bytes (FP16, the fast kernels);
 //   scratch: FP32 activations of one 512-token prefill chunk (x, normed x, q, attention
 //   out, k, v, gate, up and one low-precision copy of the widest row), 32 rows of FP32
-//   logits, the sampling buffers (4 arrays of n_vocab 4-byte values) and, for quantized
-//   weights, one FP32-dequantized layer matrix (the largest) for the cuBLAS prefill.
+//   logits, the sampling buffers (4 arrays of n_vocab 4-byte values); exact: the rounded
+//   matmul input of the widest 512 rows (FP32 + int8 + scales + sums), the attention's
+//   probabilities and the RoPE table; fast, quantized weights: one FP32-dequantized layer
+//   matrix (the largest) for the cuBLAS prefill.
 // The device must also really have lost at least the reported bytes (cudaMemGetInfo).
 // REQ: M0-W-1011 M0-W-1220 M0-W-1222 M0-W-1012
 TEST(CudaEngine, Qwen05BShapedFixturesLoadGenerateAndReportVram) {
   REQUIRE_GPU();
-  for (const char* name : {"qwen2-0.5b-f16.gguf", "qwen2-0.5b-q4_k_m.gguf"}) {
-    SCOPED_TRACE(name);
-    const std::string path = generated_fixtures() + "/" + name;
-    ASSERT_TRUE(fs::is_regular_file(path))
-        << "missing " << path << " (run fixtures/generate_all.sh --big)";
-    auto model = load_model(path);
-    const auto& c = model->config;
-    ASSERT_EQ(c.n_embd, 896);
-    ASSERT_EQ(c.n_layer, 24);
-    constexpr int32_t kCtx = 1024;
-    auto ctx = cuda::CudaContext::acquire(0);
-    size_t free0 = 0, free1 = 0, total = 0;
-    ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
-    auto e = make_cuda_engine(model, kCtx, 0);
-    // Generation: a 64-token prompt (prefill path) then 32 greedy ids (decode graph).
-    const auto prompt = random_prompt(64, c.vocab_size, 11);
-    const auto ids = generate_ids(*e, prompt, 32, SamplingParams{0.0f, 1.0f, 0, 0.0f, 1.0f, 0});
-    ASSERT_EQ(ids.size(), 32u);
-    for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < c.vocab_size) << id;
-    EXPECT_EQ(e->n_past(), 64 + 31);
-    const auto l = e->logits();
-    for (float v : l) ASSERT_TRUE(std::isfinite(v));
-    EXPECT_TRUE(e->verify_residency());
-    EXPECT_TRUE(e->info().resident);
-    ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
+  for (const bool exact : {true, false})
+    for (const char* name : {"qwen2-0.5b-f16.gguf", "qwen2-0.5b-q4_k_m.gguf"}) {
+      SCOPED_TRACE(std::string(name) + (exact ? " (exact)" : " (fast)"));
+      CudaEngineOptions mode;
+      mode.exact = exact;
+      const std::string path = generated_fixtures() + "/" + name;
+      ASSERT_TRUE(fs::is_regular_file(path))
+          << "missing " << path << " (run fixtures/generate_all.sh --big)";
+      auto model = load_model(path);
+      const auto& c = model->config;
+      ASSERT_EQ(c.n_embd, 896);
+      ASSERT_EQ(c.n_layer, 24);
+      constexpr int32_t kCtx = 1024;
+      auto ctx = cuda::CudaContext::acquire(0);
+      size_t free0 = 0, free1 = 0, total = 0;
+      ASSERT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+      auto e = make_cuda_engine(model, kCtx, 0, mode);
+      // Generation: a 64-token prompt (prefill path) then 32 greedy ids (decode graph).
+      const auto prompt = random_prompt(64, c.vocab_size, 11);
+      const auto ids = generate_ids(*e, prompt, 32, SamplingParams{0.0f, 1.0f, 0, 0.0f, 1.0f, 0});
+      ASSERT_EQ(ids.size(), 32u);
+      for (int32_t id : ids) ASSERT_TRUE(id >= 0 && id < c.vocab_size) << id;
+      EXPECT_EQ(e->n_past(), 64 + 31);
+      const auto l = e->logits();
+      for (float v : l) ASSERT_TRUE(std::isfinite(v));
+      EXPECT_TRUE(e->verify_residency());
+      EXPECT_TRUE(e->info().resident);
+      ASSERT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);
 
-    double weights = 0;
-    size_t max_quant = 0;
-    for (const auto& t : model->file->tensors()) {
-      weights += static_cast<double>(t.nbytes);
-      const bool layer = t.name.rfind("blk.", 0) == 0;
-      const bool float_type =
-          t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
-      if (layer && !float_type)
-        max_quant = std::max(max_quant, static_cast<size_t>(t.n_elements()));
+      double weights = 0;
+      size_t max_quant = 0;
+      for (const auto& t : model->file->tensors()) {
+        weights += static_cast<double>(t.nbytes);
+        const bool layer = t.name.rfind("blk.", 0) == 0;
+        const bool float_type =
+            t.type == GgmlType::F32 || t.type == GgmlType::F16 || t.type == GgmlType::BF16;
+        if (layer && !float_type)
+          max_quant = std::max(max_quant, static_cast<size_t>(t.n_elements()));
+      }
+      const double E = c.n_embd, QD = c.n_head * c.head_dim, KD = c.n_head_kv * c.head_dim,
+                   F = c.n_ff, V = static_cast<double>(c.vocab_size);
+      const double kv = 2.0 * c.n_layer * kCtx * KD * (exact ? 4 : 2);
+      const double widest = std::max({E, QD, F});
+      double scratch = 4.0 * (512 * (2 * E + 2 * QD + 2 * KD + 2 * F + widest) + 32 * V + 4 * V);
+      if (exact) {
+        scratch += 512 * widest * (4 + 1 + 4.0 / 32 + 4.0 / 16) +
+                   4.0 * static_cast<double>(kern::exact::attention_scratch_floats(
+                             kCtx, 512, static_cast<int>(c.n_head))) +
+                   4.0 * kCtx * static_cast<double>(c.n_rot);
+      } else {
+        scratch += 4.0 * static_cast<double>(max_quant);
+      }
+      const double expected = weights + kv + scratch;
+      const VramUsage u = e->vram();
+      const double reported = static_cast<double>(u.total());
+      std::printf(
+          "%s: reported %.1f MiB (weights %.1f, KV %.1f, scratch %.1f); expected %.1f MiB "
+          "(weights %.1f, KV %.1f, scratch %.1f); device lost %.1f MiB\n",
+          name, reported / 1048576, u.weights / 1048576.0, u.kv_cache / 1048576.0,
+          u.scratch / 1048576.0, expected / 1048576, weights / 1048576, kv / 1048576,
+          scratch / 1048576, static_cast<double>(free0 - free1) / 1048576);
+      EXPECT_LE(std::fabs(reported - expected), 0.05 * expected);
+      EXPECT_LE(std::fabs(static_cast<double>(u.weights) - weights), 0.01 * weights);
+      EXPECT_GE(static_cast<double>(free0 - free1), reported);
+      EXPECT_LE(static_cast<double>(free0 - free1), reported + (128ull << 20));
     }
-    const double E = c.n_embd, QD = c.n_head * c.head_dim, KD = c.n_head_kv * c.head_dim,
-                 F = c.n_ff, V = static_cast<double>(c.vocab_size);
-    const double kv = 2.0 * c.n_layer * kCtx * KD * 2;
-    const double scratch = 4.0 * (512 * (2 * E + 2 * QD + 2 * KD + 2 * F + std::max({E, QD, F})) +
-                                  32 * V + 4 * V + static_cast<double>(max_quant));
-    const double expected = weights + kv + scratch;
-    const VramUsage u = e->vram();
-    const double reported = static_cast<double>(u.total());
-    std::printf(
-        "%s: reported %.1f MiB (weights %.1f, KV %.1f, scratch %.1f); expected %.1f MiB "
-        "(weights %.1f, KV %.1f, scratch %.1f); device lost %.1f MiB\n",
-        name, reported / 1048576, u.weights / 1048576.0, u.kv_cache / 1048576.0,
-        u.scratch / 1048576.0, expected / 1048576, weights / 1048576, kv / 1048576,
-        scratch / 1048576, static_cast<double>(free0 - free1) / 1048576);
-    EXPECT_LE(std::fabs(reported - expected), 0.05 * expected);
-    EXPECT_LE(std::fabs(static_cast<double>(u.weights) - weights), 0.01 * weights);
-    EXPECT_GE(static_cast<double>(free0 - free1), reported);
-    EXPECT_LE(static_cast<double>(free0 - free1), reported + (128ull << 20));
-  }
 }
 
 // A prefill that cannot get its scratch fails with VRAM_OOM and leaves the engine usable.

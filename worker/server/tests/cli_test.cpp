@@ -66,6 +66,9 @@ TEST(ServerCli, AllOptionsParse) {
   EXPECT_EQ(o.log_logits, "/l.jsonl");
   EXPECT_EQ(o.callback_url, "http://127.0.0.1:1/ready");
   EXPECT_EQ(parse({"--model", "m", "--gpu-device", "2"}).gpu_device, 2);
+  EXPECT_EQ(parse({"--model", "m"}).numerics, "exact");
+  EXPECT_EQ(parse({"--model", "m", "--numerics", "fast"}).numerics, "fast");
+  EXPECT_EQ(parse({"--model", "m", "--numerics=exact"}).numerics, "exact");
 }
 
 // REQ: WRK-D13 M0-W-1100 M0-W-1111 WRK-D4
@@ -77,6 +80,7 @@ TEST(ServerCli, BadValuesAreRejected) {
   EXPECT_THROW(parse({"--model", "m", "--port", "80x"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--worker-id", "not-a-uuid"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--backend", "auto"}), std::invalid_argument);
+  EXPECT_THROW(parse({"--model", "m", "--numerics", "approximate"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--frobnicate"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--queue-depth", "-3"}), std::invalid_argument);
   EXPECT_THROW(parse({"--model", "m", "--ctx-size", "abc"}), std::invalid_argument);
