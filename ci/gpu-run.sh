@@ -6,7 +6,7 @@
 #
 #   ci/gpu-run.sh --bin DIR [--results DIR] [--report FILE] [--no-sanitize] [--skip-fixtures]
 #
-# DIR holds kernel_tests, cuda_error_tests, cuda_engine_tests and optionally decode_bench, worker-orcd and
+# DIR holds kernel_tests, exact_{float,quant,ops}_tests, cuda_error_tests, cuda_engine_tests and optionally decode_bench, worker-orcd and
 # conformance runners (any executable named conformance_*; each runs with
 # WORKER_BACKEND=cuda against $DIR/worker-orcd). BENCH_MODELS names the benchmark models. gtest XML goes to --results
 # (default reports/gpu-results). Fixtures: $WORKER_SHARED_FIXTURES (stories260K) and
@@ -64,6 +64,7 @@ run_gtest() {  # run_gtest NAME [extra args]
   say "$name: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$results/$name.log" | tr '\n' ' ')"
 }
 run_gtest kernel_tests
+for t in exact_float_tests exact_quant_tests exact_ops_tests; do run_gtest $t; done  # bit for bit vs the CPU
 run_gtest cuda_error_tests  # error mapping + the context teardown (M0-W-1401, 1501)
 # The startup test of cuda_engine_tests runs the real worker: the copy beside the tests.
 [ -x "$bin/worker-orcd" ] && export WORKER_ORCD_BIN="$bin/worker-orcd"
@@ -79,6 +80,12 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 3 \
       "$bin/kernel_tests" --gtest_filter="$filter" > "$results/sanitizer-$tool.log" 2>&1
     rc=$?
+    # the exact kernels, every test (their shapes are small)
+    for t in exact_float_tests exact_quant_tests exact_ops_tests; do
+      [ -x "$bin/$t" ] || continue
+      timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 3 \
+        "$bin/$t" >> "$results/sanitizer-$tool.log" 2>&1 || rc=$?
+    done
     unset WORKER_KERNEL_TEST_QUICK
     [ $rc = 0 ] || status=1
     say "compute-sanitizer $tool: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$results/sanitizer-$tool.log" | tr '\n' ' ')"
