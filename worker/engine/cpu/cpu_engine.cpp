@@ -23,6 +23,7 @@
 
 #include "common/errors.h"
 #include "engine/cpu/act_quant.h"
+#include "engine/cpu/cpu_ops.h"
 
 namespace worker {
 namespace {
@@ -308,46 +309,18 @@ class CpuEngine final : public Engine {
         M * K * n);
   }
 
-  // ggml_rms_norm (sum of squares in double) followed by the weight multiply.
+  // ggml_rms_norm (sum of squares in double) followed by the weight multiply, per row.
   void rms_norm(const float* x, const std::vector<float>& w, float* y, int64_t n_tok) const {
     const int64_t D = cfg_.n_embd;
-    for (int64_t t = 0; t < n_tok; ++t) {
-      const float* xi = x + t * D;
-      float* yi = y + t * D;
-      double sum = 0.0;
-      for (int64_t i = 0; i < D; ++i) sum += static_cast<double>(xi[i] * xi[i]);
-      const float mean = static_cast<float>(sum / static_cast<double>(D));
-      const float scale = 1.0f / std::sqrt(mean + cfg_.norm_eps);
-      for (int64_t i = 0; i < D; ++i) yi[i] = (xi[i] * scale) * w[static_cast<size_t>(i)];
-    }
+    for (int64_t t = 0; t < n_tok; ++t)
+      cpu::rms_norm_row(x + t * D, w.data(), y + t * D, D, cfg_.norm_eps);
   }
 
   // ggml_rope: theta_i = pos * base^(-2i/n_rot), built by repeated multiplication in float
   // exactly as ggml_rope_cache_init does. NEOX rotates (i, i + n_rot/2), normal (2i, 2i+1).
   void rope(float* v, int64_t n_heads, int32_t pos) const {
-    const int64_t hd = cfg_.head_dim, nr = cfg_.n_rot;
-    const float theta_scale = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(nr));
-    float c[1024], s[1024];
-    float theta = static_cast<float>(pos);
-    for (int64_t i = 0; i < nr / 2; ++i) {
-      c[i] = std::cos(theta);
-      s[i] = std::sin(theta);
-      theta *= theta_scale;
-    }
-    // The rotation as GCC compiled ggml's rotate_pairs (-ffp-contract=fast, FMA) in the
-    // loop llama.cpp runs: d0 = fma(x0, c, -(x1*s)), d1 = fma(x0, s, x1*c), for NEOX and
-    // normal RoPE alike. Plain x0*c - x1*s differs in the last bit; the vectorised loop's
-    // d1 = fma(x1, c, x0*s) was measured not to be the one taken (reports/cpu-parity.md).
-    for (int64_t h = 0; h < n_heads; ++h) {
-      float* x = v + h * hd;
-      for (int64_t i = 0; i < nr / 2; ++i) {
-        const int64_t i0 = cfg_.rope_neox ? i : 2 * i;
-        const int64_t i1 = cfg_.rope_neox ? i + nr / 2 : 2 * i + 1;
-        const float x0 = x[i0], x1 = x[i1];
-        x[i0] = std::fma(x0, c[i], -(x1 * s[i]));
-        x[i1] = std::fma(x0, s[i], x1 * c[i]);
-      }
-    }
+    cpu::rope_row(v, n_heads, cfg_.head_dim, cfg_.n_rot, cfg_.rope_neox,
+                  cpu::rope_theta_scale(cfg_.rope_base, cfg_.n_rot), pos);
   }
 
   // Reports rows of `data` (one per token, `width` floats each) to the checkpoint sink.
@@ -441,32 +414,9 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
           for (int64_t job = b; job < e; ++job) {
             const int64_t t = job / nh, h = job % nh, g = h / group;
             const int64_t n_att = n_past_ + t + 1;
-            const int64_t n16 = (n_att + 15) & ~int64_t{15};
-            const float* qh = q.data() + t * q_dim + h * hd;
-            float mx = -INFINITY;
-            for (int64_t j = 0; j < n_att; ++j) {
-              sc[j] = cpu::dot_vecdot(kc.data() + j * kv_dim + g * hd, qh, hd) * kq_scale;
-              mx = std::max(mx, sc[j]);
-            }
-            double sum = 0.0;
-            for (int64_t j0 = 0; j0 < n16; j0 += 16) {
-              for (int64_t j = j0; j < j0 + 16; ++j) {
-                sc[j] = j < n_att ? cpu::ggml_expf(sc[j] - mx) : 0.0f;
-              }
-              sum += static_cast<double>(cpu::hsum16(sc.data() + j0));
-            }
-            const float inv = static_cast<float>(1.0 / sum);
-            for (int64_t j = 0; j < n16; ++j) sc[j] *= inv;
-            std::fill(sc.begin() + n16, sc.end(), 0.0f);
-            std::fill(col.begin() + n_att, col.end(), 0.0f);
-            float* out = att.data() + t * q_dim + h * hd;
-            for (int64_t d = 0; d < hd; ++d) {
-              for (int64_t j = 0; j < n_att; ++j) col[j] = vc[j * kv_dim + g * hd + d];
-              // llama.cpp's KV window is a multiple of 256 cells, so tinyBLAS takes every
-              // batch of >= 2 tokens (m = head_dim permitting)
-              out[d] = kqv_tiny ? cpu::dot_tinyblas(col.data(), sc.data(), n16)
-                                : cpu::dot_vecdot(col.data(), sc.data(), cap);
-            }
+            cpu::attention_head(q.data() + t * q_dim + h * hd, kc.data() + g * hd,
+                                vc.data() + g * hd, kv_dim, hd, n_att, cap, kqv_tiny, kq_scale,
+                                sc.data(), col.data(), att.data() + t * q_dim + h * hd);
           }
         },
         n * nh * n_kv_total * hd);
@@ -488,13 +438,7 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     matmul(*L.w_up, xn.data(), nr, up.data());
     // ggml_vec_swiglu_f32 per row: 16 lanes at a time with ggml_v_silu, the last F % 16 with
     // the scalar ggml_silu_f32 (x / (1 + expf(-x)), libm's expf).
-    const int64_t f16 = F & ~int64_t{15};
-    for (int64_t t = 0; t < nr; ++t) {
-      float* g = gate.data() + t * F;
-      const float* u = up.data() + t * F;
-      for (int64_t i = 0; i < f16; ++i) g[i] = cpu::ggml_silu(g[i]) * u[i];
-      for (int64_t i = f16; i < F; ++i) g[i] = (g[i] / (1.0f + std::exp(-g[i]))) * u[i];
-    }
+    for (int64_t t = 0; t < nr; ++t) cpu::swiglu_row(gate.data() + t * F, up.data() + t * F, F);
     checkpoint("ffn_act", li, gate.data(), nr, F, p0);
     matmul(*L.w_down, gate.data(), nr, tmp.data());
     for (size_t i = 0; i < static_cast<size_t>(nr * D); ++i) xr[i] += tmp[i];

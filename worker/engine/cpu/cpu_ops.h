@@ -1,0 +1,57 @@
+#pragma once
+// The CPU reference's non-matmul ops as free functions (CpuEngine calls them; the exact CUDA
+// kernels are tested against them bit for bit). Each computes the floats llama.cpp's CPU
+// backend computes, in its order (see cpu_engine.cpp and act_quant.h).
+#include <cmath>
+#include <cstdint>
+
+namespace worker::cpu {
+
+// ggml_rms_norm (sum of float squares in double) followed by the weight multiply, one row of
+// n values: mean = float(sum / n), scale = 1 / sqrtf(mean + eps), y = (x * scale) * w.
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps);
+
+// RoPE's theta_scale = base^(-2 / n_rot), as CpuEngine computes it.
+inline float rope_theta_scale(float base, int64_t n_rot) {
+  return std::pow(base, -2.0f / static_cast<float>(n_rot));
+}
+
+// cos/sin of the n_rot / 2 angles of position `pos`: theta_0 = pos, theta_{i+1} = theta_i *
+// theta_scale in float (ggml_rope_cache_init), cos and sin by the host's libm. Inline so that
+// the CPU engine and the CUDA backend's host-built table (kern::exact::rope_table_host) run
+// the very same code.
+inline void rope_cos_sin(int32_t pos, int64_t n_rot, float theta_scale, float* c, float* s) {
+  float theta = static_cast<float>(pos);
+  for (int64_t i = 0; i < n_rot / 2; ++i) {
+    c[i] = std::cos(theta);
+    s[i] = std::sin(theta);
+    theta *= theta_scale;
+  }
+}
+
+// Rotates the first n_rot dims of each of n_heads heads (head_dim apart) of v by the angles
+// c/s (rope_cos_sin): NEOX pairs (i, i + n_rot/2), normal (2i, 2i+1);
+// d0 = fma(x0, c, -(x1*s)), d1 = fma(x0, s, x1*c).
+void rope_rotate(float* v, int64_t n_heads, int64_t head_dim, int64_t n_rot, bool neox,
+                 const float* c, const float* s);
+
+// rope_cos_sin for `pos` then rope_rotate (n_rot <= 2048).
+void rope_row(float* v, int64_t n_heads, int64_t head_dim, int64_t n_rot, bool neox,
+              float theta_scale, int32_t pos);
+
+// Causal attention of one (token, head) pair over an F32 cache laid out [pos][kv_dim]:
+// qh = the head's head_dim query values; k / v point at the cache's first position, already
+// offset to the head's KV group (g * head_dim); n_att keys (positions 0..n_att-1).
+// Scores by dot_vecdot * kq_scale, max, ggml_expf 16 at a time (zero beyond n_att) with each
+// block's hsum16 added in double, probabilities * float(1 / sum), then out[d] = V^T p by
+// dot_tinyblas over the 16-padded keys (kqv_tiny) or dot_vecdot over `cap` keys (zeros
+// beyond). sc and col are scratch of cap floats, cap >= n_att rounded up to 16.
+void attention_head(const float* qh, const float* k, const float* v, int64_t kv_dim,
+                    int64_t head_dim, int64_t n_att, int64_t cap, bool kqv_tiny, float kq_scale,
+                    float* sc, float* col, float* out);
+
+// ggml_vec_swiglu_f32 for one row of F: g[i] = silu(g[i]) * u[i], ggml_silu (ggml_expf) for
+// i < F & ~15, g / (1 + expf(-g)) with libm's expf for the rest.
+void swiglu_row(float* g, const float* u, int64_t F);
+
+}  // namespace worker::cpu
