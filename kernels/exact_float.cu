@@ -1,2 +1,466 @@
-// Exact kernels, see exact.cuh. (Being written.)
+// Exact matmul for F32 / F16 / BF16 weights (exact.cuh: detail::matmul_float): every output
+// is bit for bit the float CpuEngine::matmul computes (worker/engine/cpu/act_quant.cpp).
+//
+// Orders reproduced, and why the GPU gets the same floats:
+//  * vec_dot (one token, and batches tinyBLAS does not take), cpu::dot_vecdot:
+//    64 FMA chains, chain c = 16a + j takes elements 64i + c, i = 0 .. n/64 - 1, starting
+//    from +0; then r[j] = (acc[j] + acc[32+j]) + (acc[16+j] + acc[48+j]) and hsum16(r).
+//    vecdot_kernel: 8 threads per row, thread s owns the 8 consecutive chains 8s .. 8s+7
+//    (16-byte F16/BF16 loads, 32-byte F32 loads, the 8 threads read 64 consecutive elements:
+//    coalesced). Each chain is one thread's register, updated with fmaf in index order, so
+//    it is the CPU lane's value exactly. The reduce + hsum16 is a butterfly over the chain
+//    index bits 5, 4, 3, 2, 1, 0 (exact_float_math.cuh); bits 5..3 are the thread bits
+//    (shuffles xor 4, 2, 1), bits 2..0 are added in the thread. Pairs are the reference's
+//    pairs, and a + b == b + a, so the sums are the reference's.
+//    Leftovers (n % 64) are summed by one thread in the reference's sequential order:
+//    F32 as GCC compiled ggml's tail (rounded products of 16 / 8 added one by one, the last
+//    < 8 as FMAs), F16 each product added in double to the double of the tree's sum.
+//  * vec_dot BF16, cpu::dot_bf16_vecdot: two 16-lane dpbf16 accumulators per 64-element
+//    step, c1 over elements 0..31, c2 over 32..63, lane l taking the pair (2l, 2l+1) as
+//    (c + p[2l+1]) + p[2l]. Thread s owns 4 lanes (8 elements): s < 4 lanes of c1, s >= 4
+//    of c2; hsum16 of each = shuffles xor 2, 1 then (v0 + v2) + (v1 + v3) in the thread;
+//    then double(h1) + double(h2) and the leftovers added in double, by one thread.
+//  * tinyBLAS (prompt batches, cpu::tinyblas_takes(type, rows, batch_n, cols): the order
+//    depends on the whole batch, not on this call's tokens), cpu::dot_tinyblas /
+//    dot_bf16_tinyblas: 16 lanes per output, lane l takes elements 16i + l (F32/F16, FMA)
+//    or the pairs (32i + 2l, 32i + 2l + 1) (BF16, dpbf16); then hsum16.
+//    tinyblas_kernel: a block computes 32 rows x 16 tokens; k in chunks of 64 staged in
+//    shared memory as floats (exact conversions); thread (group g, lane l) owns lane l of
+//    8 rows x 4 tokens (32 register chains, each in index order); hsum16 by shuffles xor
+//    8, 4, 2, 1 inside each 16-thread group.
+// accumulate: y = y + dot, one rounding (the CPU's x += tmp).
+//
+// All arithmetic here goes through xf:: helpers (explicit __fmul_rn / __fadd_rn / fmaf), and
+// the file is compiled with -fmad=false as well. No atomics; every output is written by one
+// thread. Weights are read before griddep_wait() (they are never written by a kernel);
+// activations and y after.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <string>
+
+#include "common.cuh"
+#include "common/errors.h"
 #include "exact.cuh"
+#include "exact_float_math.cuh"
+#include "launch.cuh"
+
+namespace worker::kern::exact {
+namespace {
+
+// 32-bit words of 8 consecutive weights.
+template <GgmlType T>
+constexpr int kWords = T == GgmlType::F32 ? 8 : 4;
+
+// 8 consecutive weights [e, e + 8) of a row, raw. kVec: 16-byte loads (the row and the
+// element offset are 16-byte aligned).
+template <GgmlType T, bool kVec>
+__device__ __forceinline__ void load8w(const uint8_t* __restrict__ row, int e,
+                                       uint32_t (&w)[kWords<T>]) {
+  if constexpr (T == GgmlType::F32) {
+    if constexpr (kVec) {
+      const uint4* p = reinterpret_cast<const uint4*>(row + static_cast<size_t>(e) * 4);
+      const uint4 a = __ldg(p), b = __ldg(p + 1);
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+      w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
+    } else {
+      const uint32_t* p = reinterpret_cast<const uint32_t*>(row) + e;
+#pragma unroll
+      for (int k = 0; k < 8; ++k) w[k] = __ldg(p + k);
+    }
+  } else {
+    if constexpr (kVec) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(row + static_cast<size_t>(e) * 2));
+      w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w;
+    } else {
+      const unsigned short* p = reinterpret_cast<const unsigned short*>(row) + e;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        w[k] = static_cast<uint32_t>(__ldg(p + 2 * k)) |
+               (static_cast<uint32_t>(__ldg(p + 2 * k + 1)) << 16);
+      }
+    }
+  }
+}
+
+// Exact conversion of the raw words to 8 floats (element order: low half first).
+template <GgmlType T>
+__device__ __forceinline__ void unpack8(const uint32_t (&w)[kWords<T>], float (&v)[8]) {
+#pragma unroll
+  for (int k = 0; k < kWords<T>; ++k) {
+    if constexpr (T == GgmlType::F32) {
+      v[k] = __uint_as_float(w[k]);
+    } else if constexpr (T == GgmlType::F16) {
+      v[2 * k] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] & 0xFFFFu)));
+      v[2 * k + 1] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[k] >> 16)));
+    } else {
+      v[2 * k] = __uint_as_float(w[k] << 16);
+      v[2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  }
+}
+
+// Weight element i of a row as float (leftover loops).
+template <GgmlType T>
+__device__ __forceinline__ float elem(const uint8_t* __restrict__ row, int i) {
+  if constexpr (T == GgmlType::F32) {
+    return __ldg(reinterpret_cast<const float*>(row) + i);
+  } else {
+    const uint32_t h = __ldg(reinterpret_cast<const unsigned short*>(row) + i);
+    if constexpr (T == GgmlType::F16) {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+    } else {
+      return __uint_as_float(h << 16);
+    }
+  }
+}
+
+template <bool kVec, int N>
+__device__ __forceinline__ void load_x(const float* __restrict__ x, int e, float (&v)[N]) {
+  if constexpr (kVec) {
+#pragma unroll
+    for (int q = 0; q < N / 4; ++q) {
+      const float4 f = *reinterpret_cast<const float4*>(x + e + 4 * q);
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) v[k] = x[e + k];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// vec_dot order. 8 threads per row (thread s: chains 8s .. 8s+7 of every token), kVdRows
+// rows per block, NT tokens per block sharing each weight load.
+constexpr int kVdRows = 8;
+constexpr int kVdThreads = kVdRows * 8;
+
+template <GgmlType T, int NT, bool kVec>
+__global__ void __launch_bounds__(kVdThreads)
+    vecdot_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
+                  const float* __restrict__ x, int n_tok, float* __restrict__ y, int accumulate) {
+  constexpr bool kBf = T == GgmlType::BF16;
+  constexpr int kW = kWords<T>;
+  // Iterations of weights in flight per thread (same bytes for F32 and the 16-bit types).
+  constexpr int kU = T == GgmlType::F32 ? 4 : 8;
+  constexpr int kC = kBf ? 4 : 8;  // chains (lanes) per thread
+  const int s = threadIdx.x & 7;
+  const int r = blockIdx.x * kVdRows + static_cast<int>(threadIdx.x >> 3);
+  const bool live = r < rows;
+  // A dead row (last block) computes row rows-1 again and stores nothing: every thread
+  // takes part in the shuffles.
+  const uint8_t* row = w + static_cast<size_t>(live ? r : rows - 1) * row_bytes;
+  const int tb = blockIdx.y * NT;
+  const int nt = min(NT, n_tok - tb);  // the same for the whole block
+  const int n_it = cols / 64;
+  const int e0 = 8 * s;
+
+  uint32_t raw[kU][kW];
+#pragma unroll
+  for (int u = 0; u < kU; ++u) {
+    if (u < n_it) load8w<T, kVec>(row, u * 64 + e0, raw[u]);
+  }
+  griddep_wait();
+
+  float acc[NT][kC];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int k = 0; k < kC; ++k) acc[t][k] = 0.0f;
+  }
+  for (int i0 = 0; i0 < n_it; i0 += kU) {
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int i = i0 + u;
+      if (i < n_it) {
+        float wv[8];
+        unpack8<T>(raw[u], wv);
+        // refill this slot kU iterations ahead: a rolling window of loads in flight
+        if (i + kU < n_it) load8w<T, kVec>(row, (i + kU) * 64 + e0, raw[u]);
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          if (t < nt) {
+            float xv[8];
+            load_x<kVec>(x + static_cast<size_t>(tb + t) * cols, i * 64 + e0, xv);
+            if constexpr (kBf) {
+#pragma unroll
+              for (int q = 0; q < 4; ++q)
+                acc[t][q] = xf::dpbf16_step(acc[t][q], wv[2 * q], xv[2 * q], wv[2 * q + 1],
+                                            xv[2 * q + 1]);
+            } else {
+#pragma unroll
+              for (int k = 0; k < 8; ++k) acc[t][k] = xf::fma_step(acc[t][k], wv[k], xv[k]);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  const int np = n_it * 64;
+  auto we = [row](int i) { return elem<T>(row, i); };
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= nt) break;  // uniform in the block
+    const float* xr = x + static_cast<size_t>(tb + t) * cols;
+    float res = 0.0f;
+    if constexpr (!kBf) {
+      float v[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = acc[t][k];
+#pragma unroll
+      for (int m = 4; m >= 1; m >>= 1) {  // chain bits 5, 4, 3
+        float o[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) o[k] = __shfl_xor_sync(0xffffffffu, v[k], m);
+        xf::combine(v, o);
+      }
+      res = xf::local_tree8(v);  // bits 2, 1, 0
+      if (s == 0 && live && np != cols) {
+        if constexpr (T == GgmlType::F32) {
+          res = xf::tail_f32(res, we, xr, np, cols);
+        } else {
+          res = static_cast<float>(xf::tail_double(static_cast<double>(res), we, xr, np, cols));
+        }
+      }
+    } else {
+      float v[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) v[k] = acc[t][k];
+#pragma unroll
+      for (int m = 2; m >= 1; m >>= 1) {  // lane bits 3, 2
+        float o[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o[k] = __shfl_xor_sync(0xffffffffu, v[k], m);
+        xf::combine(v, o);
+      }
+      const float h = xf::local_tree4(v);  // lane bits 1, 0: hsum16 of c1 (s < 4) or c2
+      const float h2 = __shfl_xor_sync(0xffffffffu, h, 4);
+      if (s == 0 && live) {
+        double d = static_cast<double>(h) + static_cast<double>(h2);
+        d = xf::tail_double(d, we, xr, np, cols);
+        res = static_cast<float>(d);
+      }
+    }
+    if (s == 0 && live) {
+      const size_t idx = static_cast<size_t>(tb + t) * static_cast<size_t>(rows) + r;
+      y[idx] = accumulate ? xf::add_rn(y[idx], res) : res;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// tinyBLAS order. Block: kTbM rows x kTbN tokens, 16 groups of 16 threads; group g = (gm,
+// gn) owns rows gm*kTM .. +kTM and tokens gn*kTN .. +kTN; thread lane l of the group holds
+// chain l of each of those outputs.
+constexpr int kTbThreads = 256;
+constexpr int kTM = 8, kTN = 4;
+constexpr int kTbM = 4 * kTM, kTbN = 4 * kTN;
+constexpr int kTbK = 64;
+// Row stride of the shared tiles: 68 floats puts the two groups of a warp (kTN token rows
+// apart: 4 * 68 = 272 = 16 mod 32 banks) on disjoint banks.
+constexpr int kTbLd = kTbK + 4;
+
+template <GgmlType T, bool kVec>
+__global__ void __launch_bounds__(kTbThreads)
+    tinyblas_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
+                    const float* __restrict__ x, int n_tok, float* __restrict__ y,
+                    int accumulate) {
+  constexpr bool kBf = T == GgmlType::BF16;
+  __shared__ __align__(16) float ws[kTbM][kTbLd];
+  __shared__ __align__(16) float xs[kTbN][kTbLd];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m0 = blockIdx.x * kTbM, n0 = blockIdx.y * kTbN;
+  // Loaders: weights 8 per thread (row lr, elements le..le+7 of the chunk), activations 4.
+  const int lr = tid >> 3, le = (tid & 7) * 8;
+  const int lt = tid >> 4, lx = (tid & 15) * 4;
+  const bool w_ok = m0 + lr < rows;
+  const bool x_ok = n0 + lt < n_tok;
+  const uint8_t* wrow = w + static_cast<size_t>(w_ok ? m0 + lr : 0) * row_bytes;
+  const float* xrow = x + static_cast<size_t>(x_ok ? n0 + lt : 0) * cols;
+  uint32_t wr[kWords<T>];
+  float xr[4];
+  // cols is a multiple of 16: a group of 8 (or 4) elements is all in or all out.
+  auto fetch_w = [&](int k0) {
+    if (w_ok && k0 + le < cols) {
+      load8w<T, kVec>(wrow, k0 + le, wr);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kWords<T>; ++k) wr[k] = 0u;
+    }
+  };
+  auto fetch_x = [&](int k0) {
+    if (x_ok && k0 + lx < cols) {
+      load_x<kVec>(xrow, k0 + lx, xr);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) xr[k] = 0.0f;
+    }
+  };
+  fetch_w(0);
+  griddep_wait();
+  fetch_x(0);
+
+  const int l = tid & 15, g = tid >> 4, gm = g >> 2, gn = g & 3;
+  float acc[kTM][kTN];
+#pragma unroll
+  for (int mi = 0; mi < kTM; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kTN; ++ni) acc[mi][ni] = 0.0f;
+  }
+  for (int k0 = 0; k0 < cols; k0 += kTbK) {
+    __syncthreads();  // the previous chunk has been read
+    {
+      float wv[8];
+      unpack8<T>(wr, wv);
+      float4* wd = reinterpret_cast<float4*>(&ws[lr][le]);
+      wd[0] = make_float4(wv[0], wv[1], wv[2], wv[3]);
+      wd[1] = make_float4(wv[4], wv[5], wv[6], wv[7]);
+      *reinterpret_cast<float4*>(&xs[lt][lx]) = make_float4(xr[0], xr[1], xr[2], xr[3]);
+    }
+    __syncthreads();
+    if (k0 + kTbK < cols) {  // next chunk's loads overlap this chunk's math
+      fetch_w(k0 + kTbK);
+      fetch_x(k0 + kTbK);
+    }
+    if constexpr (!kBf) {
+#pragma unroll
+      for (int kk = 0; kk < kTbK; kk += 16) {
+        if (k0 + kk < cols) {
+          float a[kTM], b[kTN];
+#pragma unroll
+          for (int mi = 0; mi < kTM; ++mi) a[mi] = ws[gm * kTM + mi][kk + l];
+#pragma unroll
+          for (int ni = 0; ni < kTN; ++ni) b[ni] = xs[gn * kTN + ni][kk + l];
+#pragma unroll
+          for (int mi = 0; mi < kTM; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < kTN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a[mi], b[ni]);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kTbK; kk += 32) {
+        if (k0 + kk < cols) {
+          float2 a[kTM], b[kTN];
+#pragma unroll
+          for (int mi = 0; mi < kTM; ++mi)
+            a[mi] = *reinterpret_cast<const float2*>(&ws[gm * kTM + mi][kk + 2 * l]);
+#pragma unroll
+          for (int ni = 0; ni < kTN; ++ni)
+            b[ni] = *reinterpret_cast<const float2*>(&xs[gn * kTN + ni][kk + 2 * l]);
+#pragma unroll
+          for (int mi = 0; mi < kTM; ++mi) {
+#pragma unroll
+            for (int ni = 0; ni < kTN; ++ni)
+              acc[mi][ni] = xf::dpbf16_step(acc[mi][ni], a[mi].x, b[ni].x, a[mi].y, b[ni].y);
+          }
+        }
+      }
+    }
+  }
+
+  // hsum16 over the 16 lanes of the group: lane bits 3, 2, 1, 0 (xor stays in the group).
+#pragma unroll
+  for (int mi = 0; mi < kTM; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kTN; ++ni) {
+#pragma unroll
+      for (int m = 8; m >= 1; m >>= 1)
+        acc[mi][ni] = xf::add_rn(acc[mi][ni], __shfl_xor_sync(0xffffffffu, acc[mi][ni], m));
+    }
+  }
+  // Every lane holds all kTM * kTN sums; lane l stores outputs o = l and l + 16 (o = mi +
+  // kTM * ni: consecutive lanes write consecutive rows).
+#pragma unroll
+  for (int mi = 0; mi < kTM; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kTN; ++ni) {
+      const int o = mi + kTM * ni;
+      if ((o & 15) == l) {
+        const int r = m0 + gm * kTM + mi, t = n0 + gn * kTN + ni;
+        if (r < rows && t < n_tok) {
+          const size_t idx = static_cast<size_t>(t) * static_cast<size_t>(rows) + r;
+          y[idx] = accumulate ? xf::add_rn(y[idx], acc[mi][ni]) : acc[mi][ni];
+        }
+      }
+    }
+  }
+}
+
+template <GgmlType T, bool kVec>
+void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, float* y,
+                  bool accumulate, cudaStream_t st) {
+  const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
+  const auto* wp = static_cast<const uint8_t*>(w.data);
+  const int acc = accumulate ? 1 : 0;
+  if (tiny) {
+    const dim3 grid((rows + kTbM - 1) / kTbM, (n_tok + kTbN - 1) / kTbN);
+    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, kVec>, grid, dim3(kTbThreads), st, wp,
+               rows, cols, w.row_bytes, x, n_tok, y, acc);
+  } else if (n_tok == 1) {
+    const dim3 grid((rows + kVdRows - 1) / kVdRows, 1);
+    launch_pdl("exact_float_vecdot", vecdot_kernel<T, 1, kVec>, grid, dim3(kVdThreads), st, wp,
+               rows, cols, w.row_bytes, x, n_tok, y, acc);
+  } else {
+    constexpr int kNT = 4;
+    const dim3 grid((rows + kVdRows - 1) / kVdRows, (n_tok + kNT - 1) / kNT);
+    launch_pdl("exact_float_vecdot", vecdot_kernel<T, kNT, kVec>, grid, dim3(kVdThreads), st,
+               wp, rows, cols, w.row_bytes, x, n_tok, y, acc);
+  }
+}
+
+template <GgmlType T>
+void launch_type(const WeightView& w, const float* x, int n_tok, bool tiny, float* y,
+                 bool accumulate, cudaStream_t st) {
+  // 16-byte loads need 16-byte aligned rows and activation rows.
+  const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
+  if (vec) {
+    launch_typed<T, true>(w, x, n_tok, tiny, y, accumulate, st);
+  } else {
+    launch_typed<T, false>(w, x, n_tok, tiny, y, accumulate, st);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
+                  float* y, bool accumulate, cudaStream_t stream) {
+  const auto type = static_cast<GgmlType>(w.type);
+  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16) {
+    throw WorkerError(ErrorCode::Internal, std::string("exact::matmul_float: weight type ") +
+                                               std::string(ggml_type_name(w.type)) +
+                                               " is not F32/F16/BF16");
+  }
+  const size_t elem = type == GgmlType::F32 ? 4 : 2;
+  if (w.rows <= 0 || w.cols <= 0 || w.rows > INT32_MAX / 2 || w.cols > INT32_MAX / 4 ||
+      w.row_bytes < static_cast<size_t>(w.cols) * elem || n_tok < 0 || n_tok > 65535 * kTbN ||
+      order.batch_n < n_tok || order.t0 < 0 || order.t0 + n_tok > order.batch_n) {
+    throw WorkerError(ErrorCode::Internal,
+                      "exact::matmul_float: bad shape (rows " + std::to_string(w.rows) +
+                          ", cols " + std::to_string(w.cols) + ", row_bytes " +
+                          std::to_string(w.row_bytes) + ", n_tok " + std::to_string(n_tok) +
+                          ", batch_n " + std::to_string(order.batch_n) + ", t0 " +
+                          std::to_string(order.t0) + ")");
+  }
+  if (n_tok == 0) return;
+  // The CPU reference picks tinyBLAS from the whole batch's token count (exact.cuh).
+  const bool tiny = xf::tinyblas_takes(w.type, w.rows, order.batch_n, w.cols);
+  switch (type) {
+    case GgmlType::F32:
+      launch_type<GgmlType::F32>(w, a.f, n_tok, tiny, y, accumulate, stream);
+      break;
+    case GgmlType::F16:
+      launch_type<GgmlType::F16>(w, a.f, n_tok, tiny, y, accumulate, stream);
+      break;
+    default: launch_type<GgmlType::BF16>(w, a.f, n_tok, tiny, y, accumulate, stream); break;
+  }
+}
+
+}  // namespace detail
+}  // namespace worker::kern::exact

@@ -1,2 +1,475 @@
-// Exact kernels against the CPU reference, bit for bit (see kernels/exact.cuh). (Being written.)
+// Exact F32/F16/BF16 matmul (kernels/exact_float.cu) against the CPU reference, bit for bit
+// (see kernels/exact.cuh).
+//  - ExactFloatHost.*: HOST EMULATION, runs everywhere (also without a GPU): the kernels'
+//    thread decomposition (which thread owns which chains, the shuffle butterflies, the
+//    leftover loops) replayed on the host with the same xf:: helpers the kernels call
+//    (kernels/exact_float_math.cuh), compared with cpu::dot_vecdot / dot_tinyblas /
+//    dot_bf16_vecdot / dot_bf16_tinyblas. Proves the algorithm.
+//  - ExactFloatGpu.*: the CUDA kernels through detail::matmul_float, compared over the full
+//    output with what CpuEngine::matmul computes (activations rounded by
+//    cpu::quantize_activation, the order chosen by cpu::tinyblas_takes on the whole batch).
 #include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/cpu/act_quant.h"
+#include "exact.cuh"
+#include "exact_float_math.cuh"
+#include "gguf/ggml_types.h"
+// gpu_test_util.h's error metrics promote floats to double (unused here); this target has
+// no per-file -Wno-double-promotion.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "gpu_test_util.h"
+#pragma GCC diagnostic pop
+
+namespace worker {
+namespace {
+
+namespace xf = kern::exact::xf;
+using gputest::DevArray;
+
+const GgmlType kFloatTypes[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16};
+
+std::vector<float> randn(size_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do {
+      x = d(rng);
+    } while (x == 0.0f);  // never zeros
+  }
+  return v;
+}
+
+// Weight rows stored as `type` (bytes), and the same rows as exact floats.
+struct Weights {
+  std::vector<uint8_t> bytes;
+  std::vector<float> f;  // dequantized: what CpuEngine's row_f32 gives
+};
+
+Weights random_weights(GgmlType type, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Weights w;
+  const size_t n = static_cast<size_t>(rows * cols);
+  const auto v = randn(n, rng);
+  w.bytes.resize(ggml_row_bytes(type, cols) * static_cast<size_t>(rows));
+  if (type == GgmlType::F32) {
+    std::memcpy(w.bytes.data(), v.data(), n * 4);
+  } else {
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = type == GgmlType::F16 ? fp32_to_fp16(v[i]) : fp32_to_bf16(v[i]);
+      std::memcpy(w.bytes.data() + 2 * i, &h, 2);
+    }
+  }
+  w.f.resize(n);
+  dequantize_row(type, w.bytes.data(), w.f.data(), static_cast<int64_t>(n));
+  return w;
+}
+
+// n_tok activation rows rounded exactly as CpuEngine::matmul rounds them.
+std::vector<float> random_acts(GgmlType type, int n_tok, int64_t cols, std::mt19937& rng) {
+  const auto x = randn(static_cast<size_t>(n_tok * cols), rng);
+  std::vector<float> out;
+  cpu::QuantizedActivation qa;
+  for (int t = 0; t < n_tok; ++t) {
+    cpu::quantize_activation(type, x.data() + t * cols, cols, qa);
+    out.insert(out.end(), qa.f.begin(), qa.f.end());
+  }
+  return out;
+}
+
+// CpuEngine::matmul's dot for one (row, token), called as it calls them.
+float cpu_dot(GgmlType type, bool tiny, const float* row, const float* a, int64_t k) {
+  if (type == GgmlType::BF16) {
+    return tiny ? cpu::dot_bf16_tinyblas(row, a, k) : cpu::dot_bf16_vecdot(row, a, k);
+  }
+  return tiny ? cpu::dot_tinyblas(row, a, k) : cpu::dot_vecdot(row, a, k, type == GgmlType::F16);
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// ---- host emulation of vecdot_kernel: 8 threads per row, thread s owns chains 8s..8s+7
+// (F32/F16) or the dpbf16 lanes of elements 8s..8s+7 (BF16) of every 64-element step ----
+float emulate_vecdot(GgmlType type, const float* w, const float* x, int n) {
+  const int n_it = n / 64, np = n_it * 64;
+  auto we = [w](int i) { return w[i]; };
+  if (type != GgmlType::BF16) {
+    float acc[8][8] = {};
+    for (int i = 0; i < n_it; ++i) {
+      for (int s = 0; s < 8; ++s) {
+        for (int k = 0; k < 8; ++k) {
+          const int e = i * 64 + 8 * s + k;
+          acc[s][k] = xf::fma_step(acc[s][k], w[e], x[e]);
+        }
+      }
+    }
+    for (int m = 4; m >= 1; m >>= 1) {  // __shfl_xor_sync(v, m) then combine
+      float nv[8][8];
+      for (int s = 0; s < 8; ++s) {
+        float v[8], o[8];
+        for (int k = 0; k < 8; ++k) v[k] = acc[s][k], o[k] = acc[s ^ m][k];
+        xf::combine(v, o);
+        for (int k = 0; k < 8; ++k) nv[s][k] = v[k];
+      }
+      std::memcpy(acc, nv, sizeof acc);
+    }
+    float res[8];
+    for (int s = 0; s < 8; ++s) res[s] = xf::local_tree8(acc[s]);
+    for (int s = 1; s < 8; ++s) EXPECT_EQ(bits(res[s]), bits(res[0])) << "threads disagree";
+    float r = res[0];
+    if (np != n) {
+      r = type == GgmlType::F32
+              ? xf::tail_f32(r, we, x, np, n)
+              : static_cast<float>(xf::tail_double(static_cast<double>(r), we, x, np, n));
+    }
+    return r;
+  }
+  float acc[8][4] = {};
+  for (int i = 0; i < n_it; ++i) {
+    for (int s = 0; s < 8; ++s) {
+      for (int q = 0; q < 4; ++q) {
+        const int e = i * 64 + 8 * s + 2 * q;
+        acc[s][q] = xf::dpbf16_step(acc[s][q], w[e], x[e], w[e + 1], x[e + 1]);
+      }
+    }
+  }
+  for (int m = 2; m >= 1; m >>= 1) {
+    float nv[8][4];
+    for (int s = 0; s < 8; ++s) {
+      float v[4], o[4];
+      for (int k = 0; k < 4; ++k) v[k] = acc[s][k], o[k] = acc[s ^ m][k];
+      xf::combine(v, o);
+      for (int k = 0; k < 4; ++k) nv[s][k] = v[k];
+    }
+    std::memcpy(acc, nv, sizeof acc);
+  }
+  float h[8];
+  for (int s = 0; s < 8; ++s) h[s] = xf::local_tree4(acc[s]);
+  // thread 0: its own hsum16 (c1) and thread 4's (c2, by __shfl_xor_sync(h, 4))
+  double d = static_cast<double>(h[0]) + static_cast<double>(h[0 ^ 4]);
+  d = xf::tail_double(d, we, x, np, n);
+  return static_cast<float>(d);
+}
+
+// ---- host emulation of tinyblas_kernel for one output: 16 lanes, k in chunks of 64 with the
+// kernel's per-16 (per-32 for BF16) guard, then the shuffle butterfly xor 8, 4, 2, 1 ----
+float emulate_tinyblas(GgmlType type, const float* w, const float* x, int n) {
+  float acc[16] = {};
+  for (int k0 = 0; k0 < n; k0 += 64) {
+    if (type != GgmlType::BF16) {
+      for (int kk = 0; kk < 64; kk += 16) {
+        if (k0 + kk >= n) continue;
+        for (int l = 0; l < 16; ++l) {
+          const int e = k0 + kk + l;
+          acc[l] = xf::fma_step(acc[l], w[e], x[e]);
+        }
+      }
+    } else {
+      for (int kk = 0; kk < 64; kk += 32) {
+        if (k0 + kk >= n) continue;
+        for (int l = 0; l < 16; ++l) {
+          const int e = k0 + kk + 2 * l;
+          acc[l] = xf::dpbf16_step(acc[l], w[e], x[e], w[e + 1], x[e + 1]);
+        }
+      }
+    }
+  }
+  for (int m = 8; m >= 1; m >>= 1) {
+    float nv[16];
+    for (int l = 0; l < 16; ++l) nv[l] = xf::add_rn(acc[l], acc[l ^ m]);
+    std::memcpy(acc, nv, sizeof acc);
+  }
+  for (int l = 1; l < 16; ++l) EXPECT_EQ(bits(acc[l]), bits(acc[0])) << "lanes disagree";
+  return acc[0];
+}
+
+// HOST EMULATION (no GPU needed).
+// REQ: M0-W-1430
+TEST(ExactFloatHost, TinyblasDecisionMatchesCpu) {
+  const int64_t rows[] = {1, 2, 3, 4, 6, 8, 130, 172, 896, 2051};
+  const int64_t toks[] = {0, 1, 2, 3, 64};
+  const int64_t colss[] = {8, 16, 32, 48, 64, 96, 172, 896, 4864};
+  const GgmlType all[] = {GgmlType::F32, GgmlType::F16,  GgmlType::BF16,
+                          GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
+  for (GgmlType t : all)
+    for (int64_t r : rows)
+      for (int64_t n : toks)
+        for (int64_t k : colss)
+          EXPECT_EQ(xf::tinyblas_takes(static_cast<uint32_t>(t), r, n, k),
+                    cpu::tinyblas_takes(t, r, n, k))
+              << ggml_type_name(static_cast<uint32_t>(t)) << " " << r << " " << n << " " << k;
+}
+
+// HOST EMULATION: the hsum16 tree of the helpers against cpu::hsum16.
+// REQ: M0-W-1430
+TEST(ExactFloatHost, Hsum16MatchesCpu) {
+  std::mt19937 rng(11);
+  for (int it = 0; it < 2000; ++it) {
+    const auto v = randn(16, rng, it % 2 ? 1.0f : 1e4f);
+    float a[16];
+    std::memcpy(a, v.data(), sizeof a);
+    ASSERT_EQ(bits(xf::hsum16(a)), bits(cpu::hsum16(v.data())));
+  }
+}
+
+// HOST EMULATION of vecdot_kernel (decode, and batches tinyBLAS does not take).
+// REQ: M0-W-1430
+TEST(ExactFloatHost, VecdotDecompositionMatchesCpu) {
+  std::mt19937 rng(1234);
+  const int colss[] = {8, 48, 64, 100, 128, 172, 256, 768, 896, 1024, 4864, 4864 + 63};
+  for (GgmlType type : kFloatTypes) {
+    for (int cols : colss) {
+      const int rows = 24;
+      const Weights w = random_weights(type, rows, cols, rng);
+      const auto a = random_acts(type, 1, cols, rng);
+      int bad = 0;
+      for (int r = 0; r < rows; ++r) {
+        const float* row = w.f.data() + static_cast<size_t>(r) * cols;
+        const float want = cpu_dot(type, false, row, a.data(), cols);
+        const float got = emulate_vecdot(type, row, a.data(), cols);
+        if (bits(want) != bits(got) && bad++ < 3)
+          ADD_FAILURE() << ggml_type_name(static_cast<uint32_t>(type)) << " cols " << cols
+                        << " row " << r << ": emulated " << got << " cpu " << want;
+      }
+      EXPECT_EQ(bad, 0) << ggml_type_name(static_cast<uint32_t>(type)) << " cols " << cols;
+    }
+  }
+}
+
+// HOST EMULATION of tinyblas_kernel (prompt batches).
+// REQ: M0-W-1430
+TEST(ExactFloatHost, TinyblasDecompositionMatchesCpu) {
+  std::mt19937 rng(99);
+  const int colss[] = {32, 64, 96, 256, 896, 4864};
+  for (GgmlType type : kFloatTypes) {
+    for (int cols : colss) {
+      const int rows = 24;
+      const Weights w = random_weights(type, rows, cols, rng);
+      const auto a = random_acts(type, 2, cols, rng);
+      int bad = 0;
+      for (int r = 0; r < rows; ++r) {
+        for (int t = 0; t < 2; ++t) {
+          const float* row = w.f.data() + static_cast<size_t>(r) * cols;
+          const float* x = a.data() + static_cast<size_t>(t) * cols;
+          const float want = cpu_dot(type, true, row, x, cols);
+          const float got = emulate_tinyblas(type, row, x, cols);
+          if (bits(want) != bits(got) && bad++ < 3)
+            ADD_FAILURE() << ggml_type_name(static_cast<uint32_t>(type)) << " cols " << cols
+                          << " row " << r << ": emulated " << got << " cpu " << want;
+        }
+      }
+      EXPECT_EQ(bad, 0) << ggml_type_name(static_cast<uint32_t>(type)) << " cols " << cols;
+    }
+  }
+}
+
+// ---- GPU ----
+struct Case {
+  int rows, cols, n_tok;
+  int batch_n = 0;  // 0: n_tok
+  int t0 = 0;
+  bool accumulate = false;
+  // byte offsets of the weight / activation pointers (16-byte misalignment: scalar-load path)
+  int w_off = 0, a_off = 0;
+};
+
+std::string describe(GgmlType type, const Case& c) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "%s rows %d cols %d n_tok %d batch_n %d t0 %d acc %d off %d/%d",
+                std::string(ggml_type_name(static_cast<uint32_t>(type))).c_str(), c.rows, c.cols,
+                c.n_tok, c.batch_n ? c.batch_n : c.n_tok, c.t0, c.accumulate ? 1 : 0, c.w_off,
+                c.a_off);
+  return buf;
+}
+
+// Runs one case on the GPU and compares every output bit for bit; returns mismatches.
+int run_case(GgmlType type, const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int batch_n = c.batch_n ? c.batch_n : c.n_tok;
+  const Weights w = random_weights(type, c.rows, c.cols, rng);
+  const auto a = random_acts(type, c.n_tok, c.cols, rng);
+  const size_t n_out = static_cast<size_t>(c.rows) * static_cast<size_t>(c.n_tok);
+  std::vector<float> y0;
+  if (c.accumulate) y0 = randn(n_out, rng);
+
+  // device copies (uint8 buffers so that the offsets are in bytes)
+  DevArray<uint8_t> dw(w.bytes.size() + 64);
+  DevArray<uint8_t> da(a.size() * 4 + 64);
+  DevArray<float> dy(n_out);
+  EXPECT_EQ(cudaMemcpy(dw.get() + c.w_off, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice),
+            cudaSuccess);
+  EXPECT_EQ(cudaMemcpy(da.get() + c.a_off, a.data(), a.size() * 4, cudaMemcpyHostToDevice),
+            cudaSuccess);
+  if (c.accumulate) dy.upload(y0);  // else NaN-poisoned: unwritten outputs show up
+
+  kern::WeightView wv;
+  wv.data = dw.get() + c.w_off;
+  wv.type = static_cast<uint32_t>(type);
+  wv.rows = c.rows;
+  wv.cols = c.cols;
+  wv.row_bytes = ggml_row_bytes(type, c.cols);
+  kern::exact::ActBuf ab;
+  ab.f = reinterpret_cast<float*>(da.get() + c.a_off);
+  kern::exact::BatchOrder order;
+  order.batch_n = batch_n;
+  order.t0 = c.t0;
+  kern::exact::detail::matmul_float(wv, ab, c.n_tok, order, dy.get(), c.accumulate, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  const auto got = dy.download();
+
+  const bool tiny = cpu::tinyblas_takes(type, c.rows, batch_n, c.cols);
+  int bad = 0;
+  for (int t = 0; t < c.n_tok; ++t) {
+    for (int r = 0; r < c.rows; ++r) {
+      const size_t i = static_cast<size_t>(t) * c.rows + r;
+      float want = cpu_dot(type, tiny, w.f.data() + static_cast<size_t>(r) * c.cols,
+                           a.data() + static_cast<size_t>(t) * c.cols, c.cols);
+      if (c.accumulate) want = y0[i] + want;
+      if (bits(want) != bits(got[i])) {
+        if (bad < 5) {
+          std::printf("  mismatch %s: t %d r %d got %a want %a\n", describe(type, c).c_str(), t,
+                      r, static_cast<double>(got[i]), static_cast<double>(want));
+        }
+        ++bad;
+      }
+    }
+  }
+  return bad;
+}
+
+void run_cases(const std::vector<Case>& cases, uint32_t seed) {
+  for (GgmlType type : kFloatTypes) {
+    for (const Case& c : cases) {
+      const int bad = run_case(type, c, seed++);
+      EXPECT_EQ(bad, 0) << describe(type, c) << ": " << bad << " of "
+                        << static_cast<size_t>(c.rows) * c.n_tok << " outputs differ";
+    }
+  }
+}
+
+// Decode: one token, vec_dot order (and the leftover loops for cols % 64 != 0).
+// REQ: M0-W-1430 M0-W-1431 M0-W-1810
+TEST(ExactFloatGpu, DecodeVecdotBitExact) {
+  REQUIRE_GPU();
+  std::vector<Case> cases = {
+      {2048, 64, 1},  {896, 896, 1},  {130, 256, 1},   {172, 768, 1},   {896, 1024, 1},
+      {136, 4864, 1}, {2048, 172, 1}, {4864, 896, 1},  {130, 172, 1},   {7, 48, 1},
+      {896, 4864, 1}, {512, 64, 1},   {131, 4864 + 40, 1},
+  };
+  Case acc{896, 896, 1};
+  acc.accumulate = true;
+  cases.push_back(acc);
+  Case acc2{130, 172, 1};
+  acc2.accumulate = true;
+  cases.push_back(acc2);
+  run_cases(cases, 100);
+}
+
+// Prompt batches tinyBLAS takes (rows % 4 == 0, cols % 16 (F32/F16) or % 32 (BF16)).
+// REQ: M0-W-1430 M0-W-1431 M0-W-1810
+TEST(ExactFloatGpu, BatchTinyblasBitExact) {
+  REQUIRE_GPU();
+  std::vector<Case> cases = {
+      {896, 896, 2},  {2048, 64, 3}, {172, 256, 4},  {132, 4864, 5}, {896, 96, 8},
+      {896, 1024, 17}, {256, 896, 64}, {4, 32, 2},   {36, 160, 9},
+  };
+  Case acc{172, 768, 5};
+  acc.accumulate = true;
+  cases.push_back(acc);
+  run_cases(cases, 200);
+}
+
+// Batches tinyBLAS does not take: rows % 4 != 0, or cols % 16 != 0 (F32/F16) / % 32 != 0
+// (BF16): vec_dot order for every token.
+// REQ: M0-W-1430 M0-W-1431 M0-W-1810
+TEST(ExactFloatGpu, BatchVecdotBitExact) {
+  REQUIRE_GPU();
+  std::vector<Case> cases = {
+      {130, 896, 2}, {130, 256, 3}, {2051, 64, 5}, {7, 4864, 4},  {256, 172, 8},
+      {130, 172, 17}, {896, 200, 3}, {131, 1024, 64}, {172, 100, 2},
+  };
+  Case acc{130, 896, 5};
+  acc.accumulate = true;
+  cases.push_back(acc);
+  run_cases(cases, 300);
+}
+
+// A call that computes a slice of a bigger batch: the order is the whole batch's.
+// REQ: M0-W-1430 M0-W-1810
+TEST(ExactFloatGpu, BatchSliceUsesWholeBatchOrder) {
+  REQUIRE_GPU();
+  std::vector<Case> cases;
+  Case a{896, 256, 32};  // tinyBLAS (batch of 64)
+  a.batch_n = 64, a.t0 = 32;
+  cases.push_back(a);
+  Case b{896, 896, 1};  // one token of a 5-token batch: tinyBLAS, not vec_dot
+  b.batch_n = 5, b.t0 = 4;
+  cases.push_back(b);
+  Case c{130, 896, 4};  // rows % 4 != 0: vec_dot whatever the batch
+  c.batch_n = 64, c.t0 = 60;
+  cases.push_back(c);
+  Case d{172, 768, 3};
+  d.batch_n = 8, d.t0 = 5, d.accumulate = true;
+  cases.push_back(d);
+  run_cases(cases, 400);
+}
+
+// Weights or activations not 16-byte aligned: the scalar-load variants of both kernels.
+// REQ: M0-W-1430 M0-W-1431 M0-W-1810
+TEST(ExactFloatGpu, UnalignedPointersBitExact) {
+  REQUIRE_GPU();
+  std::vector<Case> cases;
+  for (const Case& base : {Case{896, 896, 1}, Case{172, 256, 5}, Case{130, 172, 3}}) {
+    Case c = base;
+    c.w_off = 4;
+    cases.push_back(c);
+    c.w_off = 0, c.a_off = 4;
+    cases.push_back(c);
+  }
+  run_cases(cases, 500);
+}
+
+// Same inputs twice: the same bits (no atomics, fixed trees).
+// REQ: M0-W-1430 M0-W-1810
+TEST(ExactFloatGpu, Deterministic) {
+  REQUIRE_GPU();
+  for (GgmlType type : kFloatTypes) {
+    EXPECT_EQ(run_case(type, Case{896, 896, 1}, 7), 0);
+    EXPECT_EQ(run_case(type, Case{896, 896, 1}, 7), 0);
+  }
+}
+
+// Bad inputs are refused with an error naming the problem (before any launch: no GPU needed).
+// REQ: M0-W-1431
+TEST(ExactFloatHost, RejectsBadShapes) {
+  kern::WeightView wv;
+  wv.type = static_cast<uint32_t>(GgmlType::Q4_K);
+  wv.rows = 4;
+  wv.cols = 256;
+  wv.row_bytes = 144;
+  kern::exact::ActBuf ab;
+  EXPECT_THROW(kern::exact::detail::matmul_float(wv, ab, 1, {}, nullptr, false, nullptr),
+               std::exception);
+  wv.type = static_cast<uint32_t>(GgmlType::F16);
+  wv.row_bytes = 100;  // < 256 * 2
+  EXPECT_THROW(kern::exact::detail::matmul_float(wv, ab, 1, {}, nullptr, false, nullptr),
+               std::exception);
+  wv.row_bytes = 512;
+  kern::exact::BatchOrder o;
+  o.batch_n = 2;  // fewer than n_tok
+  EXPECT_THROW(kern::exact::detail::matmul_float(wv, ab, 3, o, nullptr, false, nullptr),
+               std::exception);
+}
+
+}  // namespace
+}  // namespace worker
