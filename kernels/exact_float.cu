@@ -142,8 +142,11 @@ __global__ void __launch_bounds__(kVdThreads)
                   const float* __restrict__ x, int n_tok, float* __restrict__ y, int accumulate) {
   constexpr bool kBf = T == GgmlType::BF16;
   constexpr int kW = kWords<T>;
-  // Iterations of weights in flight per thread (same bytes for F32 and the 16-bit types).
-  constexpr int kU = T == GgmlType::F32 ? 4 : 8;
+  // Iterations of weights in flight per thread (the same bytes for F32 and the 16-bit
+  // types): one token is the memory-bound decode, where rows can be few (K/V projections:
+  // 128 rows, down projection: 896 rows of 4864) and only deep prefetch keeps enough bytes
+  // in flight; with NT tokens the accumulators need the registers.
+  constexpr int kU = (NT == 1 ? 16 : 8) / (T == GgmlType::F32 ? 2 : 1);
   constexpr int kC = kBf ? 4 : 8;  // chains (lanes) per thread
   const int s = threadIdx.x & 7;
   const int r = blockIdx.x * kVdRows + static_cast<int>(threadIdx.x >> 3);
@@ -439,7 +442,7 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
   }
   const size_t elem = type == GgmlType::F32 ? 4 : 2;
   if (w.rows <= 0 || w.cols <= 0 || w.rows > INT32_MAX / 2 || w.cols > INT32_MAX / 4 ||
-      w.row_bytes < static_cast<size_t>(w.cols) * elem || n_tok < 0 || n_tok > 65535 * kTbN ||
+      w.row_bytes < static_cast<size_t>(w.cols) * elem || n_tok < 0 || n_tok > 65535 * 4 ||
       order.batch_n < n_tok || order.t0 < 0 || order.t0 + n_tok > order.batch_n) {
     throw WorkerError(ErrorCode::Internal,
                       "exact::matmul_float: bad shape (rows " + std::to_string(w.rows) +
