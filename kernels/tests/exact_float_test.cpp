@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
@@ -469,6 +470,82 @@ TEST(ExactFloatHost, RejectsBadShapes) {
   o.batch_n = 2;  // fewer than n_tok
   EXPECT_THROW(kern::exact::detail::matmul_float(wv, ab, 3, o, nullptr, false, nullptr),
                std::exception);
+}
+
+// Decode timings at the 0.5B model's shapes (printed for the perf notes; F16 weights), with
+// every output of one launch checked bit for bit. Weights are filled by a cheap generator:
+// the LM head has 136M elements.
+// REQ: M0-W-1430 M0-W-1810
+TEST(ExactFloatGpu, DecodeTimingsAndExactness) {
+  REQUIRE_GPU();
+  struct Shape {
+    const char* name;
+    int rows, cols;
+  };
+  const Shape shapes[] = {{"q 896x896", 896, 896},       {"k 128x896", 128, 896},
+                          {"gate 4864x896", 4864, 896},  {"down 896x4864", 896, 4864},
+                          {"lm_head 151936x896", 151936, 896}};
+  const GgmlType type = GgmlType::F16;
+  uint32_t state = 12345u;
+  auto next = [&state] {  // xorshift32, values in (-1, 1) without 0
+    state ^= state << 13;
+    state ^= state >> 17;
+    state ^= state << 5;
+    return (static_cast<float>(state >> 8) + 0.5f) / 8388608.0f - 1.0f;
+  };
+  for (const Shape& sh : shapes) {
+    const size_t n = static_cast<size_t>(sh.rows) * static_cast<size_t>(sh.cols);
+    std::vector<uint8_t> bytes(n * 2);
+    std::vector<float> wf(n);
+    for (size_t i = 0; i < n; ++i) {
+      const uint16_t h = fp32_to_fp16(next());
+      std::memcpy(bytes.data() + 2 * i, &h, 2);
+      wf[i] = fp16_to_fp32(h);
+    }
+    std::vector<float> xraw(static_cast<size_t>(sh.cols));
+    for (auto& v : xraw) v = next() * 4.0f;
+    cpu::QuantizedActivation qa;
+    cpu::quantize_activation(type, xraw.data(), sh.cols, qa);
+    DevArray<uint8_t> dw(bytes);
+    DevArray<float> dx(qa.f);
+    DevArray<float> dy(static_cast<size_t>(sh.rows));
+    kern::WeightView wv;
+    wv.data = dw.get();
+    wv.type = static_cast<uint32_t>(type);
+    wv.rows = sh.rows;
+    wv.cols = sh.cols;
+    wv.row_bytes = static_cast<size_t>(sh.cols) * 2;
+    kern::exact::ActBuf ab;
+    ab.f = dx.get();
+    kern::exact::detail::matmul_float(wv, ab, 1, {}, dy.get(), false, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const auto got = dy.download();
+    int bad = 0;
+    for (int r = 0; r < sh.rows; ++r) {
+      const float want =
+          cpu::dot_vecdot(wf.data() + static_cast<size_t>(r) * sh.cols, qa.f.data(), sh.cols, true);
+      if (bits(want) != bits(got[static_cast<size_t>(r)]) && bad++ < 5)
+        std::printf("  mismatch %s r %d got %a want %a\n", sh.name, r,
+                    static_cast<double>(got[static_cast<size_t>(r)]), static_cast<double>(want));
+    }
+    EXPECT_EQ(bad, 0) << sh.name;
+    cudaEvent_t e0, e1;
+    ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+    ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+    const int reps = 50;
+    ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
+    for (int i = 0; i < reps; ++i)
+      kern::exact::detail::matmul_float(wv, ab, 1, {}, dy.get(), false, nullptr);
+    ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
+    ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+    float ms = 0.0f;
+    ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+    const double us = static_cast<double>(ms) * 1000.0 / reps;
+    std::printf("  exact F16 decode %-20s %8.2f us  %7.1f GB/s (weights)\n", sh.name, us,
+                static_cast<double>(n) * 2.0 / (us * 1e3));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
 }
 
 }  // namespace
