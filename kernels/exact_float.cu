@@ -189,8 +189,8 @@ __global__ void __launch_bounds__(kVdThreads)
             if constexpr (kBf) {
 #pragma unroll
               for (int q = 0; q < 4; ++q)
-                acc[t][q] = xf::dpbf16_step(acc[t][q], wv[2 * q], xv[2 * q], wv[2 * q + 1],
-                                            xv[2 * q + 1]);
+                acc[t][q] =
+                    xf::dpbf16_step(acc[t][q], wv[2 * q], xv[2 * q], wv[2 * q + 1], xv[2 * q + 1]);
             } else {
 #pragma unroll
               for (int k = 0; k < 8; ++k) acc[t][k] = xf::fma_step(acc[t][k], wv[k], xv[k]);
@@ -268,8 +268,7 @@ constexpr int kTbLd = kTbK + 4;
 template <GgmlType T, bool kVec>
 __global__ void __launch_bounds__(kTbThreads)
     tinyblas_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
-                    const float* __restrict__ x, int n_tok, float* __restrict__ y,
-                    int accumulate) {
+                    const float* __restrict__ x, int n_tok, float* __restrict__ y, int accumulate) {
   constexpr bool kBf = T == GgmlType::BF16;
   __shared__ __align__(16) float ws[kTbM][kTbLd];
   __shared__ __align__(16) float xs[kTbN][kTbLd];
@@ -410,8 +409,8 @@ void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, flo
   } else {
     constexpr int kNT = 4;
     const dim3 grid((rows + kVdRows - 1) / kVdRows, (n_tok + kNT - 1) / kNT);
-    launch_pdl("exact_float_vecdot", vecdot_kernel<T, kNT, kVec>, grid, dim3(kVdThreads), st,
-               wp, rows, cols, w.row_bytes, x, n_tok, y, acc);
+    launch_pdl("exact_float_vecdot", vecdot_kernel<T, kNT, kVec>, grid, dim3(kVdThreads), st, wp,
+               rows, cols, w.row_bytes, x, n_tok, y, acc);
   }
 }
 
@@ -445,11 +444,10 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
       w.row_bytes < static_cast<size_t>(w.cols) * elem || n_tok < 0 || n_tok > 65535 * 4 ||
       order.batch_n < n_tok || order.t0 < 0 || order.t0 + n_tok > order.batch_n) {
     throw WorkerError(ErrorCode::Internal,
-                      "exact::matmul_float: bad shape (rows " + std::to_string(w.rows) +
-                          ", cols " + std::to_string(w.cols) + ", row_bytes " +
-                          std::to_string(w.row_bytes) + ", n_tok " + std::to_string(n_tok) +
-                          ", batch_n " + std::to_string(order.batch_n) + ", t0 " +
-                          std::to_string(order.t0) + ")");
+                      "exact::matmul_float: bad shape (rows " + std::to_string(w.rows) + ", cols " +
+                          std::to_string(w.cols) + ", row_bytes " + std::to_string(w.row_bytes) +
+                          ", n_tok " + std::to_string(n_tok) + ", batch_n " +
+                          std::to_string(order.batch_n) + ", t0 " + std::to_string(order.t0) + ")");
   }
   if (n_tok == 0) return;
   // The CPU reference picks tinyBLAS from the whole batch's token count (exact.cuh).

@@ -109,8 +109,8 @@ __host__ __device__ __forceinline__ float tail_f32(float sum, const W& w, const 
 
 // ggml_vec_dot_f16 and ggml_vec_dot_bf16: each leftover float product added to a double.
 template <typename W>
-__host__ __device__ __forceinline__ double tail_double(double s, const W& w, const float* x,
-                                                       int np, int n) {
+__host__ __device__ __forceinline__ double tail_double(double s, const W& w, const float* x, int np,
+                                                       int n) {
   for (int i = np; i < n; ++i) s += static_cast<double>(mul_rn(w(i), x[i]));
   return s;
 }

@@ -199,7 +199,7 @@ TEST(ExactFloatHost, TinyblasDecisionMatchesCpu) {
   const int64_t rows[] = {1, 2, 3, 4, 6, 8, 130, 172, 896, 2051};
   const int64_t toks[] = {0, 1, 2, 3, 64};
   const int64_t colss[] = {8, 16, 32, 48, 64, 96, 172, 896, 4864};
-  const GgmlType all[] = {GgmlType::F32, GgmlType::F16,  GgmlType::BF16,
+  const GgmlType all[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16,
                           GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K};
   for (GgmlType t : all)
     for (int64_t r : rows)
@@ -338,8 +338,8 @@ int run_case(GgmlType type, const Case& c, uint32_t seed) {
       if (c.accumulate) want = y0[i] + want;
       if (bits(want) != bits(got[i])) {
         if (bad < 5) {
-          std::printf("  mismatch %s: t %d r %d got %a want %a\n", describe(type, c).c_str(), t,
-                      r, static_cast<double>(got[i]), static_cast<double>(want));
+          std::printf("  mismatch %s: t %d r %d got %a want %a\n", describe(type, c).c_str(), t, r,
+                      static_cast<double>(got[i]), static_cast<double>(want));
         }
         ++bad;
       }
@@ -363,8 +363,8 @@ void run_cases(const std::vector<Case>& cases, uint32_t seed) {
 TEST(ExactFloatGpu, DecodeVecdotBitExact) {
   REQUIRE_GPU();
   std::vector<Case> cases = {
-      {2048, 64, 1},  {896, 896, 1},  {130, 256, 1},   {172, 768, 1},   {896, 1024, 1},
-      {136, 4864, 1}, {2048, 172, 1}, {4864, 896, 1},  {130, 172, 1},   {7, 48, 1},
+      {2048, 64, 1},  {896, 896, 1},  {130, 256, 1},       {172, 768, 1}, {896, 1024, 1},
+      {136, 4864, 1}, {2048, 172, 1}, {4864, 896, 1},      {130, 172, 1}, {7, 48, 1},
       {896, 4864, 1}, {512, 64, 1},   {131, 4864 + 40, 1},
   };
   Case acc{896, 896, 1};
@@ -381,8 +381,8 @@ TEST(ExactFloatGpu, DecodeVecdotBitExact) {
 TEST(ExactFloatGpu, BatchTinyblasBitExact) {
   REQUIRE_GPU();
   std::vector<Case> cases = {
-      {896, 896, 2},  {2048, 64, 3}, {172, 256, 4},  {132, 4864, 5}, {896, 96, 8},
-      {896, 1024, 17}, {256, 896, 64}, {4, 32, 2},   {36, 160, 9},
+      {896, 896, 2},   {2048, 64, 3},  {172, 256, 4}, {132, 4864, 5}, {896, 96, 8},
+      {896, 1024, 17}, {256, 896, 64}, {4, 32, 2},    {36, 160, 9},
   };
   Case acc{172, 768, 5};
   acc.accumulate = true;
@@ -396,7 +396,7 @@ TEST(ExactFloatGpu, BatchTinyblasBitExact) {
 TEST(ExactFloatGpu, BatchVecdotBitExact) {
   REQUIRE_GPU();
   std::vector<Case> cases = {
-      {130, 896, 2}, {130, 256, 3}, {2051, 64, 5}, {7, 4864, 4},  {256, 172, 8},
+      {130, 896, 2},  {130, 256, 3}, {2051, 64, 5},   {7, 4864, 4},  {256, 172, 8},
       {130, 172, 17}, {896, 200, 3}, {131, 1024, 64}, {172, 100, 2},
   };
   Case acc{130, 896, 5};
@@ -482,8 +482,10 @@ TEST(ExactFloatGpu, DecodeTimingsAndExactness) {
     const char* name;
     int rows, cols;
   };
-  const Shape shapes[] = {{"q 896x896", 896, 896},       {"k 128x896", 128, 896},
-                          {"gate 4864x896", 4864, 896},  {"down 896x4864", 896, 4864},
+  const Shape shapes[] = {{"q 896x896", 896, 896},
+                          {"k 128x896", 128, 896},
+                          {"gate 4864x896", 4864, 896},
+                          {"down 896x4864", 896, 4864},
                           {"lm_head 151936x896", 151936, 896}};
   const GgmlType type = GgmlType::F16;
   uint32_t state = 12345u;
