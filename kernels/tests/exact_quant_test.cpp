@@ -1,2 +1,712 @@
-// Exact kernels against the CPU reference, bit for bit (see kernels/exact.cuh). (Being written.)
+// Exact kernels for quantized weights (kernels/exact_quant.cu) against the CPU reference
+// (worker/engine/cpu/act_quant.cpp), bit for bit:
+//  - HOST EMULATION tests (ExactQuantHost.*, run everywhere, CI included): the kernels'
+//    thread decomposition replayed on the host with the same __host__ __device__ functions
+//    (kernels/exact_quant_math.cuh): per-block / per-sub-block integer slots, their sums
+//    across the 8 lanes of a super-block, the float chains over the blocks, the combine
+//    tree; compared with cpu::dot_quantized and cpu::quantize_activation.
+//  - GPU tests (ExactQuantGpu.*, "not run" without a CUDA device): quantize_act and matmul
+//    on the device against the same CPU functions, over the full outputs (NaN-poisoned).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/cpu/act_quant.h"
+#include "exact.cuh"
+#include "exact_quant_math.cuh"
+#include "gguf/ggml_types.h"
+// gpu_test_util.h's rel_err promotes floats to double on purpose (not used here)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "gpu_test_util.h"
+#pragma GCC diagnostic pop
+
+namespace worker {
+namespace {
+
+namespace qm = kern::exact::qm;
+using gputest::DevArray;
+using kern::exact::ActBuf;
+using kern::exact::BatchOrder;
+
+const GgmlType kQuantTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K,
+                                GgmlType::Q6_K};
+
+// Fast deterministic random bytes (weights are megabytes).
+struct XorShift {
+  uint64_t s;
+  explicit XorShift(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  float uniform(float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
+  }
+};
+
+void put_half(uint8_t* p, float f) {
+  const uint16_t h = fp32_to_fp16(f);
+  std::memcpy(p, &h, 2);
+}
+
+// Random valid blocks: random quants, fp16 scales in a sane range (random bytes there would
+// be NaN / Inf / huge), Q4_K random 6-bit scales and mins (any 12 bytes are valid).
+std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, uint64_t seed) {
+  XorShift rng(seed);
+  const size_t rb = ggml_row_bytes(type, cols);
+  std::vector<uint8_t> data(rb * static_cast<size_t>(rows));
+  for (size_t i = 0; i < data.size(); i += 8) {
+    const uint64_t v = rng.next();
+    std::memcpy(data.data() + i, &v, std::min<size_t>(8, data.size() - i));
+  }
+  const size_t bb = *ggml_type_block_bytes(static_cast<uint32_t>(type));
+  const size_t nblk = data.size() / bb;
+  for (size_t k = 0; k < nblk; ++k) {
+    uint8_t* b = data.data() + k * bb;
+    const float sign = (rng.next() & 7) == 0 ? -1.0f : 1.0f;  // a few negative scales
+    switch (type) {
+      case GgmlType::Q8_0:
+        put_half(b, sign * rng.uniform(0.002f, 0.02f));
+        for (int j = 0; j < 32; ++j)
+          if (b[2 + j] == 0x80) b[2 + j] = 0x81;  // quants in [-127, 127] as ggml writes them
+        break;
+      case GgmlType::Q4_0:
+      case GgmlType::Q5_0: put_half(b, sign * rng.uniform(0.002f, 0.05f)); break;
+      case GgmlType::Q4_K:
+        put_half(b, rng.uniform(0.0005f, 0.01f));
+        put_half(b + 2, rng.uniform(0.0005f, 0.01f));
+        break;
+      case GgmlType::Q6_K:
+        for (int j = 0; j < 16; ++j)
+          if (b[192 + j] == 0x80) b[192 + j] = 0x81;
+        put_half(b + 208, sign * rng.uniform(0.0002f, 0.002f));
+        break;
+      default: break;
+    }
+  }
+  return data;
+}
+
+// Activations: normal values with a random magnitude per row; one 256-element block with
+// a tie of magnitudes (x and -x, the first must win) when the row is long enough.
+std::vector<float> random_acts(int n_tok, int cols, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<float> x(static_cast<size_t>(n_tok) * static_cast<size_t>(cols));
+  for (int t = 0; t < n_tok; ++t) {
+    std::uniform_real_distribution<float> mag(0.05f, 8.0f);
+    std::normal_distribution<float> nd(0.0f, mag(rng));
+    float* r = x.data() + static_cast<size_t>(t) * cols;
+    for (int i = 0; i < cols; ++i) r[i] = nd(rng);
+    if (cols >= 256) {
+      float m = 0;
+      for (int i = 0; i < 256; ++i) m = std::max(m, std::fabs(r[i]));
+      r[17] = -m * 1.5f;  // first element of largest magnitude (negative)
+      r[200] = m * 1.5f;  // same magnitude, later: must lose
+    }
+  }
+  return x;
+}
+
+std::vector<cpu::QuantizedActivation> cpu_acts(GgmlType type, const std::vector<float>& x,
+                                               int n_tok, int cols) {
+  std::vector<cpu::QuantizedActivation> a(static_cast<size_t>(n_tok));
+  for (int t = 0; t < n_tok; ++t)
+    cpu::quantize_activation(type, x.data() + static_cast<size_t>(t) * cols, cols,
+                             a[static_cast<size_t>(t)]);
+  return a;
+}
+
+// The CPU reference matmul of a BatchOrder slice, as CpuEngine::matmul sets the flags.
+std::vector<float> cpu_matmul(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols,
+                              std::vector<cpu::QuantizedActivation>& acts,
+                              const BatchOrder& order) {
+  const int n_tok = static_cast<int>(acts.size());
+  const size_t rb = ggml_row_bytes(type, cols);
+  const bool rep = cpu::repacked_on_x86(type, rows);
+  for (int t = 0; t < n_tok; ++t) {
+    acts[static_cast<size_t>(t)].repacked = rep;
+    acts[static_cast<size_t>(t)].repack_gemm =
+        rep && (order.t0 + t) < order.batch_n - order.batch_n % 4;
+  }
+  std::vector<float> y(static_cast<size_t>(n_tok) * static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r)
+    for (int t = 0; t < n_tok; ++t)
+      y[static_cast<size_t>(t) * rows + r] = cpu::dot_quantized(
+          type, w.data() + rb * static_cast<size_t>(r), acts[static_cast<size_t>(t)], nullptr);
+  return y;
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Counts bitwise mismatches; prints the first few.
+template <typename T>
+size_t count_mismatch(const std::vector<T>& got, const std::vector<T>& ref, const std::string& what,
+                      int row_len) {
+  size_t bad = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    bool same;
+    if constexpr (std::is_same_v<T, float>)
+      same = bits(got[i]) == bits(ref[i]);
+    else
+      same = got[i] == ref[i];
+    if (!same) {
+      if (bad < 5) {
+        if constexpr (std::is_same_v<T, float>)
+          std::printf("  %s: mismatch at [%zu][%zu]: got %a ref %a\n", what.c_str(),
+                      i / static_cast<size_t>(row_len), i % static_cast<size_t>(row_len),
+                      static_cast<double>(got[i]), static_cast<double>(ref[i]));
+        else
+          std::printf("  %s: mismatch at [%zu][%zu]: got %lld ref %lld\n", what.c_str(),
+                      i / static_cast<size_t>(row_len), i % static_cast<size_t>(row_len),
+                      static_cast<long long>(got[i]), static_cast<long long>(ref[i]));
+      }
+      ++bad;
+    }
+  }
+  return bad;
+}
+
+std::string type_str(GgmlType t) {
+  return std::string(ggml_type_name(static_cast<uint32_t>(t)));
+}
+
+bool cols_ok(GgmlType t, int cols) {
+  const bool k = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+  return cols % (k ? 256 : 32) == 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Host emulation of the matmul kernel (qmm_kernel): the same slot / scale / chain / combine
+// functions, in the kernel's decomposition.
+
+uint32_t word_at(const uint8_t* p) {
+  uint32_t w;
+  std::memcpy(&w, p, 4);
+  return w;
+}
+template <int N>
+void words_at(const uint8_t* p, uint32_t (&w)[N]) {
+  for (int i = 0; i < N; ++i) w[i] = word_at(p + 4 * i);
+}
+uint32_t u16_at(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// The slots S[12] and scales F[2] of block b of `row` for activation `a`, as the kernel's
+// lanes compute them (K-quants: 8 sub-block lanes, their partials summed as the shuffles do).
+void emulate_block(GgmlType type, bool rep, const uint8_t* row, int b,
+                   const cpu::QuantizedActivation& a, int* S, float* F) {
+  for (int i = 0; i < 12; ++i) S[i] = 0;
+  if (type == GgmlType::Q8_0 || type == GgmlType::Q4_0 || type == GgmlType::Q5_0) {
+    uint32_t y[8];
+    words_at(reinterpret_cast<const uint8_t*>(a.q.data()) + 32 * b, y);
+    int s[8];
+    float dw;
+    if (type == GgmlType::Q8_0) {
+      const uint8_t* p = row + 34 * b;
+      uint32_t w[8];
+      words_at(p + 2, w);
+      qm::q8_0_ints(w, y, s);
+      dw = qm::half_bits(u16_at(p));
+    } else if (type == GgmlType::Q4_0) {
+      const uint8_t* p = row + 18 * b;
+      uint32_t w[4];
+      words_at(p + 2, w);
+      qm::q4_0_ints(w, y, s);
+      dw = qm::half_bits(u16_at(p));
+    } else {
+      const uint8_t* p = row + 22 * b;
+      uint32_t w[4];
+      words_at(p + 6, w);
+      qm::q5_0_ints(word_at(p + 2), w, y, s);
+      dw = qm::half_bits(u16_at(p));
+    }
+    for (int i = 0; i < 8; ++i) S[i] = s[i];
+    F[0] = dw * a.d[static_cast<size_t>(b)];
+    return;
+  }
+  const float yd = a.d[static_cast<size_t>(b)];
+  int part[8][8];
+  int msub[8] = {};
+  for (int s = 0; s < 8; ++s) {  // lane s of the super-block's 8
+    uint32_t y[8];
+    words_at(reinterpret_cast<const uint8_t*>(a.q.data()) + 256 * b + 32 * s, y);
+    const int bs0 = a.bsum[static_cast<size_t>(16 * b + 2 * s)];
+    const int bs1 = a.bsum[static_cast<size_t>(16 * b + 2 * s + 1)];
+    if (type == GgmlType::Q4_K) {
+      const uint8_t* p = row + 144 * b;
+      uint32_t hw[3], q[8];
+      words_at(p + 4, hw);
+      words_at(p + 16 + 32 * (s >> 1), q);
+      int sc, mn;
+      qm::q4k_scale_min_w(s, hw, sc, mn);
+      int sc2, mn2;
+      qm::q4k_scale_min(s, p + 4, sc2, mn2);  // the byte-pointer form agrees
+      EXPECT_EQ(sc, sc2);
+      EXPECT_EQ(mn, mn2);
+      qm::q4k_sub_partials(s, sc, q, y, part[s]);
+      msub[s] = mn * (bs0 + bs1);
+    } else {
+      const uint8_t* p = row + 210 * b;
+      uint32_t ql[8], qh[8];
+      words_at(p + qm::q6k_ql_off(s), ql);
+      words_at(p + qm::q6k_qh_off(s), qh);
+      const int sc0 = static_cast<int8_t>(p[192 + 2 * s]);
+      const int sc1 = static_cast<int8_t>(p[192 + 2 * s + 1]);
+      qm::q6k_sub_partials(s, ql, qh, sc0, sc1, bs0, bs1, y, part[s]);
+    }
+  }
+  if (type == GgmlType::Q4_K && rep) {
+    for (int j = 0; j < 4; ++j) {  // pairs: lanes 2j and 2j+1 (shuffle xor 1)
+      int t0 = 0, t1 = 0;
+      for (int t = 0; t < 8; ++t) {
+        t0 += part[2 * j][t];
+        t1 += part[2 * j + 1][t];
+      }
+      S[j] = t0 + t1;
+      S[8 + j] = msub[2 * j] + msub[2 * j + 1];
+    }
+  } else {
+    for (int t = 0; t < 8; ++t) {  // the transposing reduce: lane t gets the sum of index t
+      int v = 0;
+      for (int s = 0; s < 8; ++s) v += part[s][t];
+      S[t] = v;
+    }
+    if (type == GgmlType::Q4_K)
+      for (int j = 0; j < 4; ++j) S[8 + j] = msub[2 * j] + msub[2 * j + 1];
+  }
+  const uint8_t* p = row + (type == GgmlType::Q4_K ? 144 : 210) * b;
+  if (type == GgmlType::Q6_K) {
+    F[0] = yd * qm::half_bits(u16_at(p + 208));
+  } else if (!rep) {
+    F[0] = yd * qm::half_bits(u16_at(p));
+    F[1] = -yd * qm::half_bits(u16_at(p + 2));
+  } else {
+    F[0] = qm::half_bits(u16_at(p)) * yd;
+    F[1] = qm::half_bits(u16_at(p + 2)) * yd;
+  }
+}
+
+template <qm::Flavor FL>
+float emulate_chains(GgmlType type, bool rep, const uint8_t* row, int nb,
+                     const cpu::QuantizedActivation& a, bool gemm) {
+  constexpr int C = qm::FlavorInfo<FL>::kChains;
+  float acc[12] = {};
+  // The kernel: chunks of blocks; per chunk the slots of every block, then each chain lane
+  // steps over the chunk's blocks in order (chunking does not change the per-chain order).
+  const int CB = (type == GgmlType::Q4_K || type == GgmlType::Q6_K) ? 8 : 32;
+  std::vector<int> S(static_cast<size_t>(CB) * 12);
+  std::vector<float> F(static_cast<size_t>(CB) * 2);
+  for (int c0 = 0; c0 < nb; c0 += CB) {
+    const int cnt = std::min(CB, nb - c0);
+    for (int b = 0; b < cnt; ++b)
+      emulate_block(type, rep, row, c0 + b, a, S.data() + 12 * b, F.data() + 2 * b);
+    for (int c = 0; c < C; ++c)
+      for (int b = 0; b < cnt; ++b)
+        acc[c] = qm::chain_step<FL>(c, S.data() + 12 * b, F.data() + 2 * b, gemm, acc[c]);
+  }
+  return qm::combine<FL>(acc);
+}
+
+float emulate_dot(GgmlType type, const uint8_t* row, int cols, const cpu::QuantizedActivation& a,
+                  bool rep, bool gemm) {
+  switch (type) {
+    case GgmlType::Q8_0:
+    case GgmlType::Q5_0:
+      return emulate_chains<qm::Flavor::Q0Lanes>(type, false, row, cols / 32, a, gemm);
+    case GgmlType::Q4_0:
+      return rep ? emulate_chains<qm::Flavor::Q4_0Rep>(type, true, row, cols / 32, a, gemm)
+                 : emulate_chains<qm::Flavor::Q0Lanes>(type, false, row, cols / 32, a, gemm);
+    case GgmlType::Q4_K:
+      return rep ? emulate_chains<qm::Flavor::Q4KRep>(type, true, row, cols / 256, a, gemm)
+                 : emulate_chains<qm::Flavor::Q4KLanes>(type, false, row, cols / 256, a, gemm);
+    default: return emulate_chains<qm::Flavor::Q6K>(type, false, row, cols / 256, a, gemm);
+  }
+}
+
+// HOST EMULATION: the matmul decomposition against cpu::dot_quantized, every quantized type,
+// rows a multiple of 8 (repacked Q4_0 / Q4_K) and not, gemm and gemv token slices.
+// REQ: M0-W-1430 WRK-D15
+TEST(ExactQuantHost, MatmulEmulationMatchesCpuReference) {
+  struct Shape {
+    int rows, cols;
+  };
+  const Shape shapes[] = {{24, 256}, {13, 768}, {16, 896}, {9, 1024}, {8, 4864}, {10, 64}};
+  uint64_t seed = 1;
+  for (GgmlType type : kQuantTypes) {
+    for (const Shape& sh : shapes) {
+      if (!cols_ok(type, sh.cols)) continue;
+      const auto w = random_weights(type, sh.rows, sh.cols, ++seed);
+      const int n_tok = 6;
+      const auto x = random_acts(n_tok, sh.cols, ++seed);
+      auto acts = cpu_acts(type, x, n_tok, sh.cols);
+      const BatchOrder order{6, 0};  // tokens 0..3 gemm, 4..5 gemv (repacked Q4_K)
+      const auto ref = cpu_matmul(type, w, sh.rows, sh.cols, acts, order);
+      const size_t rb = ggml_row_bytes(type, sh.cols);
+      const bool rep = cpu::repacked_on_x86(type, sh.rows);
+      std::vector<float> got(ref.size());
+      for (int t = 0; t < n_tok; ++t) {
+        const bool gemm = rep && t < order.batch_n - order.batch_n % 4;
+        for (int r = 0; r < sh.rows; ++r)
+          got[static_cast<size_t>(t) * sh.rows + r] =
+              emulate_dot(type, w.data() + rb * static_cast<size_t>(r), sh.cols,
+                          acts[static_cast<size_t>(t)], rep, gemm);
+      }
+      const std::string what =
+          type_str(type) + " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+      EXPECT_EQ(count_mismatch(got, ref, what, sh.rows), 0u) << what;
+    }
+  }
+}
+
+// HOST EMULATION: the gemm and gemv orders of repacked Q4_K really differ somewhere (so the
+// test above distinguishes them), and the emulation follows the flag.
+// REQ: M0-W-1430
+TEST(ExactQuantHost, Q4KGemmAndGemvOrdersDiffer) {
+  const int rows = 64, cols = 4864;
+  const auto w = random_weights(GgmlType::Q4_K, rows, cols, 77);
+  const auto x = random_acts(1, cols, 78);
+  auto acts = cpu_acts(GgmlType::Q4_K, x, 1, cols);
+  const size_t rb = ggml_row_bytes(GgmlType::Q4_K, cols);
+  int differ = 0;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* row = w.data() + rb * static_cast<size_t>(r);
+    acts[0].repacked = true;
+    acts[0].repack_gemm = true;
+    const float g = cpu::dot_quantized(GgmlType::Q4_K, row, acts[0], nullptr);
+    acts[0].repack_gemm = false;
+    const float v = cpu::dot_quantized(GgmlType::Q4_K, row, acts[0], nullptr);
+    EXPECT_EQ(bits(emulate_dot(GgmlType::Q4_K, row, cols, acts[0], true, true)), bits(g));
+    EXPECT_EQ(bits(emulate_dot(GgmlType::Q4_K, row, cols, acts[0], true, false)), bits(v));
+    differ += bits(g) != bits(v);
+  }
+  EXPECT_GT(differ, 0);
+}
+
+// HOST EMULATION of quantize_act's Q8_0 / Q8_K kernels: warp max of |x| (Q8_0), the
+// first-of-largest-magnitude merge across lanes (Q8_K: each lane scans its 8 elements with
+// strict >, the lower lane wins ties), the quant / scale helpers, bsums from lane pairs.
+// REQ: M0-W-1430
+TEST(ExactQuantHost, QuantizeEmulationMatchesCpuReference) {
+  for (const int cols : {256, 768, 1024, 4864}) {
+    auto x = random_acts(3, cols, static_cast<uint64_t>(cols));
+    // an all-zero block and a block whose extreme values tie across lanes
+    for (int i = 0; i < 256; ++i) x[static_cast<size_t>(cols) + i] = 0.0f;
+    if (cols >= 512) {
+      x[256 + 3] = 9.0f;
+      x[256 + 130] = -9.0f;
+    }
+    for (int t = 0; t < 3; ++t) {
+      const float* r = x.data() + static_cast<size_t>(t) * cols;
+      cpu::QuantizedActivation q0, qk;
+      cpu::quantize_activation(GgmlType::Q8_0, r, cols, q0);
+      cpu::quantize_activation(GgmlType::Q6_K, r, cols, qk);
+      for (int b = 0; b < cols / 32; ++b) {
+        float amax = 0.0f;
+        for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(r[32 * b + l]));
+        const float d = fp16_to_fp32(fp32_to_fp16(amax / 127.f));
+        ASSERT_EQ(bits(d), bits(q0.d[static_cast<size_t>(b)])) << "Q8_0 d block " << b;
+        const float id = qm::q8_0_id(amax);
+        for (int l = 0; l < 32; ++l)
+          ASSERT_EQ(qm::q8_0_quant(r[32 * b + l], id), q0.q[static_cast<size_t>(32 * b + l)]);
+      }
+      for (int b = 0; b < cols / 256; ++b) {
+        float la[32], lm[32];
+        for (int lane = 0; lane < 32; ++lane) {
+          la[lane] = 0.0f;
+          lm[lane] = 0.0f;
+          for (int i = 0; i < 8; ++i) {
+            const float v = r[256 * b + 8 * lane + i];
+            if (std::fabs(v) > la[lane]) {
+              la[lane] = std::fabs(v);
+              lm[lane] = v;
+            }
+          }
+        }
+        for (int o = 1; o < 32; o <<= 1) {  // the shuffle butterfly
+          float na[32], nm[32];
+          for (int lane = 0; lane < 32; ++lane) {
+            const int p = lane ^ o;
+            if (la[p] > la[lane] || (la[p] == la[lane] && p < lane)) {
+              na[lane] = la[p];
+              nm[lane] = lm[p];
+            } else {
+              na[lane] = la[lane];
+              nm[lane] = lm[lane];
+            }
+          }
+          std::copy(na, na + 32, la);
+          std::copy(nm, nm + 32, lm);
+        }
+        for (int lane = 1; lane < 32; ++lane) ASSERT_EQ(bits(lm[lane]), bits(lm[0]));
+        if (la[0] == 0.0f) {
+          EXPECT_EQ(bits(qk.d[static_cast<size_t>(b)]), bits(0.0f));
+          for (int i = 0; i < 256; ++i) EXPECT_EQ(qk.q[static_cast<size_t>(256 * b + i)], 0);
+          continue;
+        }
+        const float iscale = -127.f / lm[0];
+        ASSERT_EQ(bits(1 / iscale), bits(qk.d[static_cast<size_t>(b)])) << "Q8_K d block " << b;
+        for (int i = 0; i < 256; ++i)
+          ASSERT_EQ(qm::q8_k_quant(r[256 * b + i], iscale), qk.q[static_cast<size_t>(256 * b + i)]);
+        for (int j = 0; j < 16; ++j) {
+          int s = 0;
+          for (int i = 0; i < 16; ++i) s += qm::q8_k_quant(r[256 * b + 16 * j + i], iscale);
+          ASSERT_EQ(s, qk.bsum[static_cast<size_t>(16 * b + j)]);
+        }
+      }
+    }
+  }
+}
+
+// HOST: the helpers' fp16 decode, dp4a emulation and the host build of CUDA's fp16 / bf16
+// conversions against worker/gguf's (the CPU reference's) conversions on random values.
+// REQ: M0-W-1430
+TEST(ExactQuantHost, ConversionsAgreeWithCpuReference) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    if (((h >> 10) & 0x1F) == 31) continue;  // inf / NaN
+    ASSERT_EQ(bits(qm::half_bits(h)), bits(fp16_to_fp32(static_cast<uint16_t>(h)))) << h;
+  }
+  XorShift rng(5);
+  for (int i = 0; i < 200000; ++i) {
+    const float f = rng.uniform(-1.0f, 1.0f) * std::ldexp(1.0f, static_cast<int>(rng.next() % 40) - 20);
+    const __half hh = __float2half_rn(f);
+    uint16_t hb;
+    std::memcpy(&hb, &hh, 2);
+    ASSERT_EQ(hb, fp32_to_fp16(f)) << f;
+    const __nv_bfloat16 bb = __float2bfloat16_rn(f);
+    uint16_t bbits;
+    std::memcpy(&bbits, &bb, 2);
+    ASSERT_EQ(bbits, fp32_to_bf16(f)) << f;
+    const uint32_t a = static_cast<uint32_t>(rng.next()), b = static_cast<uint32_t>(rng.next());
+    int ref = 0;
+    for (int k = 0; k < 4; ++k)
+      ref += static_cast<int8_t>(a >> (8 * k)) * static_cast<int8_t>(b >> (8 * k));
+    ASSERT_EQ(qm::dp4a(a, b, 0), ref);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU tests
+
+// REQ: M0-W-1430 M0-W-1431 WRK-D15
+TEST(ExactQuantGpu, QuantizeActMatchesCpuReference) {
+  REQUIRE_GPU();
+  const GgmlType types[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
+                            GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K};
+  for (GgmlType type : types) {
+    const bool fl = type == GgmlType::F32 || type == GgmlType::F16 || type == GgmlType::BF16;
+    for (const int cols : {64, 172, 256, 768, 896, 1024, 4864}) {
+      if (!fl && !cols_ok(type, cols)) continue;
+      for (const int n_tok : {1, 3, 17, 64}) {
+        auto x = random_acts(n_tok, cols, static_cast<uint64_t>(cols * 131 + n_tok));
+        if (!fl && n_tok > 1)  // an all-zero block (d = 0, q = 0, bsums 0)
+          for (int i = 0; i < std::min(cols, 256); ++i) x[static_cast<size_t>(cols) + i] = 0.0f;
+        DevArray<float> dx(x);
+        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols));
+        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols);
+        kern::exact::quantize_act(static_cast<uint32_t>(type), dx.get(), n_tok, cols, a, nullptr);
+        CK(cudaDeviceSynchronize());
+        const auto ref = cpu_acts(type, x, n_tok, cols);
+        const std::string what = type_str(type) + " cols " + std::to_string(cols) + " n_tok " +
+                                 std::to_string(n_tok);
+        const size_t n = static_cast<size_t>(n_tok) * cols;
+        if (fl) {
+          std::vector<float> f(n), rf;
+          CK(cudaMemcpy(f.data(), a.f, n * 4, cudaMemcpyDeviceToHost));
+          for (const auto& r : ref) rf.insert(rf.end(), r.f.begin(), r.f.end());
+          EXPECT_EQ(count_mismatch(f, rf, what + " f", cols), 0u) << what;
+          continue;
+        }
+        const bool k = type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+        const int nd = cols / (k ? 256 : 32);
+        std::vector<int8_t> q(n), rq;
+        std::vector<float> d(static_cast<size_t>(n_tok) * nd), rd;
+        CK(cudaMemcpy(q.data(), a.q, n, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(d.data(), a.d, d.size() * 4, cudaMemcpyDeviceToHost));
+        for (const auto& r : ref) {
+          rq.insert(rq.end(), r.q.begin(), r.q.end());
+          rd.insert(rd.end(), r.d.begin(), r.d.end());
+        }
+        EXPECT_EQ(count_mismatch(q, rq, what + " q", cols), 0u) << what;
+        EXPECT_EQ(count_mismatch(d, rd, what + " d", nd), 0u) << what;
+        if (k) {
+          std::vector<int32_t> bs(static_cast<size_t>(n_tok) * (cols / 16)), rbs;
+          CK(cudaMemcpy(bs.data(), a.bsum, bs.size() * 4, cudaMemcpyDeviceToHost));
+          for (const auto& r : ref) rbs.insert(rbs.end(), r.bsum.begin(), r.bsum.end());
+          EXPECT_EQ(count_mismatch(bs, rbs, what + " bsum", cols / 16), 0u) << what;
+        }
+      }
+    }
+  }
+}
+
+// Uploads the CPU reference's quantized activations into an ActBuf (the matmul is tested on
+// exactly the reference's inputs; QuantizeActMatchesCpuReference tests the quantizer).
+void upload_acts(const std::vector<cpu::QuantizedActivation>& acts, GgmlType type, int cols,
+                 const ActBuf& a) {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> bs;
+  for (const auto& r : acts) {
+    q.insert(q.end(), r.q.begin(), r.q.end());
+    d.insert(d.end(), r.d.begin(), r.d.end());
+    bs.insert(bs.end(), r.bsum.begin(), r.bsum.end());
+  }
+  cudaMemcpy(a.q, q.data(), q.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(a.d, d.data(), d.size() * 4, cudaMemcpyHostToDevice);
+  if (type == GgmlType::Q4_K || type == GgmlType::Q6_K)
+    cudaMemcpy(a.bsum, bs.data(), bs.size() * 4, cudaMemcpyHostToDevice);
+  (void)cols;
+}
+
+struct MmCase {
+  int n_tok;
+  BatchOrder order;
+};
+
+// One type: every shape x token count x batch slice, accumulate alternating; y is NaN-poisoned
+// (plain) or random (accumulate) and compared with the reference over the full output.
+void run_matmul_type(GgmlType type) {
+  const int cols_list[] = {64, 256, 768, 896, 1024, 4864};
+  const int rows_list[] = {130, 172, 896, 2048};
+  const MmCase cases[] = {{1, {1, 0}},  {2, {2, 0}},   {3, {3, 0}},  {4, {4, 0}},
+                          {5, {5, 0}},  {8, {8, 0}},   {17, {17, 0}}, {64, {64, 0}},
+                          {4, {8, 4}},  {3, {7, 4}},   {5, {7, 2}},  {1, {5, 4}},
+                          {2, {6, 3}}};
+  uint64_t seed = static_cast<uint64_t>(type) * 1000;
+  int case_no = 0;
+  for (const int cols : cols_list) {
+    if (!cols_ok(type, cols)) continue;
+    for (const int rows : rows_list) {
+      const auto w = random_weights(type, rows, cols, ++seed);
+      DevArray<uint8_t> dw(w);
+      kern::WeightView wv;
+      wv.data = dw.get();
+      wv.type = static_cast<uint32_t>(type);
+      wv.rows = rows;
+      wv.cols = cols;
+      wv.row_bytes = ggml_row_bytes(type, cols);
+      for (const MmCase& mc : cases) {
+        // keep the CPU reference's work bounded (<= ~40M multiply-adds per case)
+        if (static_cast<int64_t>(rows) * cols * mc.n_tok > 40'000'000 && mc.n_tok > 4) continue;
+        const bool acc = (case_no++ % 2) == 1;
+        const int n_tok = mc.n_tok;
+        const auto x = random_acts(n_tok, cols, ++seed);
+        auto acts = cpu_acts(type, x, n_tok, cols);
+        auto ref = cpu_matmul(type, w, rows, cols, acts, mc.order);
+        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols));
+        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols);
+        upload_acts(acts, type, cols, a);
+        DevArray<float> dy(ref.size());
+        if (acc) {
+          std::vector<float> y0(ref.size());
+          XorShift rng(seed);
+          for (size_t i = 0; i < y0.size(); ++i) {
+            y0[i] = rng.uniform(-4.0f, 4.0f);
+            ref[i] = y0[i] + ref[i];  // the residual add: x += tmp, one rounding
+          }
+          dy.upload(y0);
+        }
+        kern::exact::matmul(wv, a, n_tok, mc.order, dy.get(), acc, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got = dy.download();
+        const std::string what = type_str(type) + " rows " + std::to_string(rows) + " cols " +
+                                 std::to_string(cols) + " n_tok " + std::to_string(n_tok) +
+                                 " batch_n " + std::to_string(mc.order.batch_n) + " t0 " +
+                                 std::to_string(mc.order.t0) + (acc ? " accumulate" : "");
+        ASSERT_EQ(count_mismatch(got, ref, what, rows), 0u) << what;
+      }
+    }
+  }
+}
+
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQuantGpu, MatmulQ8_0MatchesCpuReference) {
+  REQUIRE_GPU();
+  run_matmul_type(GgmlType::Q8_0);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQuantGpu, MatmulQ4_0MatchesCpuReference) {
+  REQUIRE_GPU();
+  run_matmul_type(GgmlType::Q4_0);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQuantGpu, MatmulQ5_0MatchesCpuReference) {
+  REQUIRE_GPU();
+  run_matmul_type(GgmlType::Q5_0);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQuantGpu, MatmulQ4_KMatchesCpuReference) {
+  REQUIRE_GPU();
+  run_matmul_type(GgmlType::Q4_K);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQuantGpu, MatmulQ6_KMatchesCpuReference) {
+  REQUIRE_GPU();
+  run_matmul_type(GgmlType::Q6_K);
+}
+
+// End to end on the device: quantize_act then matmul, against CpuEngine::matmul's steps.
+// REQ: M0-W-1430 WRK-D15
+TEST(ExactQuantGpu, QuantizeThenMatmulMatchesCpuReference) {
+  REQUIRE_GPU();
+  for (GgmlType type : kQuantTypes) {
+    const int rows = 896, cols = 1024, n_tok = 7;
+    const auto w = random_weights(type, rows, cols, 4242 + static_cast<uint64_t>(type));
+    const auto x = random_acts(n_tok, cols, 99);
+    auto acts = cpu_acts(type, x, n_tok, cols);
+    const BatchOrder order{n_tok, 0};
+    const auto ref = cpu_matmul(type, w, rows, cols, acts, order);
+    DevArray<uint8_t> dw(w);
+    kern::WeightView wv{dw.get(), static_cast<uint32_t>(type), rows, cols,
+                        ggml_row_bytes(type, cols)};
+    DevArray<float> dx(x);
+    DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols));
+    const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols);
+    DevArray<float> dy(ref.size());
+    kern::exact::quantize_act(wv.type, dx.get(), n_tok, cols, a, nullptr);
+    kern::exact::matmul(wv, a, n_tok, order, dy.get(), false, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(count_mismatch(dy.download(), ref, type_str(type), rows), 0u) << type_str(type);
+  }
+}
+
+// Bad shapes are refused with an error naming the problem, before any launch.
+// REQ: M0-W-1431
+TEST(ExactQuantGpu, RejectsBadShapes) {
+  REQUIRE_GPU();
+  DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(2, 512));
+  const ActBuf a = kern::exact::act_buffer_at(buf.get(), 2, 512);
+  DevArray<float> x(2 * 512);
+  EXPECT_THROW(kern::exact::quantize_act(static_cast<uint32_t>(GgmlType::Q4_K), x.get(), 2, 320,
+                                         a, nullptr),
+               WorkerError);
+  EXPECT_THROW(kern::exact::quantize_act(static_cast<uint32_t>(GgmlType::Q8_0), x.get(), 2, 48, a,
+                                         nullptr),
+               WorkerError);
+  kern::WeightView wv{buf.get(), static_cast<uint32_t>(GgmlType::Q6_K), 4, 320, 0};
+  EXPECT_THROW(kern::exact::matmul(wv, a, 1, BatchOrder{}, x.get(), false, nullptr), WorkerError);
+}
+
+}  // namespace
+}  // namespace worker
