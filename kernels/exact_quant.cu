@@ -408,78 +408,43 @@ __host__ __device__ constexpr int lanes_per_tok() {
   return c <= 1 ? 1 : (c <= 2 ? 2 : (c <= 8 ? 8 : 16));
 }
 
-template <GgmlType T, bool REP, int NT>
-__global__ void __launch_bounds__(kMMWarps* kWarp)
-    qmm_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
-               const int8_t* __restrict__ aq, const float* __restrict__ ad,
-               const int32_t* __restrict__ abs, int n_tok, int gemm_end, float* __restrict__ y,
-               int accumulate) {
-  constexpr Flavor FL = flavor_of<T, REP>();
+// The chain phase over blocks [0, cnt) of S / F (layout [block][NT][slots]): lane
+// (token slot ts, chain ch) steps its chains of the tokens ts, ts + TPP, ... in block order.
+template <Flavor FL, int NT>
+__device__ __forceinline__ void run_chains(const int* S, const float* F, int cnt, int nt,
+                                           const bool* gemm, float* acc) {
   constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
   constexpr int C = FlavorInfo<FL>::kChains;
-  constexpr int CB = chunk_blocks<T>();
   constexpr int LPT = lanes_per_tok<FL>();
-  constexpr int TPP = kWarp / LPT;             // tokens per chain pass
-  constexpr int NP = (NT + TPP - 1) / TPP;     // chain passes
-  constexpr int IT = passes<T>();
-  __shared__ __align__(16) int s_int[kMMWarps][CB * NT * SL];
-  __shared__ float s_f[kMMWarps][CB * NT * NF];
-
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int r = blockIdx.x * kMMWarps + warp;
-  if (r >= rows) return;  // warp-uniform; no block-wide barriers below
-  const int tok0 = blockIdx.y * NT;
-  const int nt = min(NT, n_tok - tok0);
-  constexpr int kBE = is_k<T>() ? 256 : 32;
-  const int nb = cols / kBE;
-  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-  int* S = s_int[warp];
-  float* F = s_f[warp];
-
-  const int s = lane & 7;
-  auto load_chunk = [&](int c0, WRegs (&wr)[IT]) {
-#pragma unroll
-    for (int it = 0; it < IT; ++it) {
-      const int u = is_k<T>() ? c0 + it * 4 + (lane >> 3) : c0 + lane;
-      if (u < nb) load_unit<T>(row, u, s, wr[it]);
-    }
-  };
-
-  WRegs wr[IT];
-  // Weights are never written by a kernel: the first chunk's load overlaps the previous
-  // kernel (PDL); activations and y are read only after the wait.
-  load_chunk(0, wr);
-  griddep_wait();
-
+  constexpr int TPP = kWarp / LPT;
+  constexpr int NP = (NT + TPP - 1) / TPP;
+  const int lane = threadIdx.x % kWarp;
   const int ch = lane % LPT, ts = lane / LPT;
-  float acc[NP];
+  if (ch >= C) return;
+#pragma unroll 4
+  for (int b = 0; b < cnt; ++b) {
 #pragma unroll
-  for (int p = 0; p < NP; ++p) acc[p] = 0.0f;
-  bool gemm[NP];
-#pragma unroll
-  for (int p = 0; p < NP; ++p) gemm[p] = tok0 + p * TPP + ts < gemm_end;
-
-  for (int c0 = 0; c0 < nb; c0 += CB) {
-    chunk_ints<T, REP, NT>(wr, c0, nb, cols, aq, ad, abs, tok0, nt, S, F);
-    if (c0 + CB < nb) load_chunk(c0 + CB, wr);  // in flight during the chains
-    __syncwarp();
-    const int cnt = min(CB, nb - c0);
-    if (ch < C) {
-      for (int b = 0; b < cnt; ++b) {
-#pragma unroll
-        for (int p = 0; p < NP; ++p) {
-          const int t = p * TPP + ts;
-          if (t < nt) {
-            acc[p] = qm::chain_step<FL>(ch, S + (b * NT + t) * SL, F + (b * NT + t) * NF,
-                                        gemm[p], acc[p]);
-          }
-        }
+    for (int p = 0; p < NP; ++p) {
+      const int t = p * TPP + ts;
+      if (t < nt) {
+        acc[p] = qm::chain_step<FL>(ch, S + (b * NT + t) * SL, F + (b * NT + t) * NF, gemm[p],
+                                    acc[p]);
       }
     }
-    __syncwarp();
   }
+}
 
-  // Gather each (row, token)'s chains into its first lane and combine in the fixed tree.
+// Gathers each (row, token)'s chains into its first lane, combines them in the reference's
+// tree and writes y (every lane of the warp calls it: shuffles).
+template <Flavor FL, int NT>
+__device__ __forceinline__ void combine_store(const float* acc, int nt, int tok0, int r, int rows,
+                                              float* __restrict__ y, int accumulate) {
+  constexpr int C = FlavorInfo<FL>::kChains;
+  constexpr int LPT = lanes_per_tok<FL>();
+  constexpr int TPP = kWarp / LPT;
+  constexpr int NP = (NT + TPP - 1) / TPP;
+  const int lane = threadIdx.x % kWarp;
+  const int ch = lane % LPT, ts = lane / LPT;
   const int base = lane & ~(LPT - 1);
 #pragma unroll
   for (int p = 0; p < NP; ++p) {
@@ -495,6 +460,114 @@ __global__ void __launch_bounds__(kMMWarps* kWarp)
   }
 }
 
+// Loads the weights of chunk c0 (blocks [c0, c0 + CB)) this lane computes.
+template <GgmlType T>
+__device__ __forceinline__ void load_chunk(const uint8_t* row, int c0, int nb,
+                                           WRegs (&wr)[passes<T>()]) {
+  const int lane = threadIdx.x % kWarp;
+#pragma unroll
+  for (int it = 0; it < passes<T>(); ++it) {
+    const int u = is_k<T>() ? c0 + it * 4 + (lane >> 3) : c0 + lane;
+    if (u < nb) load_unit<T>(row, u, lane & 7, wr[it]);
+  }
+}
+
+// Any token count: one warp per (row, tile of NT tokens); the warp walks the row in chunks
+// (slots of chunk c + 1's weights are loaded while chunk c's chains run).
+template <GgmlType T, bool REP, int NT>
+__global__ void __launch_bounds__(kMMWarps* kWarp)
+    qmm_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
+               const int8_t* __restrict__ aq, const float* __restrict__ ad,
+               const int32_t* __restrict__ abs, int n_tok, int gemm_end, float* __restrict__ y,
+               int accumulate) {
+  constexpr Flavor FL = flavor_of<T, REP>();
+  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
+  constexpr int CB = chunk_blocks<T>();
+  constexpr int LPT = lanes_per_tok<FL>();
+  constexpr int TPP = kWarp / LPT;          // tokens per chain pass
+  constexpr int NP = (NT + TPP - 1) / TPP;  // chain passes
+  __shared__ __align__(16) int s_int[kMMWarps][CB * NT * SL];
+  __shared__ float s_f[kMMWarps][CB * NT * NF];
+
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  const int r = blockIdx.x * kMMWarps + warp;
+  if (r >= rows) return;  // warp-uniform; no block-wide barriers below
+  const int tok0 = blockIdx.y * NT;
+  const int nt = min(NT, n_tok - tok0);
+  const int nb = cols / (is_k<T>() ? 256 : 32);
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  int* S = s_int[warp];
+  float* F = s_f[warp];
+
+  WRegs wr[passes<T>()];
+  // Weights are never written by a kernel: the first chunk's load overlaps the previous
+  // kernel (PDL); activations and y are read only after the wait.
+  load_chunk<T>(row, 0, nb, wr);
+  griddep_wait();
+
+  const int ts = lane / LPT;
+  float acc[NP];
+  bool gemm[NP];
+#pragma unroll
+  for (int p = 0; p < NP; ++p) {
+    acc[p] = 0.0f;
+    gemm[p] = tok0 + p * TPP + ts < gemm_end;
+  }
+  for (int c0 = 0; c0 < nb; c0 += CB) {
+    chunk_ints<T, REP, NT>(wr, c0, nb, cols, aq, ad, abs, tok0, nt, S, F);
+    if (c0 + CB < nb) load_chunk<T>(row, c0 + CB, nb, wr);  // in flight during the chains
+    __syncwarp();
+    run_chains<FL, NT>(S, F, min(CB, nb - c0), nt, gemm, acc);
+    __syncwarp();
+  }
+  combine_store<FL, NT>(acc, nt, tok0, r, rows, y, accumulate);
+}
+
+// One token, rows longer than one chunk (decode; e.g. FFN down): one row per block. The
+// block's warps compute the slots of all the row's chunks at once (every weight load of the
+// row in flight together) into shared memory, then warp 0 runs the chains over the whole
+// row. Shared memory: nb * (slots + scales) words (dynamic).
+template <GgmlType T, bool REP>
+__global__ void __launch_bounds__(kMMWarps* kWarp)
+    qmv_row_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
+                   const int8_t* __restrict__ aq, const float* __restrict__ ad,
+                   const int32_t* __restrict__ abs, int gemm_end, float* __restrict__ y,
+                   int accumulate) {
+  constexpr Flavor FL = flavor_of<T, REP>();
+  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
+  constexpr int CB = chunk_blocks<T>();
+  extern __shared__ int4 s_raw[];
+  const int nb = cols / (is_k<T>() ? 256 : 32);
+  int* S = reinterpret_cast<int*>(s_raw);
+  float* F = reinterpret_cast<float*>(S + nb * SL);
+  const int warp = threadIdx.x / kWarp;
+  const int r = blockIdx.x;
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  const int nchunks = (nb + CB - 1) / CB;
+
+  WRegs wr[passes<T>()];
+  if (warp < nchunks) load_chunk<T>(row, warp * CB, nb, wr);
+  griddep_wait();
+  for (int c = warp; c < nchunks; c += kMMWarps) {  // warp-uniform
+    chunk_ints<T, REP, 1>(wr, c * CB, nb, cols, aq, ad, abs, 0, 1, S + c * CB * SL,
+                          F + c * CB * NF);
+    if (c + kMMWarps < nchunks) load_chunk<T>(row, (c + kMMWarps) * CB, nb, wr);
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  float acc[1] = {0.0f};
+  const bool gemm[1] = {0 < gemm_end};
+  run_chains<FL, 1>(S, F, nb, 1, gemm, acc);
+  combine_store<FL, 1>(acc, 1, 0, r, rows, y, accumulate);
+}
+
+template <GgmlType T, bool REP>
+size_t row_kernel_smem(int cols) {
+  constexpr Flavor FL = flavor_of<T, REP>();
+  const size_t nb = static_cast<size_t>(cols / (is_k<T>() ? 256 : 32));
+  return nb * (FlavorInfo<FL>::kSlots + FlavorInfo<FL>::kScales) * sizeof(int);
+}
+
 template <GgmlType T, bool REP, int NT>
 void launch_qmm(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
                 bool accumulate, cudaStream_t stream) {
@@ -507,13 +580,29 @@ void launch_qmm(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, f
              y, accumulate ? 1 : 0);
 }
 
+// Shared memory the one-row kernel may take without an opt-in (48 KB), with room to spare
+// so that several blocks share an SM.
+constexpr size_t kRowKernelMaxSmem = 40 * 1024;
+
 template <GgmlType T, bool REP>
 void launch_qmm_nt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
                    bool accumulate, cudaStream_t stream) {
-  if (n_tok == 1)
-    launch_qmm<T, REP, 1>(w, a, n_tok, gemm_end, y, accumulate, stream);
-  else
+  if (n_tok == 1) {
+    const int nb = static_cast<int>(w.cols) / (is_k<T>() ? 256 : 32);
+    const size_t smem = row_kernel_smem<T, REP>(static_cast<int>(w.cols));
+    if (nb > chunk_blocks<T>() && smem <= kRowKernelMaxSmem) {
+      launch_pdl_smem("exact_qmv_row_kernel", qmv_row_kernel<T, REP>,
+                      dim3(static_cast<unsigned>(w.rows)), dim3(kMMWarps * kWarp), smem, stream,
+                      static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),
+                      static_cast<int>(w.cols), w.row_bytes, static_cast<const int8_t*>(a.q),
+                      static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum),
+                      gemm_end, y, accumulate ? 1 : 0);
+    } else {
+      launch_qmm<T, REP, 1>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    }
+  } else {
     launch_qmm<T, REP, 8>(w, a, n_tok, gemm_end, y, accumulate, stream);
+  }
 }
 
 std::string type_name(uint32_t t) {

@@ -592,7 +592,7 @@ void run_matmul_type(GgmlType type) {
   const MmCase cases[] = {{1, {1, 0}},  {2, {2, 0}},   {3, {3, 0}},  {4, {4, 0}},
                           {5, {5, 0}},  {8, {8, 0}},   {17, {17, 0}}, {64, {64, 0}},
                           {4, {8, 4}},  {3, {7, 4}},   {5, {7, 2}},  {1, {5, 4}},
-                          {2, {6, 3}}};
+                          {2, {6, 3}},  {1, {8, 3}}};
   uint64_t seed = static_cast<uint64_t>(type) * 1000;
   int case_no = 0;
   for (const int cols : cols_list) {
