@@ -24,10 +24,10 @@
 //    depends on the whole batch, not on this call's tokens), cpu::dot_tinyblas /
 //    dot_bf16_tinyblas: 16 lanes per output, lane l takes elements 16i + l (F32/F16, FMA)
 //    or the pairs (32i + 2l, 32i + 2l + 1) (BF16, dpbf16); then hsum16.
-//    tinyblas_kernel: a block computes 32 rows x 16 tokens; k in chunks of 64 staged in
-//    shared memory as floats (exact conversions); thread (group g, lane l) owns lane l of
-//    8 rows x 4 tokens (32 register chains, each in index order); hsum16 by shuffles xor
-//    8, 4, 2, 1 inside each 16-thread group.
+//    tinyblas_kernel: a block computes 32 rows x 16 or 32 tokens; k in chunks of 64 staged
+//    in shared memory as floats (exact conversions); thread (group g, lane l) owns lane l
+//    of 8 rows x 4 or 8 tokens (32 or 64 register chains, each in index order); hsum16 by
+//    shuffles xor 8, 4, 2, 1 inside each 16-thread group.
 // accumulate: y = y + dot, one rounding (the CPU's x += tmp).
 //
 // All arithmetic here goes through xf:: helpers (explicit __fmul_rn / __fadd_rn / fmaf), and
@@ -254,35 +254,43 @@ __global__ void __launch_bounds__(kVdThreads)
 }
 
 // ---------------------------------------------------------------------------------------
-// tinyBLAS order. Block: kTbM rows x kTbN tokens, 16 groups of 16 threads; group g = (gm,
-// gn) owns rows gm*kTM .. +kTM and tokens gn*kTN .. +kTN; thread lane l of the group holds
-// chain l of each of those outputs.
+// tinyBLAS order. Block: kTbM rows x kTbN(kTN) tokens, 16 groups of 16 threads; group g =
+// (gm, gn) owns rows gm*kTM .. +kTM and tokens gn, gn + 4, .., gn + 4(kTN-1) of the tile;
+// thread lane l of the group holds chain l of each of those outputs. kTN = 8 for long
+// batches (64 chains per thread: 16 shared loads per 64 FMAs), 4 for short ones (less
+// padding work).
 constexpr int kTbThreads = 256;
-constexpr int kTM = 8, kTN = 4;
-constexpr int kTbM = 4 * kTM, kTbN = 4 * kTN;
+constexpr int kTM = 8;
+constexpr int kTbM = 4 * kTM;
 constexpr int kTbK = 64;
-// Row stride of the shared tiles: 68 floats puts the two groups of a warp (kTN token rows
-// apart: 4 * 68 = 272 = 16 mod 32 banks) on disjoint banks.
-constexpr int kTbLd = kTbK + 4;
+// Row strides of the shared tiles (floats). The two groups of a warp share gm (the same
+// weight words: broadcast) and have gn one apart: tokens one row apart, 80 = 16 mod 32
+// banks, so their 16 lanes each hit disjoint banks.
+constexpr int kWLd = kTbK + 4;
+constexpr int kXLd = kTbK + 16;
 
-template <GgmlType T, bool kVec>
+template <GgmlType T, int kTN, bool kVec>
 __global__ void __launch_bounds__(kTbThreads)
     tinyblas_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                     const float* __restrict__ x, int n_tok, float* __restrict__ y, int accumulate) {
   constexpr bool kBf = T == GgmlType::BF16;
-  __shared__ __align__(16) float ws[kTbM][kTbLd];
-  __shared__ __align__(16) float xs[kTbN][kTbLd];
+  constexpr int kTbN = 4 * kTN;
+  constexpr int kXE = kTN;         // activation floats per loader thread
+  constexpr int kXT = kTbK / kXE;  // loader threads per token
+  __shared__ __align__(16) float ws[kTbM][kWLd];
+  __shared__ __align__(16) float xs[kTbN][kXLd];
   const int tid = static_cast<int>(threadIdx.x);
   const int m0 = blockIdx.x * kTbM, n0 = blockIdx.y * kTbN;
-  // Loaders: weights 8 per thread (row lr, elements le..le+7 of the chunk), activations 4.
+  // Loaders: weights 8 per thread (row lr, elements le..le+7 of the chunk), activations kXE
+  // (token lt, elements lx..).
   const int lr = tid >> 3, le = (tid & 7) * 8;
-  const int lt = tid >> 4, lx = (tid & 15) * 4;
+  const int lt = tid / kXT, lx = (tid % kXT) * kXE;
   const bool w_ok = m0 + lr < rows;
   const bool x_ok = n0 + lt < n_tok;
   const uint8_t* wrow = w + static_cast<size_t>(w_ok ? m0 + lr : 0) * row_bytes;
   const float* xrow = x + static_cast<size_t>(x_ok ? n0 + lt : 0) * cols;
   uint32_t wr[kWords<T>];
-  float xr[4];
+  float xr[kXE];
   // cols is a multiple of 16: a group of 8 (or 4) elements is all in or all out.
   auto fetch_w = [&](int k0) {
     if (w_ok && k0 + le < cols) {
@@ -297,7 +305,7 @@ __global__ void __launch_bounds__(kTbThreads)
       load_x<kVec>(xrow, k0 + lx, xr);
     } else {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) xr[k] = 0.0f;
+      for (int k = 0; k < kXE; ++k) xr[k] = 0.0f;
     }
   };
   fetch_w(0);
@@ -319,7 +327,10 @@ __global__ void __launch_bounds__(kTbThreads)
       float4* wd = reinterpret_cast<float4*>(&ws[lr][le]);
       wd[0] = make_float4(wv[0], wv[1], wv[2], wv[3]);
       wd[1] = make_float4(wv[4], wv[5], wv[6], wv[7]);
-      *reinterpret_cast<float4*>(&xs[lt][lx]) = make_float4(xr[0], xr[1], xr[2], xr[3]);
+      float4* xd = reinterpret_cast<float4*>(&xs[lt][lx]);
+#pragma unroll
+      for (int q = 0; q < kXE / 4; ++q)
+        xd[q] = make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
     }
     __syncthreads();
     if (k0 + kTbK < cols) {  // next chunk's loads overlap this chunk's math
@@ -334,7 +345,7 @@ __global__ void __launch_bounds__(kTbThreads)
 #pragma unroll
           for (int mi = 0; mi < kTM; ++mi) a[mi] = ws[gm * kTM + mi][kk + l];
 #pragma unroll
-          for (int ni = 0; ni < kTN; ++ni) b[ni] = xs[gn * kTN + ni][kk + l];
+          for (int ni = 0; ni < kTN; ++ni) b[ni] = xs[gn + 4 * ni][kk + l];
 #pragma unroll
           for (int mi = 0; mi < kTM; ++mi) {
 #pragma unroll
@@ -352,7 +363,7 @@ __global__ void __launch_bounds__(kTbThreads)
             a[mi] = *reinterpret_cast<const float2*>(&ws[gm * kTM + mi][kk + 2 * l]);
 #pragma unroll
           for (int ni = 0; ni < kTN; ++ni)
-            b[ni] = *reinterpret_cast<const float2*>(&xs[gn * kTN + ni][kk + 2 * l]);
+            b[ni] = *reinterpret_cast<const float2*>(&xs[gn + 4 * ni][kk + 2 * l]);
 #pragma unroll
           for (int mi = 0; mi < kTM; ++mi) {
 #pragma unroll
@@ -374,15 +385,15 @@ __global__ void __launch_bounds__(kTbThreads)
         acc[mi][ni] = xf::add_rn(acc[mi][ni], __shfl_xor_sync(0xffffffffu, acc[mi][ni], m));
     }
   }
-  // Every lane holds all kTM * kTN sums; lane l stores outputs o = l and l + 16 (o = mi +
-  // kTM * ni: consecutive lanes write consecutive rows).
+  // Every lane holds all kTM * kTN sums; lane l stores the outputs o = mi + kTM * ni with
+  // o % 16 == l (consecutive lanes write consecutive rows).
 #pragma unroll
   for (int mi = 0; mi < kTM; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < kTN; ++ni) {
       const int o = mi + kTM * ni;
       if ((o & 15) == l) {
-        const int r = m0 + gm * kTM + mi, t = n0 + gn * kTN + ni;
+        const int r = m0 + gm * kTM + mi, t = n0 + gn + 4 * ni;
         if (r < rows && t < n_tok) {
           const size_t idx = static_cast<size_t>(t) * static_cast<size_t>(rows) + r;
           y[idx] = accumulate ? xf::add_rn(y[idx], acc[mi][ni]) : acc[mi][ni];
@@ -398,9 +409,13 @@ void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, flo
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const int acc = accumulate ? 1 : 0;
-  if (tiny) {
-    const dim3 grid((rows + kTbM - 1) / kTbM, (n_tok + kTbN - 1) / kTbN);
-    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, kVec>, grid, dim3(kTbThreads), st, wp,
+  if (tiny && n_tok > 16) {
+    const dim3 grid((rows + kTbM - 1) / kTbM, (n_tok + 31) / 32);
+    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 8, kVec>, grid, dim3(kTbThreads), st, wp,
+               rows, cols, w.row_bytes, x, n_tok, y, acc);
+  } else if (tiny) {
+    const dim3 grid((rows + kTbM - 1) / kTbM, (n_tok + 15) / 16);
+    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 4, kVec>, grid, dim3(kTbThreads), st, wp,
                rows, cols, w.row_bytes, x, n_tok, y, acc);
   } else if (n_tok == 1) {
     const dim3 grid((rows + kVdRows - 1) / kVdRows, 1);

@@ -550,5 +550,72 @@ TEST(ExactFloatGpu, DecodeTimingsAndExactness) {
   }
 }
 
+// Prefill timings (tinyBLAS order, 512 tokens, F16 and BF16) at the 0.5B FFN shapes,
+// printed for the perf notes; a sample of the outputs (every 37th row, every token) is
+// checked bit for bit (the whole output would take the CPU reference too long).
+// REQ: M0-W-1430 M0-W-1810
+TEST(ExactFloatGpu, PrefillTimingsAndExactness) {
+  REQUIRE_GPU();
+  struct Shape {
+    const char* name;
+    int rows, cols;
+  };
+  const Shape shapes[] = {{"gate 4864x896", 4864, 896}, {"down 896x4864", 896, 4864}};
+  const int n_tok = 512;
+  std::mt19937 rng(77);
+  for (GgmlType type : {GgmlType::F16, GgmlType::BF16}) {
+    for (const Shape& sh : shapes) {
+      const Weights w = random_weights(type, sh.rows, sh.cols, rng);
+      const auto a = random_acts(type, n_tok, sh.cols, rng);
+      DevArray<uint8_t> dw(w.bytes);
+      DevArray<float> da(a);
+      DevArray<float> dy(static_cast<size_t>(sh.rows) * n_tok);
+      kern::WeightView wv;
+      wv.data = dw.get();
+      wv.type = static_cast<uint32_t>(type);
+      wv.rows = sh.rows;
+      wv.cols = sh.cols;
+      wv.row_bytes = ggml_row_bytes(type, sh.cols);
+      kern::exact::ActBuf ab;
+      ab.f = da.get();
+      kern::exact::BatchOrder order;
+      order.batch_n = n_tok;
+      ASSERT_TRUE(cpu::tinyblas_takes(type, sh.rows, n_tok, sh.cols));
+      kern::exact::detail::matmul_float(wv, ab, n_tok, order, dy.get(), false, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dy.download();
+      int bad = 0;
+      for (int r = 0; r < sh.rows; r += 37) {
+        for (int t = 0; t < n_tok; ++t) {
+          const size_t i = static_cast<size_t>(t) * sh.rows + r;
+          const float want = cpu_dot(type, true, w.f.data() + static_cast<size_t>(r) * sh.cols,
+                                     a.data() + static_cast<size_t>(t) * sh.cols, sh.cols);
+          if (bits(want) != bits(got[i]) && bad++ < 5)
+            std::printf("  mismatch %s r %d t %d got %a want %a\n", sh.name, r, t,
+                        static_cast<double>(got[i]), static_cast<double>(want));
+        }
+      }
+      EXPECT_EQ(bad, 0) << sh.name;
+      cudaEvent_t e0, e1;
+      ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
+      ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
+      const int reps = 10;
+      ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
+      for (int i = 0; i < reps; ++i)
+        kern::exact::detail::matmul_float(wv, ab, n_tok, order, dy.get(), false, nullptr);
+      ASSERT_EQ(cudaEventRecord(e1, nullptr), cudaSuccess);
+      ASSERT_EQ(cudaEventSynchronize(e1), cudaSuccess);
+      float ms = 0.0f;
+      ASSERT_EQ(cudaEventElapsedTime(&ms, e0, e1), cudaSuccess);
+      const double us = static_cast<double>(ms) * 1000.0 / reps;
+      std::printf("  exact %s prefill %d tok %-16s %9.1f us  %6.2f TFLOP/s\n",
+                  std::string(ggml_type_name(static_cast<uint32_t>(type))).c_str(), n_tok, sh.name,
+                  us, 2.0 * sh.rows * sh.cols * n_tok / (us * 1e6));
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace worker
