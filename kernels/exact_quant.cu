@@ -200,7 +200,7 @@ __host__ __device__ constexpr Flavor flavor_of() {
 struct WRegs {
   uint32_t h = 0;      // fp16 d (Q0, Q6_K), or d | dmin << 16 (Q4_K)
   uint32_t a[8] = {};  // Q8_0 qs; Q4_0 qs[0..3]; Q5_0 qh, qs[0..3]; Q4_K qs of the pair; Q6_K ql
-  uint32_t b[8] = {};  // Q4_K: scales words b[0..2]; Q6_K: qh; b[0] of Q6_K's: scale pair
+  uint32_t b[8] = {};  // Q4_K: the 12 scale bytes in b[0..2]; Q6_K: qh
   uint32_t sc = 0;     // Q6_K: int8 scales 2g, 2g+1
 };
 
@@ -326,9 +326,13 @@ __device__ __forceinline__ void chunk_ints(const WRegs (&wr)[passes<T>()], int c
         const uint32_t w[4] = {r.a[1], r.a[2], r.a[3], r.a[4]};
         qm::q5_0_ints(r.a[0], w, y, s);
       }
-      int4* dst = reinterpret_cast<int4*>(S + (lane * NT + t) * SL);
-      dst[0] = make_int4(s[0], s[1], s[2], s[3]);
-      dst[1] = make_int4(s[4], s[5], s[6], s[7]);
+      if constexpr (FL == Flavor::Q4_0Rep) {  // one slot: the block's integer dot
+        S[lane * NT + t] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+      } else {
+        int4* dst = reinterpret_cast<int4*>(S + (lane * NT + t) * SL);
+        dst[0] = make_int4(s[0], s[1], s[2], s[3]);
+        dst[1] = make_int4(s[4], s[5], s[6], s[7]);
+      }
       F[(lane * NT + t) * NF] = dw * da;
     }
   } else {

@@ -186,7 +186,7 @@ EXQ_HD float hsum4(const float* m) {
 // order with chain_step, and the chains combine with combine().
 enum class Flavor : int {
   Q0Lanes = 0,   // Q8_0, Q5_0, Q4_0 not repacked: 8 chains, F[0] = d_w * d_a
-  Q4_0Rep = 1,   // Q4_0 repacked: 1 chain, acc = fma(float(sum of S[0..7]), F[0], acc)
+  Q4_0Rep = 1,   // Q4_0 repacked: 1 chain, acc = fma(float(S[0]), F[0], acc), S[0]: block dot
   Q6K = 2,       // 8 chains, F[0] = d_a * d_w
   Q4KLanes = 3,  // 12 chains: 8 lanes (F[0] = d_a * d), 4 mins (F[1] = -d_a * dmin)
   Q4KRep = 4,    // 2 chains: acc (S[0..3] pair ints, F[0] = d*d_a), accm (S[8..11], F[1])
@@ -200,7 +200,7 @@ struct FlavorInfo<Flavor::Q0Lanes> {
 };
 template <>
 struct FlavorInfo<Flavor::Q4_0Rep> {
-  static constexpr int kChains = 1, kSlots = 8, kScales = 1;
+  static constexpr int kChains = 1, kSlots = 1, kScales = 1;
 };
 template <>
 struct FlavorInfo<Flavor::Q6K> {
@@ -222,9 +222,7 @@ EXQ_HD float chain_step(int c, const int* S, const float* F, bool gemm, float ac
   if constexpr (FL == Flavor::Q0Lanes || FL == Flavor::Q6K) {
     return lane_step(F[0], S[c], acc);
   } else if constexpr (FL == Flavor::Q4_0Rep) {
-    int s = 0;
-    for (int i = 0; i < 8; ++i) s += S[i];
-    return fma_(static_cast<float>(s), F[0], acc);
+    return fma_(static_cast<float>(S[0]), F[0], acc);
   } else if constexpr (FL == Flavor::Q4KLanes) {
     return c < 8 ? lane_step(F[0], S[c], acc) : lane_step(F[1], S[c], acc);
   } else {  // Q4KRep: c = 0 acc (pair ints S[0..3]), c = 1 accm (S[8..11])
