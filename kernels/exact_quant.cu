@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(kActThreads)
 }
 
 int grid_for(size_t work_items, int per_block) {
-  const size_t b = (work_items + static_cast<size_t>(per_block) - 1) / static_cast<size_t>(per_block);
+  const size_t b =
+      (work_items + static_cast<size_t>(per_block) - 1) / static_cast<size_t>(per_block);
   return static_cast<int>(std::min<size_t>(std::max<size_t>(b, 1), 65535));
 }
 
@@ -431,8 +432,8 @@ __device__ __forceinline__ void run_chains(const int* S, const float* F, int cnt
     for (int p = 0; p < NP; ++p) {
       const int t = p * TPP + ts;
       if (t < nt) {
-        acc[p] = qm::chain_step<FL>(ch, S + (b * NT + t) * SL, F + (b * NT + t) * NF, gemm[p],
-                                    acc[p]);
+        acc[p] =
+            qm::chain_step<FL>(ch, S + (b * NT + t) * SL, F + (b * NT + t) * NF, gemm[p], acc[p]);
       }
     }
   }
@@ -599,8 +600,8 @@ void launch_qmm_nt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end
                       dim3(static_cast<unsigned>(w.rows)), dim3(kMMWarps * kWarp), smem, stream,
                       static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),
                       static_cast<int>(w.cols), w.row_bytes, static_cast<const int8_t*>(a.q),
-                      static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum),
-                      gemm_end, y, accumulate ? 1 : 0);
+                      static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), gemm_end,
+                      y, accumulate ? 1 : 0);
     } else {
       launch_qmm<T, REP, 1>(w, a, n_tok, gemm_end, y, accumulate, stream);
     }
@@ -660,27 +661,23 @@ void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, con
     case GgmlType::Q4_0:
     case GgmlType::Q5_0: {
       if (cols % 32 != 0) {
-        throw WorkerError(ErrorCode::Internal,
-                          "quantize_act: row length " + std::to_string(cols) +
-                              " is not a multiple of 32 (Q8_0 blocks)");
+        throw WorkerError(ErrorCode::Internal, "quantize_act: row length " + std::to_string(cols) +
+                                                   " is not a multiple of 32 (Q8_0 blocks)");
       }
       const size_t nb = n / 32;
-      launch_pdl("exact_act_q8_0_kernel", act_q8_0_kernel,
-                 dim3(grid_for(nb, kActThreads / kWarp)), dim3(kActThreads), stream, x, a.q, a.d,
-                 nb);
+      launch_pdl("exact_act_q8_0_kernel", act_q8_0_kernel, dim3(grid_for(nb, kActThreads / kWarp)),
+                 dim3(kActThreads), stream, x, a.q, a.d, nb);
       return;
     }
     case GgmlType::Q4_K:
     case GgmlType::Q6_K: {
       if (cols % 256 != 0) {
-        throw WorkerError(ErrorCode::Internal,
-                          "quantize_act: row length " + std::to_string(cols) +
-                              " is not a multiple of 256 (Q8_K blocks)");
+        throw WorkerError(ErrorCode::Internal, "quantize_act: row length " + std::to_string(cols) +
+                                                   " is not a multiple of 256 (Q8_K blocks)");
       }
       const size_t nb = n / 256;
-      launch_pdl("exact_act_q8_k_kernel", act_q8_k_kernel,
-                 dim3(grid_for(nb, kActThreads / kWarp)), dim3(kActThreads), stream, x, a.q, a.d,
-                 a.bsum, nb);
+      launch_pdl("exact_act_q8_k_kernel", act_q8_k_kernel, dim3(grid_for(nb, kActThreads / kWarp)),
+                 dim3(kActThreads), stream, x, a.q, a.d, a.bsum, nb);
       return;
     }
     default:
@@ -701,8 +698,8 @@ void matmul(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& o
   const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
   if (w.cols % (k_quant ? 256 : 32) != 0) {
     throw WorkerError(ErrorCode::Internal, "exact matmul: row length " + std::to_string(w.cols) +
-                                               " is not a multiple of the " +
-                                               type_name(w.type) + " block");
+                                               " is not a multiple of the " + type_name(w.type) +
+                                               " block");
   }
   if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
     throw WorkerError(ErrorCode::Internal, "exact matmul: matrix too large");

@@ -150,8 +150,7 @@ EXQ_HD void q6k_sub_partials(int g, const uint32_t (&ql)[8], const uint32_t (&qh
   const int k = g & 3;
   const int nshift = (k >> 1) * 4, hshift = 2 * k;
   for (int t = 0; t < 8; ++t) {
-    const uint32_t v =
-        ((ql[t] >> nshift) & 0x0F0F0F0Fu) | (((qh[t] >> hshift) & 0x03030303u) << 4);
+    const uint32_t v = ((ql[t] >> nshift) & 0x0F0F0F0Fu) | (((qh[t] >> hshift) & 0x03030303u) << 4);
     p[t] = (t >= 4 ? sc1 : sc0) * dp4a(v, y[t], 0);
   }
   const int corr = 32 * (bs0 * sc0 + bs1 * sc1);

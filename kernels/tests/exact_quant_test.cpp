@@ -493,7 +493,8 @@ TEST(ExactQuantHost, ConversionsAgreeWithCpuReference) {
   }
   XorShift rng(5);
   for (int i = 0; i < 200000; ++i) {
-    const float f = rng.uniform(-1.0f, 1.0f) * std::ldexp(1.0f, static_cast<int>(rng.next() % 40) - 20);
+    const float f =
+        rng.uniform(-1.0f, 1.0f) * std::ldexp(1.0f, static_cast<int>(rng.next() % 40) - 20);
     const __half hh = __float2half_rn(f);
     uint16_t hb;
     std::memcpy(&hb, &hh, 2);
@@ -532,8 +533,8 @@ TEST(ExactQuantGpu, QuantizeActMatchesCpuReference) {
         kern::exact::quantize_act(static_cast<uint32_t>(type), dx.get(), n_tok, cols, a, nullptr);
         CK(cudaDeviceSynchronize());
         const auto ref = cpu_acts(type, x, n_tok, cols);
-        const std::string what = type_str(type) + " cols " + std::to_string(cols) + " n_tok " +
-                                 std::to_string(n_tok);
+        const std::string what =
+            type_str(type) + " cols " + std::to_string(cols) + " n_tok " + std::to_string(n_tok);
         const size_t n = static_cast<size_t>(n_tok) * cols;
         if (fl) {
           std::vector<float> f(n), rf;
@@ -594,10 +595,9 @@ struct MmCase {
 void run_matmul_type(GgmlType type) {
   const int cols_list[] = {64, 256, 768, 896, 1024, 4864};
   const int rows_list[] = {130, 172, 896, 2048};
-  const MmCase cases[] = {{1, {1, 0}},  {2, {2, 0}},   {3, {3, 0}},  {4, {4, 0}},
-                          {5, {5, 0}},  {8, {8, 0}},   {17, {17, 0}}, {64, {64, 0}},
-                          {4, {8, 4}},  {3, {7, 4}},   {5, {7, 2}},  {1, {5, 4}},
-                          {2, {6, 3}},  {1, {8, 3}}};
+  const MmCase cases[] = {{1, {1, 0}}, {2, {2, 0}},   {3, {3, 0}},   {4, {4, 0}}, {5, {5, 0}},
+                          {8, {8, 0}}, {17, {17, 0}}, {64, {64, 0}}, {4, {8, 4}}, {3, {7, 4}},
+                          {5, {7, 2}}, {1, {5, 4}},   {2, {6, 3}},   {1, {8, 3}}};
   uint64_t seed = static_cast<uint64_t>(type) * 1000;
   int case_no = 0;
   for (const int cols : cols_list) {
@@ -703,12 +703,12 @@ TEST(ExactQuantGpu, RejectsBadShapes) {
   DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(2, 512));
   const ActBuf a = kern::exact::act_buffer_at(buf.get(), 2, 512);
   DevArray<float> x(2 * 512);
-  EXPECT_THROW(kern::exact::quantize_act(static_cast<uint32_t>(GgmlType::Q4_K), x.get(), 2, 320,
-                                         a, nullptr),
-               WorkerError);
-  EXPECT_THROW(kern::exact::quantize_act(static_cast<uint32_t>(GgmlType::Q8_0), x.get(), 2, 48, a,
-                                         nullptr),
-               WorkerError);
+  EXPECT_THROW(
+      kern::exact::quantize_act(static_cast<uint32_t>(GgmlType::Q4_K), x.get(), 2, 320, a, nullptr),
+      WorkerError);
+  EXPECT_THROW(
+      kern::exact::quantize_act(static_cast<uint32_t>(GgmlType::Q8_0), x.get(), 2, 48, a, nullptr),
+      WorkerError);
   kern::WeightView wv{buf.get(), static_cast<uint32_t>(GgmlType::Q6_K), 4, 320, 0};
   EXPECT_THROW(kern::exact::matmul(wv, a, 1, BatchOrder{}, x.get(), false, nullptr), WorkerError);
 }
