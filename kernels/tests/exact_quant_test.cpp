@@ -26,6 +26,7 @@
 #include "exact.cuh"
 #include "exact_quant_math.cuh"
 #include "gguf/ggml_types.h"
+#include "matvec.cuh"
 // gpu_test_util.h's rel_err promotes floats to double on purpose (not used here)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
@@ -693,6 +694,64 @@ TEST(ExactQuantGpu, QuantizeThenMatmulMatchesCpuReference) {
     kern::exact::matmul(wv, a, n_tok, order, dy.get(), false, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(count_mismatch(dy.download(), ref, type_str(type), rows), 0u) << type_str(type);
+  }
+}
+
+// The decode shapes of a 0.5B model (Qwen2-0.5B: FFN down 896 x 4864, gate/up 4864 x 896,
+// LM head 151936 x 896), one token: exact against the CPU reference, and the time per call
+// printed next to the current fast (non-exact) matvec of the same weights, for the record.
+// REQ: M0-W-1430 WRK-D15
+TEST(ExactQuantGpu, DecodeModelShapesMatchAndTime) {
+  REQUIRE_GPU();
+  struct Shape {
+    int rows, cols;
+  };
+  const Shape shapes[] = {{896, 4864}, {4864, 896}, {151936, 896}};
+  for (GgmlType type : kQuantTypes) {
+    for (const Shape& sh : shapes) {
+      if (!cols_ok(type, sh.cols)) continue;
+      const auto w = random_weights(type, sh.rows, sh.cols, 9000 + static_cast<uint64_t>(sh.rows));
+      const auto x = random_acts(1, sh.cols, 31);
+      auto acts = cpu_acts(type, x, 1, sh.cols);
+      const auto ref = cpu_matmul(type, w, sh.rows, sh.cols, acts, BatchOrder{});
+      DevArray<uint8_t> dw(w);
+      kern::WeightView wv{dw.get(), static_cast<uint32_t>(type), sh.rows, sh.cols,
+                          ggml_row_bytes(type, sh.cols)};
+      DevArray<float> dx(x);
+      DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(1, sh.cols));
+      const ActBuf a = kern::exact::act_buffer_at(buf.get(), 1, sh.cols);
+      DevArray<float> dy(ref.size()), dy2(ref.size());
+      kern::exact::quantize_act(wv.type, dx.get(), 1, sh.cols, a, nullptr);
+      kern::exact::matmul(wv, a, 1, BatchOrder{}, dy.get(), false, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const std::string what =
+          type_str(type) + " " + std::to_string(sh.rows) + "x" + std::to_string(sh.cols);
+      EXPECT_EQ(count_mismatch(dy.download(), ref, what, sh.rows), 0u) << what;
+      cudaEvent_t e0, e1, e2;
+      CK(cudaEventCreate(&e0));
+      CK(cudaEventCreate(&e1));
+      CK(cudaEventCreate(&e2));
+      const int iters = 50;
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < iters; ++i) {
+        kern::exact::quantize_act(wv.type, dx.get(), 1, sh.cols, a, nullptr);
+        kern::exact::matmul(wv, a, 1, BatchOrder{}, dy.get(), false, nullptr);
+      }
+      CK(cudaEventRecord(e1));
+      for (int i = 0; i < iters; ++i) kern::matvec(wv, dx.get(), dy2.get(), 1, false, nullptr);
+      CK(cudaEventRecord(e2));
+      CK(cudaEventSynchronize(e2));
+      float ms_exact = 0, ms_fast = 0;
+      CK(cudaEventElapsedTime(&ms_exact, e0, e1));
+      CK(cudaEventElapsedTime(&ms_fast, e1, e2));
+      std::printf("  decode %-5s %6d x %5d: exact quantize+matmul %.2f us, fast matvec %.2f us\n",
+                  type_str(type).c_str(), sh.rows, sh.cols,
+                  static_cast<double>(ms_exact) * 1000.0 / iters,
+                  static_cast<double>(ms_fast) * 1000.0 / iters);
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      cudaEventDestroy(e2);
+    }
   }
 }
 
