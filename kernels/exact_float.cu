@@ -131,10 +131,13 @@ __device__ __forceinline__ void load_x(const float* __restrict__ x, int e, float
 }
 
 // ---------------------------------------------------------------------------------------
-// vec_dot order. 8 threads per row (thread s: chains 8s .. 8s+7 of every token), kVdRows
+// vec_dot order. 8 threads per row (thread s: chains 8s .. 8s+7 of every token), blockDim/8
 // rows per block, NT tokens per block sharing each weight load.
+// (4 or 8) rows per block: one-warp blocks for matrices of few rows, so that their blocks
+// spread over all SMs (896 rows: 224 blocks).
 constexpr int kVdRows = 8;
 constexpr int kVdThreads = kVdRows * 8;
+constexpr int kVdSmallRows = 4096;  // below: 4 rows per block
 
 template <GgmlType T, int NT, bool kVec>
 __global__ void __launch_bounds__(kVdThreads)
@@ -149,7 +152,7 @@ __global__ void __launch_bounds__(kVdThreads)
   constexpr int kU = (NT == 1 ? 16 : 8) / (T == GgmlType::F32 ? 2 : 1);
   constexpr int kC = kBf ? 4 : 8;  // chains (lanes) per thread
   const int s = threadIdx.x & 7;
-  const int r = blockIdx.x * kVdRows + static_cast<int>(threadIdx.x >> 3);
+  const int r = static_cast<int>(blockIdx.x * (blockDim.x >> 3) + (threadIdx.x >> 3));
   const bool live = r < rows;
   // A dead row (last block) computes row rows-1 again and stores nothing: every thread
   // takes part in the shuffles.
@@ -418,9 +421,10 @@ void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, flo
     launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 4, kVec>, grid, dim3(kTbThreads), st, wp,
                rows, cols, w.row_bytes, x, n_tok, y, acc);
   } else if (n_tok == 1) {
-    const dim3 grid((rows + kVdRows - 1) / kVdRows, 1);
-    launch_pdl("exact_float_vecdot", vecdot_kernel<T, 1, kVec>, grid, dim3(kVdThreads), st, wp,
-               rows, cols, w.row_bytes, x, n_tok, y, acc);
+    const int rpb = rows < kVdSmallRows ? kVdRows / 2 : kVdRows;
+    const dim3 grid((rows + rpb - 1) / rpb, 1);
+    launch_pdl("exact_float_vecdot", vecdot_kernel<T, 1, kVec>, grid, dim3(rpb * 8), st, wp, rows,
+               cols, w.row_bytes, x, n_tok, y, acc);
   } else {
     constexpr int kNT = 4;
     const dim3 grid((rows + kVdRows - 1) / kVdRows, (n_tok + kNT - 1) / kNT);
