@@ -1,2 +1,512 @@
-// Exact kernels, see exact.cuh. (Being written.)
+// Exact kernels, see exact.cuh: the non-matmul ops, each the floats of the CPU reference
+// (worker/engine/cpu/cpu_ops.{h,cpp}) bit for bit. The per-thread math is in
+// exact_ops_math.cuh (shared with the host tests, which emulate these decompositions).
+//
+// Orders reproduced, and why each is exact:
+//  - rmsnorm (cpu::rms_norm_row): the CPU sums the float squares x*x sequentially in double.
+//    Here a fixed tree sums them in double (threads' strided partial sums, then warp
+//    butterflies). The two double sums differ by at most ~2n * 2^-53 of the sum; the mean is
+//    float(sum / n), a monotone function of the sum, so when it gives the same float at both
+//    ends of that interval (math::rms_mean_certain) the tree's mean is the CPU's. Otherwise
+//    (the interval straddles a float rounding boundary: probability ~n * 2^-29 per row,
+//    about 4e-6 for n = 896) thread 0 redoes the sum sequentially in the CPU's order. So the
+//    mean is always the CPU's; scale = 1/sqrtf(mean + eps) and y = (x*scale)*w are the same
+//    IEEE ops.
+//  - bias_rope_store (cpu::rope_row after the bias adds): x + b (one add), then the pair
+//    rotation d0 = fma(x0, c, -(x1*s)), d1 = fma(x0, s, x1*c) with cos/sin from a table the
+//    host builds with the CPU engine's own code (cpu::rope_cos_sin). Element-wise: exact.
+//  - attention (cpu::attention_head), three kernels per chunk of tokens:
+//    scores: one thread per (token, head, key) computes cpu::dot_vecdot literally (64 FMA
+//      chains, the GGML_F32x16_REDUCE + hsum16 tree, the tail loop) times kq_scale.
+//    softmax: one block per (token, head): max (order-free), ggml_expf per key (0 beyond
+//      n_att up to the 16-padding), hsum16 per 16-block (one thread per block, the CPU's
+//      tree). The CPU adds those block sums sequentially in double; here a double tree, with
+//      the same certainty check as rmsnorm on inv = float(1/sum) and the sequential sum as
+//      fallback. Probabilities e*inv are formed by the KQV kernel as it reads them.
+//    KQV: the CPU's dot over the keys is 64 (vec_dot, one token) or 16 (tinyBLAS, >= 2
+//      tokens) independent FMA chains over the keys; one thread runs one chain for one
+//      output dim (same FMAs, same order, zeros beyond n_att as the CPU's padded buffers),
+//      then one thread per dim combines the chains in the CPU's tree (vecdot_reduce64 /
+//      hsum16).
+//  - swiglu (cpu::swiglu_row): element-wise; ggml_silu with ggml_expf (its ldexp as one
+//    rounding of an exact double product) for i < F & ~15; the scalar tail calls libm's expf
+//    on the CPU: here glibc's expf algorithm in double (math::expf_libm; equal to glibc 2.36's
+//    on all but 2 of 3.3e8 floats checked; exact.cuh's "exp in double, rounded once" differs
+//    from glibc for 6e-4 of inputs, so it is not used).
+// Launch geometry never depends on n_past (read from device memory): the decode step can be
+// a replayed CUDA graph. No atomics; every result is computed by one fixed order.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "common.cuh"
+#include "common/errors.h"
+#include "cuda_check.h"
+#include "engine/cpu/cpu_ops.h"  // rope_cos_sin: the CPU engine's cos/sin code, inline
 #include "exact.cuh"
+#include "exact_ops_math.cuh"
+#include "launch.cuh"
+
+namespace worker::kern::exact {
+namespace {
+
+// Block-wide double sum (fixed tree: warp butterflies, then the warps' sums); every thread
+// gets the same bits (a butterfly's lanes add the same two values). `sh` holds >= 32.
+__device__ __forceinline__ double block_sum_double(double v, double* sh) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int nw = (blockDim.x + kWarp - 1) / kWarp;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  double r = lane < nw ? sh[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+
+// ---- rmsnorm -------------------------------------------------------------------------
+
+constexpr int kNormThreads = 256;
+
+__global__ void __launch_bounds__(kNormThreads)
+    ex_rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                      float* __restrict__ y, int n, float eps) {
+  __shared__ double shd[32];
+  __shared__ float sh_mean;
+  // Norm weights are never written by a kernel: read them before the PDL wait.
+  constexpr int kPre = 4;
+  float wpre[kPre];
+#pragma unroll
+  for (int k = 0; k < kPre; ++k) {
+    const int i = threadIdx.x + k * kNormThreads;
+    wpre[k] = i < n ? w[i] : 0.0f;
+  }
+  griddep_wait();
+  const float* xr = x + static_cast<size_t>(blockIdx.x) * n;
+  float* yr = y + static_cast<size_t>(blockIdx.x) * n;
+  float xpre[kPre];
+  double s = 0.0;
+#pragma unroll
+  for (int k = 0; k < kPre; ++k) {
+    const int i = threadIdx.x + k * kNormThreads;
+    xpre[k] = i < n ? xr[i] : 0.0f;
+    if (i < n) s += static_cast<double>(xpre[k] * xpre[k]);
+  }
+  for (int i = threadIdx.x + kPre * kNormThreads; i < n; i += kNormThreads) {
+    s += static_cast<double>(xr[i] * xr[i]);
+  }
+  s = block_sum_double(s, shd);
+  float mean;
+  if (!math::rms_mean_certain(s, n, &mean)) {  // uniform: every thread has the same s
+    if (threadIdx.x == 0) {
+      double q = 0.0;  // the CPU's order
+      for (int i = 0; i < n; ++i) q += static_cast<double>(xr[i] * xr[i]);
+      sh_mean = math::rms_mean(q, n);
+    }
+    __syncthreads();
+    mean = sh_mean;
+  }
+  const float scale = math::rms_scale(mean, eps);
+#pragma unroll
+  for (int k = 0; k < kPre; ++k) {
+    const int i = threadIdx.x + k * kNormThreads;
+    if (i < n) yr[i] = (xpre[k] * scale) * wpre[k];
+  }
+  for (int i = threadIdx.x + kPre * kNormThreads; i < n; i += kNormThreads) {
+    yr[i] = (xr[i] * scale) * w[i];
+  }
+}
+
+// ---- bias + RoPE + KV store ----------------------------------------------------------
+
+constexpr int kRopeThreads = 64;
+
+__global__ void __launch_bounds__(kRopeThreads)
+    ex_bias_rope_store_kernel(float* __restrict__ q, const float* __restrict__ k,
+                              const float* __restrict__ v, const float* __restrict__ bq,
+                              const float* __restrict__ bk, const float* __restrict__ bv,
+                              int n_head, int n_head_kv, int hd, int n_rot, int neox,
+                              const float2* __restrict__ rope, const int32_t* __restrict__ d_n_past,
+                              float* __restrict__ k_cache, float* __restrict__ v_cache) {
+  const int t = blockIdx.x;
+  const int hy = blockIdx.y;
+  const int q_dim = n_head * hd, kv_dim = n_head_kv * hd;
+  // Which head of which tensor this block does: Q heads (rotated in place), K heads
+  // (rotated, stored), V heads (stored).
+  int kind, h;
+  if (hy < n_head) {
+    kind = 0;
+    h = hy;
+  } else if (hy < n_head + n_head_kv) {
+    kind = 1;
+    h = hy - n_head;
+  } else {
+    kind = 2;
+    h = hy - n_head - n_head_kv;
+  }
+  const float* bias = kind == 0 ? bq : (kind == 1 ? bk : bv);
+  const float* bh = bias != nullptr ? bias + static_cast<size_t>(h) * hd : nullptr;
+  const int half = n_rot / 2;
+  // Biases are weights: this thread's first pair's before the PDL wait.
+  float b0 = 0.0f, b1 = 0.0f;
+  const int i_first = threadIdx.x;
+  const int f0 = neox ? i_first : 2 * i_first, f1 = neox ? i_first + half : 2 * i_first + 1;
+  if (bh != nullptr && kind != 2 && i_first < half) {
+    b0 = bh[f0];
+    b1 = bh[f1];
+  }
+  griddep_wait();
+  const int pos = d_n_past[0] + t;
+  const float* src;
+  float* dst;
+  if (kind == 0) {
+    src = q + static_cast<size_t>(t) * q_dim + static_cast<size_t>(h) * hd;
+    dst = q + static_cast<size_t>(t) * q_dim + static_cast<size_t>(h) * hd;
+  } else {
+    src = (kind == 1 ? k : v) + static_cast<size_t>(t) * kv_dim + static_cast<size_t>(h) * hd;
+    dst = (kind == 1 ? k_cache : v_cache) + static_cast<size_t>(pos) * kv_dim +
+          static_cast<size_t>(h) * hd;
+  }
+  int first_plain = 0;  // dims from here on are not rotated
+  if (kind != 2) {
+    const float2* cs = rope + static_cast<size_t>(pos) * half;
+    for (int i = threadIdx.x; i < half; i += kRopeThreads) {
+      const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+      float x0 = src[i0], x1 = src[i1];
+      if (bh != nullptr) {
+        x0 = x0 + (i == i_first ? b0 : bh[i0]);
+        x1 = x1 + (i == i_first ? b1 : bh[i1]);
+      }
+      const float2 c = cs[i];
+      float d0, d1;
+      math::rope_pair(x0, x1, c.x, c.y, d0, d1);
+      dst[i0] = d0;
+      dst[i1] = d1;
+    }
+    first_plain = n_rot;
+  }
+  for (int d = first_plain + threadIdx.x; d < hd; d += kRopeThreads) {
+    float x = src[d];
+    if (bh != nullptr) x = x + bh[d];
+    dst[d] = x;
+  }
+}
+
+// ---- attention -----------------------------------------------------------------------
+
+constexpr int kScoreThreads = 128;
+constexpr int kSoftmaxThreads = 256;
+constexpr size_t kScratchBudget = size_t{1} << 24;  // floats per chunk of tokens (64 MiB)
+
+// Per (token of the chunk, head): scores / exps [cap_max], 16-block sums [cap_max / 16],
+// inv (1 float, padded to 16).
+struct ScratchLayout {
+  int cap_max = 0;  // n_ctx rounded up to 64
+  size_t stride = 0;
+  int chunk = 1;  // tokens per launch group
+};
+ScratchLayout scratch_layout(int n_ctx, int n_tok, int n_head) {
+  ScratchLayout l;
+  l.cap_max = (n_ctx + 63) & ~63;
+  l.stride = static_cast<size_t>(l.cap_max) + static_cast<size_t>(l.cap_max) / 16 + 16;
+  const size_t per_tok = l.stride * static_cast<size_t>(n_head);
+  const size_t fit = std::max<size_t>(1, kScratchBudget / per_tok);
+  l.chunk = static_cast<int>(std::min<size_t>(fit, static_cast<size_t>(std::max(1, n_tok))));
+  return l;
+}
+
+// cpu::dot_vecdot(k row, q) with the K row read as 16-byte loads where aligned.
+__device__ __forceinline__ float score_dot(const float* __restrict__ kr, const float* qs, int hd) {
+  float acc[64];
+#pragma unroll
+  for (int l = 0; l < 64; ++l) acc[l] = 0.0f;
+  const int np = hd & ~63;
+  const bool aligned = (reinterpret_cast<uintptr_t>(kr) & 15) == 0;
+  for (int i = 0; i < np; i += 64) {
+    float kv[64];
+    if (aligned) {
+#pragma unroll
+      for (int c = 0; c < 16; ++c) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(kr + i) + c);
+        kv[4 * c] = f.x;
+        kv[4 * c + 1] = f.y;
+        kv[4 * c + 2] = f.z;
+        kv[4 * c + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int l = 0; l < 64; ++l) kv[l] = kr[i + l];
+    }
+#pragma unroll
+    for (int l = 0; l < 64; ++l) acc[l] = fmaf(kv[l], qs[i + l], acc[l]);
+  }
+  return math::vecdot_tail(kr, qs, np, hd, math::vecdot_reduce64(acc));
+}
+
+__global__ void __launch_bounds__(kScoreThreads)
+    ex_attn_scores_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
+                          float* __restrict__ scratch, int t0, int n_head, int group, int hd,
+                          int kv_dim, size_t stride, float kq_scale,
+                          const int32_t* __restrict__ d_n_past) {
+  extern __shared__ float qs[];  // hd floats
+  const int tc = blockIdx.x / n_head, h = blockIdx.x % n_head, t = t0 + tc, g = h / group;
+  griddep_wait();
+  const int n_att = d_n_past[0] + t + 1;
+  const float* qh = q + static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd;
+  for (int i = threadIdx.x; i < hd; i += kScoreThreads) qs[i] = qh[i];
+  __syncthreads();
+  float* sc = scratch + (static_cast<size_t>(tc) * n_head + h) * stride;
+  const float* kbase = k_cache + static_cast<size_t>(g) * hd;
+  for (int j = blockIdx.y * kScoreThreads + threadIdx.x; j < n_att;
+       j += gridDim.y * kScoreThreads) {
+    sc[j] = score_dot(kbase + static_cast<size_t>(j) * kv_dim, qs, hd) * kq_scale;
+  }
+}
+
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    ex_attn_softmax_kernel(float* __restrict__ scratch, int t0, int n_head, size_t stride,
+                           int cap_max, const int32_t* __restrict__ d_n_past) {
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  __shared__ float sh_inv;
+  const int tc = blockIdx.x / n_head, h = blockIdx.x % n_head, t = t0 + tc;
+  griddep_wait();
+  const int n_att = d_n_past[0] + t + 1;
+  const int nb = (n_att + 15) / 16;
+  float* sc = scratch + (static_cast<size_t>(tc) * n_head + h) * stride;
+  float* bs = sc + cap_max;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < n_att; j += kSoftmaxThreads) mx = fmaxf(mx, sc[j]);
+  mx = block_max(mx, shf);
+  double s = 0.0;
+  for (int b = threadIdx.x; b < nb; b += kSoftmaxThreads) {
+    float e[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int j = 16 * b + i;
+      e[i] = j < n_att ? math::expf_ggml(sc[j] - mx) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sc[16 * b + i] = e[i];
+    const float hs = math::hsum16(e);
+    bs[b] = hs;
+    s += static_cast<double>(hs);
+  }
+  s = block_sum_double(s, shd);  // its __syncthreads also publish bs[] to the block
+  float inv;
+  if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the block
+    if (threadIdx.x == 0) {
+      double q = 0.0;  // the CPU's order: block sums added one by one
+      for (int b = 0; b < nb; ++b) q += static_cast<double>(bs[b]);
+      sh_inv = math::softmax_inv(q);
+    }
+    __syncthreads();
+    inv = sh_inv;
+  }
+  if (threadIdx.x == 0) bs[cap_max / 16] = inv;
+}
+
+// out[d] = sum over keys of v[j][d] * p[j] as LANES independent FMA chains (lane l takes keys
+// l, l + LANES, ...) over `len` keys, combined in the CPU's tree. Thread (l, dl): chain l of
+// dim d0 + dl. LANES 64: vec_dot over cap = (n_past + n_tok) rounded up to 64 keys;
+// LANES 16: tinyBLAS over n_att rounded up to 16.
+template <int LANES, int DCH>
+__global__ void __launch_bounds__(LANES* DCH)
+    ex_attn_kqv_kernel(const float* __restrict__ v_cache, const float* __restrict__ scratch,
+                       float* __restrict__ out, int t0, int n_head, int group, int hd, int kv_dim,
+                       size_t stride, int cap_max, int n_tok_total,
+                       const int32_t* __restrict__ d_n_past) {
+  __shared__ float accs[LANES][DCH + 1];
+  const int tc = blockIdx.x / n_head, h = blockIdx.x % n_head, t = t0 + tc, g = h / group;
+  const int dl = threadIdx.x % DCH, l = threadIdx.x / DCH;
+  const int d = blockIdx.y * DCH + dl;
+  griddep_wait();
+  const int n_past = d_n_past[0];
+  const int n_att = n_past + t + 1;
+  const int len = LANES == 64 ? ((n_past + n_tok_total + 63) & ~63) : ((n_att + 15) & ~15);
+  const float* e = scratch + (static_cast<size_t>(tc) * n_head + h) * stride;
+  const float inv = e[cap_max + cap_max / 16];
+  float acc = 0.0f;
+  if (d < hd) {
+    const float* vcol = v_cache + static_cast<size_t>(g) * hd + d;
+    int j = l;
+#pragma unroll 4
+    for (; j < n_att; j += LANES) {
+      const float p = e[j] * inv;
+      acc = fmaf(vcol[static_cast<size_t>(j) * kv_dim], p, acc);
+    }
+    // The padding: zero values times zero weights, as the CPU's zero-filled buffers (an FMA
+    // of zeros can still turn a -0 sum into +0).
+    for (; j < len; j += LANES) acc = fmaf(0.0f, 0.0f, acc);
+  }
+  accs[l][dl] = acc;
+  __syncthreads();
+  if (l == 0 && d < hd) {
+    float a[LANES];
+#pragma unroll
+    for (int i = 0; i < LANES; ++i) a[i] = accs[i][dl];
+    const float r = LANES == 64 ? math::vecdot_reduce64(a) : math::hsum16(a);
+    out[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + d] = r;
+  }
+}
+
+// ---- swiglu --------------------------------------------------------------------------
+
+constexpr int kSwigluThreads = 256;
+
+__device__ __forceinline__ float swiglu_one(float g, float u, int i, int f16) {
+  return i < f16 ? math::silu_ggml(g) * u : math::swiglu_tail(g, u);
+}
+
+__global__ void __launch_bounds__(kSwigluThreads)
+    ex_swiglu_kernel(float* __restrict__ g, const float* __restrict__ u, int n_tok, int F) {
+  griddep_wait();
+  const int f16 = F & ~15;
+  const size_t total = static_cast<size_t>(n_tok) * F;
+  const size_t stride = static_cast<size_t>(gridDim.x) * kSwigluThreads;
+  if (F % 4 == 0) {  // 16-byte accesses; a group of 4 never straddles a row or the tail
+    for (size_t v4 = static_cast<size_t>(blockIdx.x) * kSwigluThreads + threadIdx.x; v4 < total / 4;
+         v4 += stride) {
+      const int i = static_cast<int>((v4 * 4) % static_cast<size_t>(F));
+      float4 gv = reinterpret_cast<const float4*>(g)[v4];
+      const float4 uv = reinterpret_cast<const float4*>(u)[v4];
+      gv.x = swiglu_one(gv.x, uv.x, i, f16);
+      gv.y = swiglu_one(gv.y, uv.y, i + 1, f16);
+      gv.z = swiglu_one(gv.z, uv.z, i + 2, f16);
+      gv.w = swiglu_one(gv.w, uv.w, i + 3, f16);
+      reinterpret_cast<float4*>(g)[v4] = gv;
+    }
+  } else {
+    for (size_t k = static_cast<size_t>(blockIdx.x) * kSwigluThreads + threadIdx.x; k < total;
+         k += stride) {
+      g[k] = swiglu_one(g[k], u[k], static_cast<int>(k % static_cast<size_t>(F)), f16);
+    }
+  }
+}
+
+__global__ void ex_map_kernel(int which, const float* __restrict__ x, float* __restrict__ y,
+                              size_t n) {
+  griddep_wait();
+  for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    y[i] = which == 0 ? math::expf_ggml(v) : (which == 1 ? math::silu_ggml(v) : math::expf_libm(v));
+  }
+}
+
+}  // namespace
+
+namespace math {
+void device_map_for_tests(int which, const float* x, float* y, size_t n) {
+  launch_pdl("ex_map_kernel", ex_map_kernel, dim3(1024), dim3(256), cudaStream_t{}, which, x, y, n);
+  CUDA_CHECK_LAUNCH("ex_map_kernel");
+}
+}  // namespace math
+
+void rmsnorm(const float* x, const float* w, float* y, int n_rows, int n, float eps,
+             cudaStream_t stream) {
+  if (n_rows <= 0 || n <= 0) return;
+  launch_pdl("ex_rmsnorm_kernel", ex_rmsnorm_kernel, dim3(n_rows), dim3(kNormThreads), stream, x, w,
+             y, n, eps);
+  CUDA_CHECK_LAUNCH("ex_rmsnorm_kernel");
+}
+
+void rope_table_host(int n_ctx, int n_rot, float theta_scale, float* out) {
+  const int half = n_rot / 2;
+  std::vector<float> c(static_cast<size_t>(std::max(half, 1))),
+      s(static_cast<size_t>(std::max(half, 1)));
+  for (int pos = 0; pos < n_ctx; ++pos) {
+    cpu::rope_cos_sin(pos, n_rot, theta_scale, c.data(), s.data());
+    float* o = out + 2 * static_cast<size_t>(pos) * half;
+    for (int i = 0; i < half; ++i) {
+      o[2 * i] = c[static_cast<size_t>(i)];
+      o[2 * i + 1] = s[static_cast<size_t>(i)];
+    }
+  }
+}
+
+namespace {
+void check_shape(const AttnShape& s, const char* what) {
+  if (s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0 || s.head_dim <= 0 ||
+      s.n_rot < 0 || s.n_rot > s.head_dim || s.n_rot % 2 != 0) {
+    throw WorkerError(ErrorCode::Internal, std::string(what) + ": bad attention shape (n_head " +
+                                               std::to_string(s.n_head) + ", n_head_kv " +
+                                               std::to_string(s.n_head_kv) + ", head_dim " +
+                                               std::to_string(s.head_dim) + ", n_rot " +
+                                               std::to_string(s.n_rot) + ")");
+  }
+}
+}  // namespace
+
+void bias_rope_store(float* q, const float* k, const float* v, const float* bq, const float* bk,
+                     const float* bv, const AttnShape& s, const float* rope_table, int n_tok,
+                     const int32_t* d_n_past, float* k_cache, float* v_cache, cudaStream_t stream) {
+  check_shape(s, "exact::bias_rope_store");
+  if (n_tok <= 0) return;
+  launch_pdl("ex_bias_rope_store_kernel", ex_bias_rope_store_kernel,
+             dim3(n_tok, s.n_head + 2 * s.n_head_kv), dim3(kRopeThreads), stream, q, k, v, bq, bk,
+             bv, s.n_head, s.n_head_kv, s.head_dim, s.n_rot, s.neox ? 1 : 0,
+             reinterpret_cast<const float2*>(rope_table), d_n_past, k_cache, v_cache);
+  CUDA_CHECK_LAUNCH("ex_bias_rope_store_kernel");
+}
+
+size_t attention_scratch_floats(int n_ctx, int max_tok, int n_head) {
+  const ScratchLayout l = scratch_layout(n_ctx, max_tok, n_head);
+  return l.stride * static_cast<size_t>(n_head) * static_cast<size_t>(l.chunk);
+}
+
+void attention(const float* q, const float* k_cache, const float* v_cache, float* out, int n_tok,
+               const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+               cudaStream_t stream) {
+  check_shape(s, "exact::attention");
+  if (n_tok <= 0) return;
+  const ScratchLayout lay = scratch_layout(n_ctx, n_tok, s.n_head);
+  const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // cpu::tinyblas_takes(F32, head_dim, n_tok, 256): the KQV product of a batch of >= 2
+  // tokens runs in tinyBLAS's order when head_dim % 4 == 0.
+  const bool tiny = n_tok >= 2 && hd % 4 == 0;
+  for (int t0 = 0; t0 < n_tok; t0 += lay.chunk) {
+    const int nc = std::min(lay.chunk, n_tok - t0);
+    const int pairs = nc * s.n_head;
+    // Enough score blocks to fill the GPU at decode (one token, few heads), independent of
+    // n_past: each block strides over the keys.
+    const int splits = std::clamp((4 * 132 + pairs - 1) / pairs, 1, 16);
+    launch_pdl_smem("ex_attn_scores_kernel", ex_attn_scores_kernel, dim3(pairs, splits),
+                    dim3(kScoreThreads), static_cast<size_t>(hd) * sizeof(float), stream, q,
+                    k_cache, scratch, t0, s.n_head, group, hd, kv_dim, lay.stride, kq_scale,
+                    d_n_past);
+    CUDA_CHECK_LAUNCH("ex_attn_scores_kernel");
+    launch_pdl("ex_attn_softmax_kernel", ex_attn_softmax_kernel, dim3(pairs), dim3(kSoftmaxThreads),
+               stream, scratch, t0, s.n_head, lay.stride, lay.cap_max, d_n_past);
+    CUDA_CHECK_LAUNCH("ex_attn_softmax_kernel");
+    if (tiny) {
+      constexpr int kL = 16, kD = 32;
+      launch_pdl("ex_attn_kqv_kernel", ex_attn_kqv_kernel<kL, kD>, dim3(pairs, (hd + kD - 1) / kD),
+                 dim3(kL * kD), stream, v_cache, scratch, out, t0, s.n_head, group, hd, kv_dim,
+                 lay.stride, lay.cap_max, n_tok, d_n_past);
+    } else {
+      constexpr int kL = 64, kD = 8;
+      launch_pdl("ex_attn_kqv_kernel", ex_attn_kqv_kernel<kL, kD>, dim3(pairs, (hd + kD - 1) / kD),
+                 dim3(kL * kD), stream, v_cache, scratch, out, t0, s.n_head, group, hd, kv_dim,
+                 lay.stride, lay.cap_max, n_tok, d_n_past);
+    }
+    CUDA_CHECK_LAUNCH("ex_attn_kqv_kernel");
+  }
+}
+
+void swiglu(float* g, const float* u, int n_tok, int F, cudaStream_t stream) {
+  if (n_tok <= 0 || F <= 0) return;
+  const size_t total = static_cast<size_t>(n_tok) * F;
+  const size_t per = F % 4 == 0 ? total / 4 : total;
+  const int blocks =
+      static_cast<int>(std::min<size_t>((per + kSwigluThreads - 1) / kSwigluThreads, 132 * 8));
+  launch_pdl("ex_swiglu_kernel", ex_swiglu_kernel, dim3(blocks), dim3(kSwigluThreads), stream, g, u,
+             n_tok, F);
+  CUDA_CHECK_LAUNCH("ex_swiglu_kernel");
+}
+
+}  // namespace worker::kern::exact
