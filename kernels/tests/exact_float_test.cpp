@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <random>
@@ -90,6 +91,12 @@ float cpu_dot(GgmlType type, bool tiny, const float* row, const float* a, int64_
     return tiny ? cpu::dot_bf16_tinyblas(row, a, k) : cpu::dot_bf16_vecdot(row, a, k);
   }
   return tiny ? cpu::dot_tinyblas(row, a, k) : cpu::dot_vecdot(row, a, k, type == GgmlType::F16);
+}
+
+// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer racecheck): the
+// timing tests launch once instead of repeating.
+bool quick_env() {
+  return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
 }
 
 uint32_t bits(float f) {
@@ -534,7 +541,7 @@ TEST(ExactFloatGpu, DecodeTimingsAndExactness) {
     cudaEvent_t e0, e1;
     ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
     ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-    const int reps = 50;
+    const int reps = quick_env() ? 1 : 50;
     ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
     for (int i = 0; i < reps; ++i)
       kern::exact::detail::matmul_float(wv, ab, 1, {}, dy.get(), false, nullptr);
@@ -599,7 +606,7 @@ TEST(ExactFloatGpu, PrefillTimingsAndExactness) {
       cudaEvent_t e0, e1;
       ASSERT_EQ(cudaEventCreate(&e0), cudaSuccess);
       ASSERT_EQ(cudaEventCreate(&e1), cudaSuccess);
-      const int reps = 10;
+      const int reps = quick_env() ? 1 : 10;
       ASSERT_EQ(cudaEventRecord(e0, nullptr), cudaSuccess);
       for (int i = 0; i < reps; ++i)
         kern::exact::detail::matmul_float(wv, ab, n_tok, order, dy.get(), false, nullptr);
