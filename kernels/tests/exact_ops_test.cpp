@@ -68,6 +68,16 @@ size_t mismatches(const std::vector<float>& got, const std::vector<float>& ref,
   return bad;
 }
 
+// A row of n (a power of two) values whose sum of squares is n * (1 + 2^-24) exactly: n - 1
+// ones and 1 + n * 2^-25 (its square rounds to 1 + n * 2^-24). The mean sits exactly on a
+// float rounding tie, so rmsnorm's tree result is uncertain and the kernel must take its
+// sequential fallback.
+std::vector<float> tie_row(int n) {
+  std::vector<float> x(static_cast<size_t>(n - 1), 1.0f);
+  x.push_back(1.0f + static_cast<float>(n) * 0x1p-25f);
+  return x;
+}
+
 // ---- host emulation of the kernels' decompositions ------------------------------------
 
 // block_sum_double over `nthreads` per-thread values (a multiple of 32): warp butterflies
@@ -286,6 +296,17 @@ TEST(ExactOpsHost, RmsnormTreeEmulationMatchesCpu) {
   }
   std::printf("rmsnorm emulation: %zu rows, %zu took the sequential fallback\n", rows, fallbacks);
   EXPECT_EQ(bad, 0u);
+  // Rows whose mean is exactly a float rounding tie must take the fallback (and match).
+  for (int n : {64, 256}) {
+    const auto x = tie_row(n);
+    const std::vector<float> w(static_cast<size_t>(n), 1.25f);
+    std::vector<float> y(static_cast<size_t>(n)), ref(static_cast<size_t>(n));
+    bool fb = false;
+    emu_rmsnorm(x.data(), w.data(), y.data(), n, 0.0f, &fb);
+    cpu::rms_norm_row(x.data(), w.data(), ref.data(), n, 0.0f);
+    EXPECT_TRUE(fb) << n;
+    EXPECT_EQ(mismatches(y, ref, "rmsnorm tie row"), 0u);
+  }
 }
 
 // The certainty check itself: a sum right at a float rounding tie of the mean must be
@@ -470,6 +491,21 @@ TEST(ExactOpsGpu, RmsnormMatchesCpu) {
                            "rmsnorm n " + std::to_string(n) + " rows " + std::to_string(rows)),
                 0u);
     }
+  }
+  // Rows on a rounding tie of the mean: the kernel's sequential fallback (mixed with
+  // ordinary rows in the same launch).
+  for (int n : {64, 256}) {
+    auto x = uniform(static_cast<size_t>(3 * n), rng, -3.0f, 3.0f);
+    const auto tie = tie_row(n);
+    std::copy(tie.begin(), tie.end(), x.begin() + n);
+    const auto w = uniform(static_cast<size_t>(n), rng, -1.5f, 1.5f);
+    std::vector<float> ref(x.size());
+    for (int r = 0; r < 3; ++r)
+      cpu::rms_norm_row(x.data() + r * n, w.data(), ref.data() + r * n, n, 0.0f);
+    DevArray<float> dx(x), dw(w), dy(x.size());
+    ex::rmsnorm(dx.get(), dw.get(), dy.get(), 3, n, 0.0f, nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_EQ(mismatches(dy.download(), ref, "rmsnorm tie rows n " + std::to_string(n)), 0u);
   }
 }
 
