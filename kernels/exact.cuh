@@ -102,9 +102,9 @@ void attention(const float* q, const float* k_cache, const float* v_cache, float
                cudaStream_t stream);
 
 // g[t][i] = silu(g[t][i]) * u[t][i] for i < F: ggml_silu (ggml_expf) for the first F & ~15,
-// x / (1 + expf(-x)) for the rest (libm's expf on the CPU; here exp in double, rounded once:
-// the correctly rounded value, which glibc's expf returns except within ~1e-3 of a rounding
-// tie).
+// x / (1 + expf(-x)) for the rest, where the CPU calls libm's expf: here glibc's expf
+// algorithm (double arithmetic, a 32-entry 2^(i/32) table, rounded once), equal to this
+// machine's glibc on every float tried but 2 in 3.3e8 (kernels/exact_ops_math.cuh).
 void swiglu(float* g, const float* u, int n_tok, int F, cudaStream_t stream);
 
 }  // namespace worker::kern::exact
