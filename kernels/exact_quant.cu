@@ -163,414 +163,35 @@ int grid_for(size_t work_items, int per_block) {
 }
 
 // ---------------------------------------------------------------------------------------
-// matmul
+// matmul: the kernels are thin wrappers of the per-thread bodies in exact_quant_math.cuh
+// (qmm_block, qmv_row_block), which the host tests also run in a warp simulator.
 
 using qm::Flavor;
 using qm::FlavorInfo;
+using qm::kMMWarps;
 
-constexpr int kMMWarps = 4;
-
-// Blocks per chunk: Q0 types one 32-block per lane; K-quants 8 super-blocks (two passes of
-// 4 super-blocks x 8 sub-block lanes).
-template <GgmlType T>
-__host__ __device__ constexpr bool is_k() {
-  return T == GgmlType::Q4_K || T == GgmlType::Q6_K;
-}
-template <GgmlType T>
-__host__ __device__ constexpr int chunk_blocks() {
-  return is_k<T>() ? 8 : 32;
-}
-template <GgmlType T>
-__host__ __device__ constexpr int passes() {
-  return is_k<T>() ? 2 : 1;
-}
-
-template <GgmlType T, bool REP>
-__host__ __device__ constexpr Flavor flavor_of() {
-  if constexpr (T == GgmlType::Q6_K)
-    return Flavor::Q6K;
-  else if constexpr (T == GgmlType::Q4_K)
-    return REP ? Flavor::Q4KRep : Flavor::Q4KLanes;
-  else if constexpr (T == GgmlType::Q4_0 && REP)
-    return Flavor::Q4_0Rep;
-  else
-    return Flavor::Q0Lanes;
-}
-
-// Weight registers of one lane's unit (a Q0 block, or one sub-block of a K super-block).
-struct WRegs {
-  uint32_t h = 0;      // fp16 d (Q0, Q6_K), or d | dmin << 16 (Q4_K)
-  uint32_t a[8] = {};  // Q8_0 qs; Q4_0 qs[0..3]; Q5_0 qh, qs[0..3]; Q4_K qs of the pair; Q6_K ql
-  uint32_t b[8] = {};  // Q4_K: the 12 scale bytes in b[0..2]; Q6_K: qh
-  uint32_t sc = 0;     // Q6_K: int8 scales 2g, 2g+1
-};
-
-__device__ __forceinline__ uint32_t ld_u16(const uint8_t* p) {
-  return *reinterpret_cast<const uint16_t*>(p);
-}
-
-// Loads unit `u` of lane: Q0: block u; K: super-block u, sub-block s.
-template <GgmlType T>
-__device__ __forceinline__ void load_unit(const uint8_t* row, int u, int s, WRegs& r) {
-  if constexpr (T == GgmlType::Q8_0) {
-    const uint8_t* p = row + static_cast<size_t>(u) * 34;
-    r.h = ld_u16(p);
-    uint32_t w[8];
-    load_words(p + 2, w);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) r.a[i] = w[i];
-  } else if constexpr (T == GgmlType::Q4_0) {
-    const uint8_t* p = row + static_cast<size_t>(u) * 18;
-    r.h = ld_u16(p);
-    uint32_t w[4];
-    load_words(p + 2, w);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r.a[i] = w[i];
-  } else if constexpr (T == GgmlType::Q5_0) {
-    const uint8_t* p = row + static_cast<size_t>(u) * 22;
-    r.h = ld_u16(p);
-    uint32_t w[5];
-    load_words(p + 2, w);
-#pragma unroll
-    for (int i = 0; i < 5; ++i) r.a[i] = w[i];
-  } else if constexpr (T == GgmlType::Q4_K) {
-    const uint8_t* p = row + static_cast<size_t>(u) * 144;
-    uint32_t hw[4];
-    load_words(p, hw);
-    r.h = hw[0];
-    r.b[0] = hw[1];
-    r.b[1] = hw[2];
-    r.b[2] = hw[3];
-    uint32_t w[8];
-    load_words(p + 16 + 32 * (s >> 1), w);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) r.a[i] = w[i];
-  } else {  // Q6_K
-    const uint8_t* p = row + static_cast<size_t>(u) * 210;
-    uint32_t ql[8], qh[8];
-    load_words(p + qm::q6k_ql_off(s), ql);
-    load_words(p + qm::q6k_qh_off(s), qh);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      r.a[i] = ql[i];
-      r.b[i] = qh[i];
-    }
-    r.sc = ld_u16(p + 192 + 2 * s);
-    r.h = ld_u16(p + 208);
-  }
-}
-
-__device__ __forceinline__ void load_y32(const int8_t* p, uint32_t (&y)[8]) {
-  const uint4* q = reinterpret_cast<const uint4*>(p);
-  const uint4 a = q[0], b = q[1];
-  y[0] = a.x;
-  y[1] = a.y;
-  y[2] = a.z;
-  y[3] = a.w;
-  y[4] = b.x;
-  y[5] = b.y;
-  y[6] = b.z;
-  y[7] = b.w;
-}
-
-// p[] summed over the 8 lanes of an aligned group; lane s of the group returns the total of
-// index s (recursive halving: 4 + 2 + 1 shuffles). Integers: exact in any order.
-__device__ __forceinline__ int reduce8_transpose(const int (&p)[8], int s) {
-  int v4[4], v2[2];
-  const bool h4 = (s & 4) != 0, h2 = (s & 2) != 0, h1 = (s & 1) != 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int send = h4 ? p[i] : p[i + 4];
-    const int keep = h4 ? p[i + 4] : p[i];
-    v4[i] = keep + __shfl_xor_sync(kFull, send, 4);
-  }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int send = h2 ? v4[i] : v4[i + 2];
-    const int keep = h2 ? v4[i + 2] : v4[i];
-    v2[i] = keep + __shfl_xor_sync(kFull, send, 2);
-  }
-  const int send = h1 ? v2[0] : v2[1];
-  const int keep = h1 ? v2[1] : v2[0];
-  return keep + __shfl_xor_sync(kFull, send, 1);
-}
-
-// The integer slots and scales of one chunk (blocks [c0, c0 + CB)) for the nt tokens, into
-// S[CB][NT][SL] and F[CB][NT][NF]. Every lane of the warp calls it (K-quants shuffle).
-template <GgmlType T, bool REP, int NT>
-__device__ __forceinline__ void chunk_ints(const WRegs (&wr)[passes<T>()], int c0, int nb, int cols,
-                                           const int8_t* __restrict__ aq,
-                                           const float* __restrict__ ad,
-                                           const int32_t* __restrict__ abs, int tok0, int nt,
-                                           int* S, float* F) {
-  constexpr Flavor FL = flavor_of<T, REP>();
-  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
-  const int lane = threadIdx.x % kWarp;
-  if constexpr (!is_k<T>()) {
-    const int b = c0 + lane;
-    if (b >= nb) return;
-    const WRegs& r = wr[0];
-    const float dw = qm::half_bits(r.h);
-#pragma unroll 2
-    for (int t = 0; t < nt; ++t) {
-      const size_t tok = static_cast<size_t>(tok0 + t);
-      uint32_t y[8];
-      load_y32(aq + tok * static_cast<size_t>(cols) + 32 * static_cast<size_t>(b), y);
-      const float da = ad[tok * static_cast<size_t>(nb) + b];
-      int s[8];
-      if constexpr (T == GgmlType::Q8_0) {
-        qm::q8_0_ints(r.a, y, s);
-      } else if constexpr (T == GgmlType::Q4_0) {
-        const uint32_t w[4] = {r.a[0], r.a[1], r.a[2], r.a[3]};
-        qm::q4_0_ints(w, y, s);
-      } else {
-        const uint32_t w[4] = {r.a[1], r.a[2], r.a[3], r.a[4]};
-        qm::q5_0_ints(r.a[0], w, y, s);
-      }
-      if constexpr (FL == Flavor::Q4_0Rep) {  // one slot: the block's integer dot
-        S[lane * NT + t] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-      } else {
-        int4* dst = reinterpret_cast<int4*>(S + (lane * NT + t) * SL);
-        dst[0] = make_int4(s[0], s[1], s[2], s[3]);
-        dst[1] = make_int4(s[4], s[5], s[6], s[7]);
-      }
-      F[(lane * NT + t) * NF] = dw * da;
-    }
-  } else {
-    const int s = lane & 7;
-#pragma unroll
-    for (int it = 0; it < 2; ++it) {
-      const int bl = it * 4 + (lane >> 3);  // block within the chunk
-      const int sb = c0 + bl;
-      const bool valid = sb < nb;
-      const WRegs& r = wr[it];
-      int sc = 0, mn = 0;
-      if constexpr (T == GgmlType::Q4_K) {
-        const uint32_t hw[3] = {r.b[0], r.b[1], r.b[2]};
-        qm::q4k_scale_min_w(s, hw, sc, mn);
-      }
-      for (int t = 0; t < nt; ++t) {  // nt is warp-uniform: the shuffles run on every lane
-        const size_t tok = static_cast<size_t>(tok0 + t);
-        int p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int msub = 0;
-        float yd = 0.0f;
-        if (valid) {
-          uint32_t y[8];
-          load_y32(aq + tok * static_cast<size_t>(cols) + 256 * static_cast<size_t>(sb) + 32 * s,
-                   y);
-          const int2 bs = *reinterpret_cast<const int2*>(
-              abs + tok * static_cast<size_t>(cols / 16) + 16 * static_cast<size_t>(sb) + 2 * s);
-          yd = ad[tok * static_cast<size_t>(nb) + sb];
-          if constexpr (T == GgmlType::Q4_K) {
-            qm::q4k_sub_partials(s, sc, r.a, y, p);
-            msub = mn * (bs.x + bs.y);
-          } else {
-            const int sc0 = static_cast<int8_t>(r.sc & 0xFF);
-            const int sc1 = static_cast<int8_t>((r.sc >> 8) & 0xFF);
-            qm::q6k_sub_partials(s, r.a, r.b, sc0, sc1, bs.x, bs.y, y, p);
-          }
-        }
-        int* Sd = S + (bl * NT + t) * SL;
-        float* Fd = F + (bl * NT + t) * NF;
-        if constexpr (FL == Flavor::Q4KRep) {
-          int tot = 0;
-#pragma unroll
-          for (int i = 0; i < 8; ++i) tot += p[i];
-          tot += __shfl_xor_sync(kFull, tot, 1);  // pair j = sub-blocks 2j, 2j+1
-          msub += __shfl_xor_sync(kFull, msub, 1);
-          if (valid && (s & 1) == 0) {
-            Sd[s >> 1] = tot;
-            Sd[8 + (s >> 1)] = msub;
-          }
-        } else {
-          const int lane_int = reduce8_transpose(p, s);
-          if constexpr (FL == Flavor::Q4KLanes) {
-            msub += __shfl_xor_sync(kFull, msub, 1);
-            if (valid && (s & 1) == 0) Sd[8 + (s >> 1)] = msub;
-          }
-          if (valid) Sd[s] = lane_int;
-        }
-        if (valid && s == 0) {
-          if constexpr (T == GgmlType::Q6_K) {
-            Fd[0] = yd * qm::half_bits(r.h);
-          } else if constexpr (FL == Flavor::Q4KLanes) {
-            Fd[0] = yd * qm::half_bits(r.h);
-            Fd[1] = -yd * qm::half_bits(r.h >> 16);
-          } else {
-            Fd[0] = qm::half_bits(r.h) * yd;
-            Fd[1] = qm::half_bits(r.h >> 16) * yd;
-          }
-        }
-      }
-    }
-  }
-}
-
-// Lanes per token in the chain phase (a power of two >= the chain count).
-template <Flavor FL>
-__host__ __device__ constexpr int lanes_per_tok() {
-  constexpr int c = FlavorInfo<FL>::kChains;
-  return c <= 1 ? 1 : (c <= 2 ? 2 : (c <= 8 ? 8 : 16));
-}
-
-// The chain phase over blocks [0, cnt) of S / F (layout [block][NT][slots]): lane
-// (token slot ts, chain ch) steps its chains of the tokens ts, ts + TPP, ... in block order.
-template <Flavor FL, int NT>
-__device__ __forceinline__ void run_chains(const int* S, const float* F, int cnt, int nt,
-                                           const bool* gemm, float* acc) {
-  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
-  constexpr int C = FlavorInfo<FL>::kChains;
-  constexpr int LPT = lanes_per_tok<FL>();
-  constexpr int TPP = kWarp / LPT;
-  constexpr int NP = (NT + TPP - 1) / TPP;
-  const int lane = threadIdx.x % kWarp;
-  const int ch = lane % LPT, ts = lane / LPT;
-  if (ch >= C) return;
-#pragma unroll 4
-  for (int b = 0; b < cnt; ++b) {
-#pragma unroll
-    for (int p = 0; p < NP; ++p) {
-      const int t = p * TPP + ts;
-      if (t < nt) {
-        acc[p] =
-            qm::chain_step<FL>(ch, S + (b * NT + t) * SL, F + (b * NT + t) * NF, gemm[p], acc[p]);
-      }
-    }
-  }
-}
-
-// Gathers each (row, token)'s chains into its first lane, combines them in the reference's
-// tree and writes y (every lane of the warp calls it: shuffles).
-template <Flavor FL, int NT>
-__device__ __forceinline__ void combine_store(const float* acc, int nt, int tok0, int r, int rows,
-                                              float* __restrict__ y, int accumulate) {
-  constexpr int C = FlavorInfo<FL>::kChains;
-  constexpr int LPT = lanes_per_tok<FL>();
-  constexpr int TPP = kWarp / LPT;
-  constexpr int NP = (NT + TPP - 1) / TPP;
-  const int lane = threadIdx.x % kWarp;
-  const int ch = lane % LPT, ts = lane / LPT;
-  const int base = lane & ~(LPT - 1);
-#pragma unroll
-  for (int p = 0; p < NP; ++p) {
-    float v[C];
-#pragma unroll
-    for (int k = 0; k < C; ++k) v[k] = __shfl_sync(kFull, acc[p], base + k);
-    const int t = p * TPP + ts;
-    if (ch == 0 && t < nt) {
-      const float res = qm::combine<FL>(v);
-      float* out = y + static_cast<size_t>(tok0 + t) * static_cast<size_t>(rows) + r;
-      *out = accumulate ? *out + res : res;
-    }
-  }
-}
-
-// Loads the weights of chunk c0 (blocks [c0, c0 + CB)) this lane computes.
-template <GgmlType T>
-__device__ __forceinline__ void load_chunk(const uint8_t* row, int c0, int nb,
-                                           WRegs (&wr)[passes<T>()]) {
-  const int lane = threadIdx.x % kWarp;
-#pragma unroll
-  for (int it = 0; it < passes<T>(); ++it) {
-    const int u = is_k<T>() ? c0 + it * 4 + (lane >> 3) : c0 + lane;
-    if (u < nb) load_unit<T>(row, u, lane & 7, wr[it]);
-  }
-}
-
-// Any token count: one warp per (row, tile of NT tokens); the warp walks the row in chunks
-// (slots of chunk c + 1's weights are loaded while chunk c's chains run).
 template <GgmlType T, bool REP, int NT>
 __global__ void __launch_bounds__(kMMWarps* kWarp)
     qmm_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                const int8_t* __restrict__ aq, const float* __restrict__ ad,
                const int32_t* __restrict__ abs, int n_tok, int gemm_end, float* __restrict__ y,
                int accumulate) {
-  constexpr Flavor FL = flavor_of<T, REP>();
-  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
-  constexpr int CB = chunk_blocks<T>();
-  constexpr int LPT = lanes_per_tok<FL>();
-  constexpr int TPP = kWarp / LPT;          // tokens per chain pass
-  constexpr int NP = (NT + TPP - 1) / TPP;  // chain passes
-  __shared__ __align__(16) int s_int[kMMWarps][CB * NT * SL];
-  __shared__ float s_f[kMMWarps][CB * NT * NF];
-
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  const int r = blockIdx.x * kMMWarps + warp;
-  if (r >= rows) return;  // warp-uniform; no block-wide barriers below
-  const int tok0 = blockIdx.y * NT;
-  const int nt = min(NT, n_tok - tok0);
-  const int nb = cols / (is_k<T>() ? 256 : 32);
-  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-  int* S = s_int[warp];
-  float* F = s_f[warp];
-
-  WRegs wr[passes<T>()];
-  // Weights are never written by a kernel: the first chunk's load overlaps the previous
-  // kernel (PDL); activations and y are read only after the wait.
-  load_chunk<T>(row, 0, nb, wr);
-  griddep_wait();
-
-  const int ts = lane / LPT;
-  float acc[NP];
-  bool gemm[NP];
-#pragma unroll
-  for (int p = 0; p < NP; ++p) {
-    acc[p] = 0.0f;
-    gemm[p] = tok0 + p * TPP + ts < gemm_end;
-  }
-  for (int c0 = 0; c0 < nb; c0 += CB) {
-    chunk_ints<T, REP, NT>(wr, c0, nb, cols, aq, ad, abs, tok0, nt, S, F);
-    if (c0 + CB < nb) load_chunk<T>(row, c0 + CB, nb, wr);  // in flight during the chains
-    __syncwarp();
-    run_chains<FL, NT>(S, F, min(CB, nb - c0), nt, gemm, acc);
-    __syncwarp();
-  }
-  combine_store<FL, NT>(acc, nt, tok0, r, rows, y, accumulate);
+  using Sm = qm::QmmSmem<T, REP, NT>;
+  __shared__ __align__(16) int s_int[kMMWarps * Sm::kInts];
+  __shared__ float s_f[kMMWarps * Sm::kFloats];
+  qm::qmm_block<T, REP, NT>(w, rows, cols, row_bytes, aq, ad, abs, n_tok, gemm_end, y, accumulate,
+                            static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), s_int, s_f);
 }
 
-// One token, rows longer than one chunk (decode; e.g. FFN down): one row per block. The
-// block's warps compute the slots of all the row's chunks at once (every weight load of the
-// row in flight together) into shared memory, then warp 0 runs the chains over the whole
-// row. Shared memory: nb * (slots + scales) words (dynamic).
 template <GgmlType T, bool REP>
 __global__ void __launch_bounds__(kMMWarps* kWarp)
     qmv_row_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                    const int8_t* __restrict__ aq, const float* __restrict__ ad,
                    const int32_t* __restrict__ abs, int gemm_end, float* __restrict__ y,
                    int accumulate) {
-  constexpr Flavor FL = flavor_of<T, REP>();
-  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
-  constexpr int CB = chunk_blocks<T>();
   extern __shared__ int4 s_raw[];
-  const int nb = cols / (is_k<T>() ? 256 : 32);
-  int* S = reinterpret_cast<int*>(s_raw);
-  float* F = reinterpret_cast<float*>(S + nb * SL);
-  const int warp = threadIdx.x / kWarp;
-  const int r = blockIdx.x;
-  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
-  const int nchunks = (nb + CB - 1) / CB;
-
-  WRegs wr[passes<T>()];
-  if (warp < nchunks) load_chunk<T>(row, warp * CB, nb, wr);
-  griddep_wait();
-  for (int c = warp; c < nchunks; c += kMMWarps) {  // warp-uniform
-    chunk_ints<T, REP, 1>(wr, c * CB, nb, cols, aq, ad, abs, 0, 1, S + c * CB * SL,
-                          F + c * CB * NF);
-    if (c + kMMWarps < nchunks) load_chunk<T>(row, (c + kMMWarps) * CB, nb, wr);
-  }
-  __syncthreads();
-  if (warp != 0) return;
-  float acc[1] = {0.0f};
-  const bool gemm[1] = {0 < gemm_end};
-  run_chains<FL, 1>(S, F, nb, 1, gemm, acc);
-  combine_store<FL, 1>(acc, 1, 0, r, rows, y, accumulate);
-}
-
-template <GgmlType T, bool REP>
-size_t row_kernel_smem(int cols) {
-  constexpr Flavor FL = flavor_of<T, REP>();
-  const size_t nb = static_cast<size_t>(cols / (is_k<T>() ? 256 : 32));
-  return nb * (FlavorInfo<FL>::kSlots + FlavorInfo<FL>::kScales) * sizeof(int);
+  qm::qmv_row_block<T, REP>(w, rows, cols, row_bytes, aq, ad, abs, gemm_end, y, accumulate,
+                            static_cast<int>(blockIdx.x), reinterpret_cast<int*>(s_raw));
 }
 
 template <GgmlType T, bool REP, int NT>
@@ -593,9 +214,9 @@ template <GgmlType T, bool REP>
 void launch_qmm_nt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
                    bool accumulate, cudaStream_t stream) {
   if (n_tok == 1) {
-    const int nb = static_cast<int>(w.cols) / (is_k<T>() ? 256 : 32);
-    const size_t smem = row_kernel_smem<T, REP>(static_cast<int>(w.cols));
-    if (nb > chunk_blocks<T>() && smem <= kRowKernelMaxSmem) {
+    const int nb = static_cast<int>(w.cols) / qm::block_elems<T>();
+    const size_t smem = qm::row_block_smem<T, REP>(static_cast<int>(w.cols));
+    if (nb > qm::chunk_blocks<T>() && smem <= kRowKernelMaxSmem) {
       launch_pdl_smem("exact_qmv_row_kernel", qmv_row_kernel<T, REP>,
                       dim3(static_cast<unsigned>(w.rows)), dim3(kMMWarps * kWarp), smem, stream,
                       static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),

@@ -15,8 +15,21 @@
 #include <stdint.h>
 
 #include <cmath>
+#include <cstring>
+
+#include "gguf/ggml_types.h"
+#if defined(__CUDACC__)
+#include "common.cuh"  // griddep_wait, load_words (device code only)
+#endif
 
 #define EXQ_HD __host__ __device__ __forceinline__
+// Full unrolling of the constant-trip loops on the GPU (register arrays stay in registers);
+// nothing for the host compiler.
+#if defined(__CUDA_ARCH__)
+#define EXQ_UNROLL _Pragma("unroll")
+#else
+#define EXQ_UNROLL
+#endif
 
 namespace worker::kern::exact::qm {
 
@@ -270,6 +283,505 @@ EXQ_HD int8_t q8_0_quant(float x, float id) {
 EXQ_HD int8_t q8_k_quant(float x, float iscale) {
   const int q = round_even(iscale * x);
   return static_cast<int8_t>(q < 127 ? q : 127);
+}
+
+// ---------------------------------------------------------------------------------------
+// Warp-level pieces of the matmul kernels. They run on the GPU (the intrinsics below) and,
+// for the host tests, in a warp simulator (one host thread per lane, shuffles and barriers
+// through the hooks of HostWarp), so that the tests replay the kernels' own code: lane
+// indexing, shared-memory layout, shuffles, chunking, not only the math.
+
+#if !defined(__CUDA_ARCH__)
+// Set only by the host tests' warp simulator (exact_quant_test.cpp); never used otherwise.
+struct HostWarp {
+  int (*lane)() = nullptr;
+  int (*warp)() = nullptr;
+  int (*shfl_xor)(int v, int mask) = nullptr;
+  float (*shfl_idx)(float v, int src) = nullptr;
+  void (*sync_warp)() = nullptr;
+  void (*sync_block)() = nullptr;
+};
+inline HostWarp host_warp;
+#endif
+
+constexpr int kLanes = 32;
+constexpr int kMMWarps = 4;  // warps per block of the matmul kernels
+
+EXQ_HD int lane_id() {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int>(threadIdx.x) % kLanes;
+#else
+  return host_warp.lane();
+#endif
+}
+EXQ_HD int warp_id() {
+#if defined(__CUDA_ARCH__)
+  return static_cast<int>(threadIdx.x) / kLanes;
+#else
+  return host_warp.warp();
+#endif
+}
+EXQ_HD int shfl_xor(int v, int mask) {
+#if defined(__CUDA_ARCH__)
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+  return host_warp.shfl_xor(v, mask);
+#endif
+}
+EXQ_HD float shfl_idx(float v, int src) {
+#if defined(__CUDA_ARCH__)
+  return __shfl_sync(0xffffffffu, v, src);
+#else
+  return host_warp.shfl_idx(v, src);
+#endif
+}
+EXQ_HD void sync_warp() {
+#if defined(__CUDA_ARCH__)
+  __syncwarp();
+#else
+  host_warp.sync_warp();
+#endif
+}
+EXQ_HD void sync_block() {
+#if defined(__CUDA_ARCH__)
+  __syncthreads();
+#else
+  host_warp.sync_block();
+#endif
+}
+// The PDL wait (common.cuh); nothing on the host.
+EXQ_HD void pdl_wait() {
+#if defined(__CUDA_ARCH__)
+  griddep_wait();
+#endif
+}
+
+// 4*NW bytes at a 2-byte aligned address as little-endian words (the GPU: the widest loads
+// the address allows, common.cuh's load_words).
+template <int NW>
+EXQ_HD void ld_words(const uint8_t* p, uint32_t (&w)[NW]) {
+#if defined(__CUDA_ARCH__)
+  load_words(p, w);
+#else
+  std::memcpy(w, p, sizeof w);
+#endif
+}
+EXQ_HD uint32_t ld_u16(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint16_t*>(p);
+#else
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+#endif
+}
+// 32 activation quants (32-byte aligned) as 8 words: two 16-byte loads.
+EXQ_HD void ld_y32(const int8_t* p, uint32_t (&y)[8]) {
+#if defined(__CUDA_ARCH__)
+  const uint4* q = reinterpret_cast<const uint4*>(p);
+  const uint4 a = q[0], b = q[1];
+  y[0] = a.x;
+  y[1] = a.y;
+  y[2] = a.z;
+  y[3] = a.w;
+  y[4] = b.x;
+  y[5] = b.y;
+  y[6] = b.z;
+  y[7] = b.w;
+#else
+  std::memcpy(y, p, 32);
+#endif
+}
+EXQ_HD int2 ld_int2(const int32_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const int2*>(p);
+#else
+  int2 v;
+  v.x = p[0];
+  v.y = p[1];
+  return v;
+#endif
+}
+
+template <GgmlType T>
+EXQ_HD constexpr bool is_k() {
+  return T == GgmlType::Q4_K || T == GgmlType::Q6_K;
+}
+// Blocks per chunk: Q0 types one 32-block per lane; K-quants 8 super-blocks (two passes of
+// 4 super-blocks x 8 sub-block lanes).
+template <GgmlType T>
+EXQ_HD constexpr int chunk_blocks() {
+  return is_k<T>() ? 8 : 32;
+}
+template <GgmlType T>
+EXQ_HD constexpr int passes() {
+  return is_k<T>() ? 2 : 1;
+}
+template <GgmlType T>
+EXQ_HD constexpr int block_elems() {
+  return is_k<T>() ? 256 : 32;
+}
+
+template <GgmlType T, bool REP>
+EXQ_HD constexpr Flavor flavor_of() {
+  if constexpr (T == GgmlType::Q6_K)
+    return Flavor::Q6K;
+  else if constexpr (T == GgmlType::Q4_K)
+    return REP ? Flavor::Q4KRep : Flavor::Q4KLanes;
+  else if constexpr (T == GgmlType::Q4_0 && REP)
+    return Flavor::Q4_0Rep;
+  else
+    return Flavor::Q0Lanes;
+}
+
+// Lanes per token in the chain phase (a power of two >= the chain count).
+template <Flavor FL>
+EXQ_HD constexpr int lanes_per_tok() {
+  constexpr int c = FlavorInfo<FL>::kChains;
+  return c <= 1 ? 1 : (c <= 2 ? 2 : (c <= 8 ? 8 : 16));
+}
+
+// Weight registers of one lane's unit (a Q0 block, or one sub-block of a K super-block).
+struct WRegs {
+  uint32_t h = 0;      // fp16 d (Q0, Q6_K), or d | dmin << 16 (Q4_K)
+  uint32_t a[8] = {};  // Q8_0 qs; Q4_0 qs[0..3]; Q5_0 qh, qs[0..3]; Q4_K qs of the pair; Q6_K ql
+  uint32_t b[8] = {};  // Q4_K: the 12 scale bytes in b[0..2]; Q6_K: qh
+  uint32_t sc = 0;     // Q6_K: int8 scales 2g, 2g+1
+};
+
+// Loads unit `u` of a lane: Q0: block u; K: super-block u, sub-block s.
+template <GgmlType T>
+EXQ_HD void load_unit(const uint8_t* row, int u, int s, WRegs& r) {
+  if constexpr (T == GgmlType::Q8_0) {
+    const uint8_t* p = row + static_cast<size_t>(u) * 34;
+    r.h = ld_u16(p);
+    ld_words(p + 2, r.a);
+  } else if constexpr (T == GgmlType::Q4_0) {
+    const uint8_t* p = row + static_cast<size_t>(u) * 18;
+    r.h = ld_u16(p);
+    uint32_t w[4];
+    ld_words(p + 2, w);
+    for (int i = 0; i < 4; ++i) r.a[i] = w[i];
+  } else if constexpr (T == GgmlType::Q5_0) {
+    const uint8_t* p = row + static_cast<size_t>(u) * 22;
+    r.h = ld_u16(p);
+    uint32_t w[5];
+    ld_words(p + 2, w);
+    for (int i = 0; i < 5; ++i) r.a[i] = w[i];
+  } else if constexpr (T == GgmlType::Q4_K) {
+    const uint8_t* p = row + static_cast<size_t>(u) * 144;
+    uint32_t hw[4];
+    ld_words(p, hw);
+    r.h = hw[0];
+    r.b[0] = hw[1];
+    r.b[1] = hw[2];
+    r.b[2] = hw[3];
+    ld_words(p + 16 + 32 * (s >> 1), r.a);
+  } else {  // Q6_K
+    const uint8_t* p = row + static_cast<size_t>(u) * 210;
+    ld_words(p + q6k_ql_off(s), r.a);
+    ld_words(p + q6k_qh_off(s), r.b);
+    r.sc = ld_u16(p + 192 + 2 * s);
+    r.h = ld_u16(p + 208);
+  }
+}
+
+// Loads the weights of the chunk at block c0 that this lane computes.
+template <GgmlType T>
+EXQ_HD void load_chunk(const uint8_t* row, int c0, int nb, WRegs (&wr)[passes<T>()]) {
+  const int lane = lane_id();
+  EXQ_UNROLL
+  for (int it = 0; it < passes<T>(); ++it) {
+    const int u = is_k<T>() ? c0 + it * 4 + (lane >> 3) : c0 + lane;
+    if (u < nb) load_unit<T>(row, u, lane & 7, wr[it]);
+  }
+}
+
+// p[] summed over the 8 lanes of an aligned group; lane s of the group returns the total of
+// index s (recursive halving: 4 + 2 + 1 shuffles). Integers: exact in any order.
+EXQ_HD int reduce8_transpose(const int (&p)[8], int s) {
+  int v4[4], v2[2];
+  const bool h4 = (s & 4) != 0, h2 = (s & 2) != 0, h1 = (s & 1) != 0;
+  EXQ_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    const int send = h4 ? p[i] : p[i + 4];
+    const int keep = h4 ? p[i + 4] : p[i];
+    v4[i] = keep + shfl_xor(send, 4);
+  }
+  EXQ_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    const int send = h2 ? v4[i] : v4[i + 2];
+    const int keep = h2 ? v4[i + 2] : v4[i];
+    v2[i] = keep + shfl_xor(send, 2);
+  }
+  const int send = h1 ? v2[0] : v2[1];
+  const int keep = h1 ? v2[1] : v2[0];
+  return keep + shfl_xor(send, 1);
+}
+
+// The integer slots and scales of one chunk (blocks [c0, c0 + CB)) for the nt tokens from
+// tok0, into S[CB][NT][slots] and F[CB][NT][scales]. Every lane of the warp calls it
+// (K-quants shuffle).
+template <GgmlType T, bool REP, int NT>
+EXQ_HD void chunk_ints(const WRegs (&wr)[passes<T>()], int c0, int nb, int cols,
+                       const int8_t* __restrict__ aq, const float* __restrict__ ad,
+                       const int32_t* __restrict__ abs, int tok0, int nt, int* S, float* F) {
+  constexpr Flavor FL = flavor_of<T, REP>();
+  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
+  const int lane = lane_id();
+  if constexpr (!is_k<T>()) {
+    const int b = c0 + lane;
+    if (b >= nb) return;
+    const WRegs& r = wr[0];
+    const float dw = half_bits(r.h);
+#if defined(__CUDA_ARCH__)
+#pragma unroll 2
+#endif
+    for (int t = 0; t < nt; ++t) {
+      const size_t tok = static_cast<size_t>(tok0 + t);
+      uint32_t y[8];
+      ld_y32(aq + tok * static_cast<size_t>(cols) + 32 * static_cast<size_t>(b), y);
+      const float da = ad[tok * static_cast<size_t>(nb) + b];
+      int s[8];
+      if constexpr (T == GgmlType::Q8_0) {
+        q8_0_ints(r.a, y, s);
+      } else if constexpr (T == GgmlType::Q4_0) {
+        const uint32_t w[4] = {r.a[0], r.a[1], r.a[2], r.a[3]};
+        q4_0_ints(w, y, s);
+      } else {
+        const uint32_t w[4] = {r.a[1], r.a[2], r.a[3], r.a[4]};
+        q5_0_ints(r.a[0], w, y, s);
+      }
+      if constexpr (FL == Flavor::Q4_0Rep) {  // one slot: the block's integer dot
+        S[lane * NT + t] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+      } else {
+        int4* dst = reinterpret_cast<int4*>(S + (lane * NT + t) * SL);
+        dst[0] = make_int4(s[0], s[1], s[2], s[3]);
+        dst[1] = make_int4(s[4], s[5], s[6], s[7]);
+      }
+      F[(lane * NT + t) * NF] = dw * da;
+    }
+  } else {
+    const int s = lane & 7;
+    EXQ_UNROLL
+    for (int it = 0; it < 2; ++it) {
+      const int bl = it * 4 + (lane >> 3);  // block within the chunk
+      const int sb = c0 + bl;
+      const bool valid = sb < nb;
+      const WRegs& r = wr[it];
+      int sc = 0, mn = 0;
+      if constexpr (T == GgmlType::Q4_K) {
+        const uint32_t hw[3] = {r.b[0], r.b[1], r.b[2]};
+        q4k_scale_min_w(s, hw, sc, mn);
+      }
+      for (int t = 0; t < nt; ++t) {  // nt is warp-uniform: the shuffles run on every lane
+        const size_t tok = static_cast<size_t>(tok0 + t);
+        int p[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        int msub = 0;
+        float yd = 0.0f;
+        if (valid) {
+          uint32_t y[8];
+          ld_y32(aq + tok * static_cast<size_t>(cols) + 256 * static_cast<size_t>(sb) + 32 * s, y);
+          const int2 bs = ld_int2(abs + tok * static_cast<size_t>(cols / 16) +
+                                  16 * static_cast<size_t>(sb) + 2 * s);
+          yd = ad[tok * static_cast<size_t>(nb) + sb];
+          if constexpr (T == GgmlType::Q4_K) {
+            q4k_sub_partials(s, sc, r.a, y, p);
+            msub = mn * (bs.x + bs.y);
+          } else {
+            const int sc0 = static_cast<int8_t>(r.sc & 0xFF);
+            const int sc1 = static_cast<int8_t>((r.sc >> 8) & 0xFF);
+            q6k_sub_partials(s, r.a, r.b, sc0, sc1, bs.x, bs.y, y, p);
+          }
+        }
+        int* Sd = S + (bl * NT + t) * SL;
+        float* Fd = F + (bl * NT + t) * NF;
+        if constexpr (FL == Flavor::Q4KRep) {
+          int tot = 0;
+          EXQ_UNROLL
+          for (int i = 0; i < 8; ++i) tot += p[i];
+          tot += shfl_xor(tot, 1);  // pair j = sub-blocks 2j, 2j+1
+          msub += shfl_xor(msub, 1);
+          if (valid && (s & 1) == 0) {
+            Sd[s >> 1] = tot;
+            Sd[8 + (s >> 1)] = msub;
+          }
+        } else {
+          const int lane_int = reduce8_transpose(p, s);
+          if constexpr (FL == Flavor::Q4KLanes) {
+            msub += shfl_xor(msub, 1);
+            if (valid && (s & 1) == 0) Sd[8 + (s >> 1)] = msub;
+          }
+          if (valid) Sd[s] = lane_int;
+        }
+        if (valid && s == 0) {
+          if constexpr (T == GgmlType::Q6_K) {
+            Fd[0] = yd * half_bits(r.h);
+          } else if constexpr (FL == Flavor::Q4KLanes) {
+            Fd[0] = yd * half_bits(r.h);
+            Fd[1] = -yd * half_bits(r.h >> 16);
+          } else {
+            Fd[0] = half_bits(r.h) * yd;
+            Fd[1] = half_bits(r.h >> 16) * yd;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The chain phase over blocks [0, cnt) of S / F (layout [block][NT][slots]): lane
+// (token slot ts, chain ch) steps its chains of the tokens ts, ts + TPP, ... in block order.
+template <Flavor FL, int NT>
+EXQ_HD void run_chains(const int* S, const float* F, int cnt, int nt, const bool* gemm,
+                       float* acc) {
+  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
+  constexpr int C = FlavorInfo<FL>::kChains;
+  constexpr int LPT = lanes_per_tok<FL>();
+  constexpr int TPP = kLanes / LPT;
+  constexpr int NP = (NT + TPP - 1) / TPP;
+  const int lane = lane_id();
+  const int ch = lane % LPT, ts = lane / LPT;
+  if (ch >= C) return;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 4
+#endif
+  for (int b = 0; b < cnt; ++b) {
+    EXQ_UNROLL
+    for (int p = 0; p < NP; ++p) {
+      const int t = p * TPP + ts;
+      if (t < nt) {
+        acc[p] = chain_step<FL>(ch, S + (b * NT + t) * SL, F + (b * NT + t) * NF, gemm[p], acc[p]);
+      }
+    }
+  }
+}
+
+// Gathers each (row, token)'s chains into its first lane, combines them in the reference's
+// tree and writes y (every lane of the warp calls it: shuffles).
+template <Flavor FL, int NT>
+EXQ_HD void combine_store(const float* acc, int nt, int tok0, int r, int rows,
+                          float* __restrict__ y, int accumulate) {
+  constexpr int C = FlavorInfo<FL>::kChains;
+  constexpr int LPT = lanes_per_tok<FL>();
+  constexpr int TPP = kLanes / LPT;
+  constexpr int NP = (NT + TPP - 1) / TPP;
+  const int lane = lane_id();
+  const int ch = lane % LPT, ts = lane / LPT;
+  const int base = lane & ~(LPT - 1);
+  EXQ_UNROLL
+  for (int p = 0; p < NP; ++p) {
+    float v[C];
+    EXQ_UNROLL
+    for (int k = 0; k < C; ++k) v[k] = shfl_idx(acc[p], base + k);
+    const int t = p * TPP + ts;
+    if (ch == 0 && t < nt) {
+      const float res = combine<FL>(v);
+      float* out = y + static_cast<size_t>(tok0 + t) * static_cast<size_t>(rows) + r;
+      *out = accumulate ? *out + res : res;
+    }
+  }
+}
+
+// Shared memory of qmm_block: per warp CB * NT blocks of slots and of scales.
+template <GgmlType T, bool REP, int NT>
+struct QmmSmem {
+  static constexpr Flavor FL = flavor_of<T, REP>();
+  static constexpr int kInts = chunk_blocks<T>() * NT * FlavorInfo<FL>::kSlots;
+  static constexpr int kFloats = chunk_blocks<T>() * NT * FlavorInfo<FL>::kScales;
+};
+
+// One thread of qmm_kernel (any token count): warp w of block (bx, by) takes row
+// bx * kMMWarps + w and tokens [by * NT, by * NT + NT); it walks the row in chunks (chunk
+// c + 1's weights are loaded while chunk c's chains run). s_int / s_f: the block's shared
+// memory, kMMWarps * QmmSmem sizes.
+template <GgmlType T, bool REP, int NT>
+EXQ_HD void qmm_block(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
+                      const int8_t* __restrict__ aq, const float* __restrict__ ad,
+                      const int32_t* __restrict__ abs, int n_tok, int gemm_end,
+                      float* __restrict__ y, int accumulate, int bx, int by, int* s_int,
+                      float* s_f) {
+  constexpr Flavor FL = flavor_of<T, REP>();
+  constexpr int CB = chunk_blocks<T>();
+  constexpr int LPT = lanes_per_tok<FL>();
+  constexpr int TPP = kLanes / LPT;         // tokens per chain pass
+  constexpr int NP = (NT + TPP - 1) / TPP;  // chain passes
+  const int warp = warp_id(), lane = lane_id();
+  const int r = bx * kMMWarps + warp;
+  if (r >= rows) return;  // warp-uniform; no block-wide barriers below
+  const int tok0 = by * NT;
+  const int nt = (n_tok - tok0) < NT ? (n_tok - tok0) : NT;
+  const int nb = cols / block_elems<T>();
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  int* S = s_int + warp * QmmSmem<T, REP, NT>::kInts;
+  float* F = s_f + warp * QmmSmem<T, REP, NT>::kFloats;
+
+  WRegs wr[passes<T>()];
+  // Weights are never written by a kernel: the first chunk's load overlaps the previous
+  // kernel (PDL); activations and y are read only after the wait.
+  load_chunk<T>(row, 0, nb, wr);
+  pdl_wait();
+
+  const int ts = lane / LPT;
+  float acc[NP];
+  bool gemm[NP];
+  EXQ_UNROLL
+  for (int p = 0; p < NP; ++p) {
+    acc[p] = 0.0f;
+    gemm[p] = tok0 + p * TPP + ts < gemm_end;
+  }
+  for (int c0 = 0; c0 < nb; c0 += CB) {
+    chunk_ints<T, REP, NT>(wr, c0, nb, cols, aq, ad, abs, tok0, nt, S, F);
+    if (c0 + CB < nb) load_chunk<T>(row, c0 + CB, nb, wr);  // in flight during the chains
+    sync_warp();
+    run_chains<FL, NT>(S, F, (nb - c0) < CB ? (nb - c0) : CB, nt, gemm, acc);
+    sync_warp();
+  }
+  combine_store<FL, NT>(acc, nt, tok0, r, rows, y, accumulate);
+}
+
+// Shared memory of qmv_row_block for rows of `cols`: nb * (slots + scales) words.
+template <GgmlType T, bool REP>
+EXQ_HD constexpr size_t row_block_smem(int cols) {
+  constexpr Flavor FL = flavor_of<T, REP>();
+  return static_cast<size_t>(cols / block_elems<T>()) *
+         (FlavorInfo<FL>::kSlots + FlavorInfo<FL>::kScales) * sizeof(int);
+}
+
+// One thread of qmv_row_kernel (one token, rows longer than one chunk: decode of e.g. FFN
+// down): block bx takes row bx; its warps compute the slots of all the row's chunks at once
+// (all weight loads of the row in flight together) into shared memory, then warp 0 runs the
+// chains over the whole row. smem: row_block_smem bytes, 16-byte aligned.
+template <GgmlType T, bool REP>
+EXQ_HD void qmv_row_block(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
+                          const int8_t* __restrict__ aq, const float* __restrict__ ad,
+                          const int32_t* __restrict__ abs, int gemm_end, float* __restrict__ y,
+                          int accumulate, int bx, int* smem) {
+  constexpr Flavor FL = flavor_of<T, REP>();
+  constexpr int SL = FlavorInfo<FL>::kSlots, NF = FlavorInfo<FL>::kScales;
+  constexpr int CB = chunk_blocks<T>();
+  const int nb = cols / block_elems<T>();
+  int* S = smem;
+  float* F = reinterpret_cast<float*>(S + nb * SL);
+  const int warp = warp_id();
+  const int r = bx;
+  const uint8_t* row = w + static_cast<size_t>(r) * row_bytes;
+  const int nchunks = (nb + CB - 1) / CB;
+
+  WRegs wr[passes<T>()];
+  if (warp < nchunks) load_chunk<T>(row, warp * CB, nb, wr);
+  pdl_wait();
+  for (int c = warp; c < nchunks; c += kMMWarps) {  // warp-uniform
+    chunk_ints<T, REP, 1>(wr, c * CB, nb, cols, aq, ad, abs, 0, 1, S + c * CB * SL,
+                          F + c * CB * NF);
+    if (c + kMMWarps < nchunks) load_chunk<T>(row, (c + kMMWarps) * CB, nb, wr);
+  }
+  sync_block();
+  if (warp != 0) return;
+  float acc[1] = {0.0f};
+  const bool gemm[1] = {0 < gemm_end};
+  run_chains<FL, 1>(S, F, nb, 1, gemm, acc);
+  combine_store<FL, 1>(acc, 1, 0, r, rows, y, accumulate);
 }
 
 }  // namespace worker::kern::exact::qm

@@ -13,12 +13,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/errors.h"
@@ -510,6 +513,226 @@ TEST(ExactQuantHost, ConversionsAgreeWithCpuReference) {
       ref += static_cast<int8_t>(a >> (8 * k)) * static_cast<int8_t>(b >> (8 * k));
     ASSERT_EQ(qm::dp4a(a, b, 0), ref);
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// HOST WARP SIMULATOR: the matmul kernels' own per-thread code (qm::qmm_block,
+// qm::qmv_row_block) run by one host thread per GPU thread, kMMWarps x 32 per block; warp
+// shuffles and barriers go through qm::host_warp. A lane that skipped a shuffle or a barrier
+// would hang the block (the GPU's behaviour would be undefined); shared memory starts as
+// garbage.
+
+struct SimBlock {
+  static constexpr int kThreads = qm::kMMWarps * qm::kLanes;
+  std::barrier<> block_bar{kThreads};
+  std::vector<std::unique_ptr<std::barrier<>>> warp_bars;
+  int xi[kThreads] = {};
+  float xf[kThreads] = {};
+  SimBlock() {
+    for (int w = 0; w < qm::kMMWarps; ++w)
+      warp_bars.push_back(std::make_unique<std::barrier<>>(qm::kLanes));
+  }
+};
+thread_local SimBlock* t_blk = nullptr;
+thread_local int t_lane = 0, t_warp = 0;
+
+int sim_lane() {
+  return t_lane;
+}
+int sim_warp() {
+  return t_warp;
+}
+int sim_shfl_xor(int v, int mask) {
+  const int base = t_warp * qm::kLanes;
+  t_blk->xi[base + t_lane] = v;
+  t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
+  const int r = t_blk->xi[base + (t_lane ^ mask)];
+  t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
+  return r;
+}
+float sim_shfl_idx(float v, int src) {
+  const int base = t_warp * qm::kLanes;
+  t_blk->xf[base + t_lane] = v;
+  t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
+  const float r = t_blk->xf[base + src];
+  t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
+  return r;
+}
+void sim_sync_warp() {
+  t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
+}
+void sim_sync_block() {
+  t_blk->block_bar.arrive_and_wait();
+}
+
+// Runs body(bx, by, smem) for every block of the grid on kThreads host threads (one per GPU
+// thread; the same threads walk the blocks one after the other, a block barrier between
+// two), with `smem_words` words of shared memory refilled with garbage for each block.
+template <typename Body>
+void sim_launch(int grid_x, int grid_y, size_t smem_words, Body body) {
+  qm::host_warp.lane = sim_lane;
+  qm::host_warp.warp = sim_warp;
+  qm::host_warp.shfl_xor = sim_shfl_xor;
+  qm::host_warp.shfl_idx = sim_shfl_idx;
+  qm::host_warp.sync_warp = sim_sync_warp;
+  qm::host_warp.sync_block = sim_sync_block;
+  SimBlock blk;
+  std::vector<int4> smem((smem_words + 3) / 4 + 1);
+  std::vector<std::thread> th;
+  for (int i = 0; i < SimBlock::kThreads; ++i) {
+    th.emplace_back([&, i] {
+      t_blk = &blk;
+      t_lane = i % qm::kLanes;
+      t_warp = i / qm::kLanes;
+      for (int by = 0; by < grid_y; ++by) {
+        for (int bx = 0; bx < grid_x; ++bx) {
+          if (i == 0) std::memset(smem.data(), 0x7F, smem.size() * sizeof(int4));
+          blk.block_bar.arrive_and_wait();  // smem ready
+          body(bx, by, reinterpret_cast<int*>(smem.data()));
+          blk.block_bar.arrive_and_wait();  // block done (threads that returned early too)
+        }
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+}
+
+// The device dispatch of exact.cuh's matmul (exact_quant.cu: launch_qmm_nt), replayed on the
+// simulator with host copies of the weights and activations.
+template <GgmlType T, bool REP>
+void sim_matmul_t(const std::vector<uint8_t>& w, int rows, int cols, const std::vector<int8_t>& q,
+                  const std::vector<float>& d, const std::vector<int32_t>& bs, int n_tok,
+                  int gemm_end, float* y, int acc, bool* used_row_kernel) {
+  const size_t rb = ggml_row_bytes(T, cols);
+  const int nb = cols / qm::block_elems<T>();
+  const size_t row_smem = qm::row_block_smem<T, REP>(cols);
+  *used_row_kernel = n_tok == 1 && nb > qm::chunk_blocks<T>() && row_smem <= 40 * 1024;
+  if (*used_row_kernel) {
+    sim_launch(rows, 1, row_smem / 4, [&](int bx, int, int* smem) {
+      qm::qmv_row_block<T, REP>(w.data(), rows, cols, rb, q.data(), d.data(), bs.data(), gemm_end,
+                                y, acc, bx, smem);
+    });
+    return;
+  }
+  auto run = [&](auto nt_tag) {
+    constexpr int NT = decltype(nt_tag)::value;
+    using Sm = qm::QmmSmem<T, REP, NT>;
+    const size_t ints = static_cast<size_t>(qm::kMMWarps) * Sm::kInts;
+    const size_t words = ints + static_cast<size_t>(qm::kMMWarps) * Sm::kFloats;
+    sim_launch((rows + qm::kMMWarps - 1) / qm::kMMWarps, (n_tok + NT - 1) / NT, words,
+               [&](int bx, int by, int* smem) {
+                 qm::qmm_block<T, REP, NT>(w.data(), rows, cols, rb, q.data(), d.data(), bs.data(),
+                                           n_tok, gemm_end, y, acc, bx, by, smem,
+                                           reinterpret_cast<float*>(smem + ints));
+               });
+  };
+  if (n_tok == 1)
+    run(std::integral_constant<int, 1>{});
+  else
+    run(std::integral_constant<int, 8>{});
+}
+
+void sim_matmul(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols,
+                const std::vector<cpu::QuantizedActivation>& acts, const BatchOrder& order,
+                float* y, int acc, bool* used_row_kernel) {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> bs;
+  for (const auto& r : acts) {
+    q.insert(q.end(), r.q.begin(), r.q.end());
+    d.insert(d.end(), r.d.begin(), r.d.end());
+    bs.insert(bs.end(), r.bsum.begin(), r.bsum.end());
+  }
+  bs.push_back(0);  // non-empty for the Q0 types (unused there)
+  const int n_tok = static_cast<int>(acts.size());
+  const bool rep = cpu::repacked_on_x86(type, rows);
+  const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
+  switch (type) {
+    case GgmlType::Q8_0:
+      sim_matmul_t<GgmlType::Q8_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                          used_row_kernel);
+      break;
+    case GgmlType::Q5_0:
+      sim_matmul_t<GgmlType::Q5_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                          used_row_kernel);
+      break;
+    case GgmlType::Q4_0:
+      if (rep)
+        sim_matmul_t<GgmlType::Q4_0, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                           used_row_kernel);
+      else
+        sim_matmul_t<GgmlType::Q4_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                            used_row_kernel);
+      break;
+    case GgmlType::Q4_K:
+      if (rep)
+        sim_matmul_t<GgmlType::Q4_K, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                           used_row_kernel);
+      else
+        sim_matmul_t<GgmlType::Q4_K, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                            used_row_kernel);
+      break;
+    default:
+      sim_matmul_t<GgmlType::Q6_K, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                          used_row_kernel);
+      break;
+  }
+}
+
+// HOST WARP SIMULATION of the matmul kernels (the code the GPU runs, thread by thread):
+// every quantized type, rows a multiple of 8 and not, the warp kernel (chunks, token tiles
+// of 8, tails) and the one-token row kernel, gemm / gemv slices, accumulate; bit for bit
+// against cpu::dot_quantized over the full output.
+// REQ: M0-W-1430 WRK-D15
+TEST(ExactQuantHost, MatmulKernelSimulationMatchesCpuReference) {
+  struct Case {
+    int cols_q0, cols_k;  // row length for Q8_0/Q4_0/Q5_0 and for Q4_K/Q6_K
+    int n_tok;
+    BatchOrder order;
+  };
+  // 1088 / 2304: two chunks per row (the chunk loop, tails); 4864 / 8448: one token through
+  // the row kernel with more chunks than warps; n_tok 9: two token tiles of 8.
+  const Case cases[] = {{1088, 2304, 1, {1, 0}},
+                        {1088, 2304, 3, {8, 4}},
+                        {1088, 2304, 9, {9, 0}},
+                        {1088, 2304, 1, {8, 3}},
+                        {4864, 8448, 1, {1, 0}}};
+  int row_kernel_runs = 0, warp_kernel_runs = 0, case_no = 0;
+  uint64_t seed = 500;
+  for (GgmlType type : kQuantTypes) {
+    const bool k = type == GgmlType::Q4_K || type == GgmlType::Q6_K;
+    const bool repackable = type == GgmlType::Q4_0 || type == GgmlType::Q4_K;
+    for (const int rows : {13, 16}) {
+      if (rows == 16 && !repackable) continue;  // rows % 8 == 0 changes only Q4_0 / Q4_K
+      for (const Case& c : cases) {
+        const int cols = k ? c.cols_k : c.cols_q0;
+        const auto w = random_weights(type, rows, cols, ++seed);
+        const int acc = (case_no++ % 2);
+        const auto x = random_acts(c.n_tok, cols, ++seed);
+        auto acts = cpu_acts(type, x, c.n_tok, cols);
+        auto ref = cpu_matmul(type, w, rows, cols, acts, c.order);
+        std::vector<float> y(ref.size(), std::nanf(""));
+        if (acc) {
+          XorShift rng(seed);
+          for (size_t i = 0; i < y.size(); ++i) {
+            y[i] = rng.uniform(-4.0f, 4.0f);
+            ref[i] = y[i] + ref[i];
+          }
+        }
+        bool row_kernel = false;
+        sim_matmul(type, w, rows, cols, acts, c.order, y.data(), acc, &row_kernel);
+        (row_kernel ? row_kernel_runs : warp_kernel_runs)++;
+        const std::string what = type_str(type) + " rows " + std::to_string(rows) + " cols " +
+                                 std::to_string(cols) + " n_tok " + std::to_string(c.n_tok) +
+                                 " batch_n " + std::to_string(c.order.batch_n) + " t0 " +
+                                 std::to_string(c.order.t0) + (acc ? " accumulate" : "") +
+                                 (row_kernel ? " (row kernel)" : " (warp kernel)");
+        ASSERT_EQ(count_mismatch(y, ref, what, rows), 0u) << what;
+      }
+    }
+  }
+  EXPECT_GT(row_kernel_runs, 0);
+  EXPECT_GT(warp_kernel_runs, 0);
 }
 
 // ---------------------------------------------------------------------------------------
