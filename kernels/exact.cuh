@@ -107,4 +107,15 @@ void attention(const float* q, const float* k_cache, const float* v_cache, float
 // machine's glibc on every float tried but 2 in 3.3e8 (kernels/exact_ops_math.cuh).
 void swiglu(float* g, const float* u, int n_tok, int F, cudaStream_t stream);
 
+// ---------------------------------------------------------------------------------------
+// Fusions that cut launches in the decode step (exact_fused.cu); any n_tok works. Each
+// writes exactly what the unfused sequence writes.
+
+// rmsnorm(x, w, y, ...) then quantize_act(act_type, y, n_rows, n, a): y and a both written.
+void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
+                 uint32_t act_type, const ActBuf& a, cudaStream_t stream);
+// swiglu(g, u, n_tok, F) then quantize_act(act_type, g, n_tok, F, a): g and a both written.
+void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, const ActBuf& a,
+                cudaStream_t stream);
+
 }  // namespace worker::kern::exact
