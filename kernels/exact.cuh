@@ -107,6 +107,14 @@ void attention(const float* q, const float* k_cache, const float* v_cache, float
 // machine's glibc on every float tried but 2 in 3.3e8 (kernels/exact_ops_math.cuh).
 void swiglu(float* g, const float* u, int n_tok, int F, cudaStream_t stream);
 
+// Prompt batches of quantized weights (exact_qgemm.cu): the same bits as matmul(), tiled
+// for throughput (many tokens share each weight block; integer block dots with dp4a).
+// qgemm_takes() says when it applies (quantized type, n_tok large enough to pay off); the
+// engine then calls qgemm instead of matmul.
+bool qgemm_takes(uint32_t weight_type, int n_tok);
+void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
+           bool accumulate, cudaStream_t stream);
+
 // ---------------------------------------------------------------------------------------
 // Fusions that cut launches in the decode step (exact_fused.cu); any n_tok works. Each
 // writes exactly what the unfused sequence writes.

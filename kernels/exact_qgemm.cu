@@ -1,0 +1,2 @@
+// Exact quantized prompt GEMM, see exact.cuh. (Being written.)
+#include "exact.cuh"

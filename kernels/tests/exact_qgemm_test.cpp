@@ -1,0 +1,2 @@
+// Exact quantized prompt GEMM against the CPU reference, bit for bit. (Being written.)
+#include <gtest/gtest.h>
