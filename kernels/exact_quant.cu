@@ -51,8 +51,6 @@ namespace worker::kern::exact {
 
 namespace {
 
-constexpr unsigned kFull = 0xffffffffu;
-
 size_t align256(size_t n) {
   return (n + 255) & ~size_t{255};
 }
@@ -83,16 +81,10 @@ __global__ void __launch_bounds__(kActThreads)
     act_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float* __restrict__ d,
                     size_t n_blocks) {
   griddep_wait();
-  const int lane = threadIdx.x % kWarp;
   const size_t warps = static_cast<size_t>(gridDim.x) * (kActThreads / kWarp);
   for (size_t k = blockIdx.x * static_cast<size_t>(kActThreads / kWarp) + threadIdx.x / kWarp;
-       k < n_blocks; k += warps) {
-    const float v = x[k * 32 + lane];
-    const float amax = warp_max(fabsf(v));
-    const float id = qm::q8_0_id(amax);
-    q[k * 32 + lane] = qm::q8_0_quant(v, id);
-    if (lane == 0) d[k] = __half2float(__float2half_rn(amax / 127.f));
-  }
+       k < n_blocks; k += warps)  // warp-uniform
+    qm::act_q8_0_block(x, q, d, k);
 }
 
 // One warp per 256-block, lane l holding elements 8l..8l+7.
@@ -100,60 +92,10 @@ __global__ void __launch_bounds__(kActThreads)
     act_q8_k_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float* __restrict__ d,
                     int32_t* __restrict__ bsum, size_t n_blocks) {
   griddep_wait();
-  const int lane = threadIdx.x % kWarp;
   const size_t warps = static_cast<size_t>(gridDim.x) * (kActThreads / kWarp);
   for (size_t k = blockIdx.x * static_cast<size_t>(kActThreads / kWarp) + threadIdx.x / kWarp;
-       k < n_blocks; k += warps) {
-    const float4* xp = reinterpret_cast<const float4*>(x + k * 256 + 8 * lane);
-    const float4 a = xp[0], b = xp[1];
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    float amax = 0.0f, mx = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {  // the CPU's scan: strict >, first in index order wins
-      const float ax = fabsf(v[i]);
-      if (ax > amax) {
-        amax = ax;
-        mx = v[i];
-      }
-    }
-#pragma unroll
-    for (int o = 1; o < kWarp; o <<= 1) {
-      const float oa = __shfl_xor_sync(kFull, amax, o);
-      const float om = __shfl_xor_sync(kFull, mx, o);
-      // aligned groups: the partner holds lower indices iff its lane is lower
-      if (oa > amax || (oa == amax && (lane ^ o) < lane)) {
-        amax = oa;
-        mx = om;
-      }
-    }
-    int8_t qv[8];
-    int s = 0;
-    if (amax != 0.0f) {
-      const float iscale = -127.f / mx;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        qv[i] = qm::q8_k_quant(v[i], iscale);
-        s += qv[i];
-      }
-      if (lane == 0) d[k] = 1 / iscale;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qv[i] = 0;
-      if (lane == 0) d[k] = 0.0f;
-    }
-    uint2 packed;
-    packed.x = (static_cast<uint32_t>(static_cast<uint8_t>(qv[0]))) |
-               (static_cast<uint32_t>(static_cast<uint8_t>(qv[1])) << 8) |
-               (static_cast<uint32_t>(static_cast<uint8_t>(qv[2])) << 16) |
-               (static_cast<uint32_t>(static_cast<uint8_t>(qv[3])) << 24);
-    packed.y = (static_cast<uint32_t>(static_cast<uint8_t>(qv[4]))) |
-               (static_cast<uint32_t>(static_cast<uint8_t>(qv[5])) << 8) |
-               (static_cast<uint32_t>(static_cast<uint8_t>(qv[6])) << 16) |
-               (static_cast<uint32_t>(static_cast<uint8_t>(qv[7])) << 24);
-    *reinterpret_cast<uint2*>(q + k * 256 + 8 * lane) = packed;
-    s += __shfl_xor_sync(kFull, s, 1);  // sums of 16: lanes 2j and 2j+1
-    if ((lane & 1) == 0) bsum[k * 16 + lane / 2] = s;
-  }
+       k < n_blocks; k += warps)  // warp-uniform
+    qm::act_q8_k_block(x, q, d, bsum, k);
 }
 
 int grid_for(size_t work_items, int per_block) {

@@ -268,6 +268,14 @@ EXQ_HD float combine(const float* acc) {
 EXQ_HD float q8_0_id(float amax) {
   return amax != 0.0f ? 127.f / amax : 0.0f;
 }
+// x rounded to fp16 (round to nearest even) and back: the stored Q8_0 scale.
+EXQ_HD float round_fp16(float x) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__float2half_rn(x));
+#else
+  return fp16_to_fp32(fp32_to_fp16(x));
+#endif
+}
 // nearbyint / ggml's nearest_int (round half to even; |v| < 2^22).
 EXQ_HD int round_even(float v) {
 #if defined(__CUDA_ARCH__)
@@ -297,6 +305,7 @@ struct HostWarp {
   int (*lane)() = nullptr;
   int (*warp)() = nullptr;
   int (*shfl_xor)(int v, int mask) = nullptr;
+  float (*shfl_xor_f)(float v, int mask) = nullptr;
   float (*shfl_idx)(float v, int src) = nullptr;
   void (*sync_warp)() = nullptr;
   void (*sync_block)() = nullptr;
@@ -326,6 +335,13 @@ EXQ_HD int shfl_xor(int v, int mask) {
   return __shfl_xor_sync(0xffffffffu, v, mask);
 #else
   return host_warp.shfl_xor(v, mask);
+#endif
+}
+EXQ_HD float shfl_xor_f(float v, int mask) {
+#if defined(__CUDA_ARCH__)
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+#else
+  return host_warp.shfl_xor_f(v, mask);
 #endif
 }
 EXQ_HD float shfl_idx(float v, int src) {
@@ -782,6 +798,88 @@ EXQ_HD void qmv_row_block(const uint8_t* __restrict__ w, int rows, int cols, siz
   const bool gemm[1] = {0 < gemm_end};
   run_chains<FL, 1>(S, F, nb, 1, gemm, acc);
   combine_store<FL, 1>(acc, 1, 0, r, rows, y, accumulate);
+}
+
+// ---------------------------------------------------------------------------------------
+// quantize_act's warp bodies (exact_quant.cu's act_q8_0_kernel / act_q8_k_kernel run one per
+// warp and block; blocks are numbered over the whole [n_tok][cols] array).
+
+// Q8_0 block k, one element per lane: amax by a butterfly max (exact in any order),
+// d = amax / 127 through fp16, q = round-half-even(x * (127 / amax)).
+EXQ_HD void act_q8_0_block(const float* __restrict__ x, int8_t* __restrict__ q,
+                           float* __restrict__ d, size_t k) {
+  const int lane = lane_id();
+  const float v = x[k * 32 + lane];
+  float amax = fabsf(v);
+  EXQ_UNROLL
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, shfl_xor_f(amax, o));
+  const float id = q8_0_id(amax);
+  q[k * 32 + lane] = q8_0_quant(v, id);
+  if (lane == 0) d[k] = round_fp16(amax / 127.f);
+}
+
+// Q8_K block k, lane l holding elements 8l..8l+7: the element of largest magnitude, first in
+// index order on ties (each lane scans its 8 with the CPU's strict >; the butterfly merges
+// aligned lane groups, the lower group winning ties), iscale = -127 / max,
+// q = min(127, rint(iscale * x)), bsums of 16 from lane pairs, d = 1 / iscale; an all-zero
+// block gives q = 0, d = 0, bsums 0.
+EXQ_HD void act_q8_k_block(const float* __restrict__ x, int8_t* __restrict__ q,
+                           float* __restrict__ d, int32_t* __restrict__ bsum, size_t k) {
+  const int lane = lane_id();
+  float v[8];
+#if defined(__CUDA_ARCH__)
+  const float4* xp = reinterpret_cast<const float4*>(x + k * 256 + 8 * lane);
+  const float4 a = xp[0], b = xp[1];
+  v[0] = a.x;
+  v[1] = a.y;
+  v[2] = a.z;
+  v[3] = a.w;
+  v[4] = b.x;
+  v[5] = b.y;
+  v[6] = b.z;
+  v[7] = b.w;
+#else
+  std::memcpy(v, x + k * 256 + 8 * lane, sizeof v);
+#endif
+  float amax = 0.0f, mx = 0.0f;
+  EXQ_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    const float ax = fabsf(v[i]);
+    if (ax > amax) {
+      amax = ax;
+      mx = v[i];
+    }
+  }
+  EXQ_UNROLL
+  for (int o = 1; o < kLanes; o <<= 1) {
+    const float oa = shfl_xor_f(amax, o);
+    const float om = shfl_xor_f(mx, o);
+    if (oa > amax || (oa == amax && (lane ^ o) < lane)) {
+      amax = oa;
+      mx = om;
+    }
+  }
+  uint32_t packed[2] = {0, 0};
+  int s = 0;
+  if (amax != 0.0f) {
+    const float iscale = -127.f / mx;
+    EXQ_UNROLL
+    for (int i = 0; i < 8; ++i) {
+      const int8_t qi = q8_k_quant(v[i], iscale);
+      s += qi;
+      packed[i >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(qi)) << (8 * (i & 3));
+    }
+    if (lane == 0) d[k] = 1 / iscale;
+  } else if (lane == 0) {
+    d[k] = 0.0f;
+  }
+#if defined(__CUDA_ARCH__)
+  *reinterpret_cast<uint2*>(q + k * 256 + 8 * lane) = make_uint2(packed[0], packed[1]);
+#else
+  std::memcpy(q + k * 256 + 8 * lane, packed, 8);
+#endif
+  s += shfl_xor(s, 1);  // sums of 16: lanes 2j and 2j+1
+  if ((lane & 1) == 0) bsum[k * 16 + lane / 2] = s;
 }
 
 }  // namespace worker::kern::exact::qm

@@ -412,81 +412,6 @@ TEST(ExactQuantHost, Q4KGemmAndGemvOrdersDiffer) {
   EXPECT_GT(differ, 0);
 }
 
-// HOST EMULATION of quantize_act's Q8_0 / Q8_K kernels: warp max of |x| (Q8_0), the
-// first-of-largest-magnitude merge across lanes (Q8_K: each lane scans its 8 elements with
-// strict >, the lower lane wins ties), the quant / scale helpers, bsums from lane pairs.
-// REQ: M0-W-1430
-TEST(ExactQuantHost, QuantizeEmulationMatchesCpuReference) {
-  for (const int cols : {256, 768, 1024, 4864}) {
-    auto x = random_acts(3, cols, static_cast<uint64_t>(cols));
-    // an all-zero block and a block whose extreme values tie across lanes
-    for (int i = 0; i < 256; ++i) x[static_cast<size_t>(cols) + i] = 0.0f;
-    if (cols >= 512) {
-      x[256 + 3] = 9.0f;
-      x[256 + 130] = -9.0f;
-    }
-    for (int t = 0; t < 3; ++t) {
-      const float* r = x.data() + static_cast<size_t>(t) * cols;
-      cpu::QuantizedActivation q0, qk;
-      cpu::quantize_activation(GgmlType::Q8_0, r, cols, q0);
-      cpu::quantize_activation(GgmlType::Q6_K, r, cols, qk);
-      for (int b = 0; b < cols / 32; ++b) {
-        float amax = 0.0f;
-        for (int l = 0; l < 32; ++l) amax = std::max(amax, std::fabs(r[32 * b + l]));
-        const float d = fp16_to_fp32(fp32_to_fp16(amax / 127.f));
-        ASSERT_EQ(bits(d), bits(q0.d[static_cast<size_t>(b)])) << "Q8_0 d block " << b;
-        const float id = qm::q8_0_id(amax);
-        for (int l = 0; l < 32; ++l)
-          ASSERT_EQ(qm::q8_0_quant(r[32 * b + l], id), q0.q[static_cast<size_t>(32 * b + l)]);
-      }
-      for (int b = 0; b < cols / 256; ++b) {
-        float la[32], lm[32];
-        for (int lane = 0; lane < 32; ++lane) {
-          la[lane] = 0.0f;
-          lm[lane] = 0.0f;
-          for (int i = 0; i < 8; ++i) {
-            const float v = r[256 * b + 8 * lane + i];
-            if (std::fabs(v) > la[lane]) {
-              la[lane] = std::fabs(v);
-              lm[lane] = v;
-            }
-          }
-        }
-        for (int o = 1; o < 32; o <<= 1) {  // the shuffle butterfly
-          float na[32], nm[32];
-          for (int lane = 0; lane < 32; ++lane) {
-            const int p = lane ^ o;
-            if (la[p] > la[lane] || (la[p] == la[lane] && p < lane)) {
-              na[lane] = la[p];
-              nm[lane] = lm[p];
-            } else {
-              na[lane] = la[lane];
-              nm[lane] = lm[lane];
-            }
-          }
-          std::copy(na, na + 32, la);
-          std::copy(nm, nm + 32, lm);
-        }
-        for (int lane = 1; lane < 32; ++lane) ASSERT_EQ(bits(lm[lane]), bits(lm[0]));
-        if (la[0] == 0.0f) {
-          EXPECT_EQ(bits(qk.d[static_cast<size_t>(b)]), bits(0.0f));
-          for (int i = 0; i < 256; ++i) EXPECT_EQ(qk.q[static_cast<size_t>(256 * b + i)], 0);
-          continue;
-        }
-        const float iscale = -127.f / lm[0];
-        ASSERT_EQ(bits(1 / iscale), bits(qk.d[static_cast<size_t>(b)])) << "Q8_K d block " << b;
-        for (int i = 0; i < 256; ++i)
-          ASSERT_EQ(qm::q8_k_quant(r[256 * b + i], iscale), qk.q[static_cast<size_t>(256 * b + i)]);
-        for (int j = 0; j < 16; ++j) {
-          int s = 0;
-          for (int i = 0; i < 16; ++i) s += qm::q8_k_quant(r[256 * b + 16 * j + i], iscale);
-          ASSERT_EQ(s, qk.bsum[static_cast<size_t>(16 * b + j)]);
-        }
-      }
-    }
-  }
-}
-
 // HOST: the helpers' fp16 decode, dp4a emulation and the host build of CUDA's fp16 / bf16
 // conversions against worker/gguf's (the CPU reference's) conversions on random values.
 // REQ: M0-W-1430
@@ -550,6 +475,14 @@ int sim_shfl_xor(int v, int mask) {
   t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
   return r;
 }
+float sim_shfl_xor_f(float v, int mask) {
+  const int base = t_warp * qm::kLanes;
+  t_blk->xf[base + t_lane] = v;
+  t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
+  const float r = t_blk->xf[base + (t_lane ^ mask)];
+  t_blk->warp_bars[static_cast<size_t>(t_warp)]->arrive_and_wait();
+  return r;
+}
 float sim_shfl_idx(float v, int src) {
   const int base = t_warp * qm::kLanes;
   t_blk->xf[base + t_lane] = v;
@@ -573,6 +506,7 @@ void sim_launch(int grid_x, int grid_y, size_t smem_words, Body body) {
   qm::host_warp.lane = sim_lane;
   qm::host_warp.warp = sim_warp;
   qm::host_warp.shfl_xor = sim_shfl_xor;
+  qm::host_warp.shfl_xor_f = sim_shfl_xor_f;
   qm::host_warp.shfl_idx = sim_shfl_idx;
   qm::host_warp.sync_warp = sim_sync_warp;
   qm::host_warp.sync_block = sim_sync_block;
@@ -733,6 +667,55 @@ TEST(ExactQuantHost, MatmulKernelSimulationMatchesCpuReference) {
   }
   EXPECT_GT(row_kernel_runs, 0);
   EXPECT_GT(warp_kernel_runs, 0);
+}
+
+// HOST WARP SIMULATION of quantize_act's Q8_0 / Q8_K kernels (qm::act_q8_0_block,
+// qm::act_q8_k_block, one warp per block), against cpu::quantize_activation bit for bit:
+// random rows, an all-zero block, magnitude ties across lanes and within a lane.
+// REQ: M0-W-1430 WRK-D15
+TEST(ExactQuantHost, QuantizeKernelSimulationMatchesCpuReference) {
+  for (const int cols : {256, 1024, 4864}) {
+    const int n_tok = 3;
+    auto x = random_acts(n_tok, cols, static_cast<uint64_t>(cols));
+    for (int i = 0; i < 256; ++i) x[static_cast<size_t>(cols) + i] = 0.0f;  // zero block
+    if (cols >= 512) {  // ties: across lanes (3 vs 130), within a lane (260 vs 261)
+      x[256 + 3] = 9.0f;
+      x[256 + 130] = -9.0f;
+      x[2 * static_cast<size_t>(cols) + 260] = -11.0f;
+      x[2 * static_cast<size_t>(cols) + 261] = 11.0f;
+    }
+    for (const GgmlType type : {GgmlType::Q8_0, GgmlType::Q6_K}) {
+      const bool k = type == GgmlType::Q6_K;
+      const size_t n = static_cast<size_t>(n_tok) * cols;
+      const size_t nblk = n / (k ? 256 : 32);
+      std::vector<int8_t> q(n, 99);
+      std::vector<float> d(nblk, std::nanf(""));
+      std::vector<int32_t> bs(n / 16, -12345);
+      sim_launch(static_cast<int>((nblk + 3) / 4), 1, 0, [&](int bx, int, int*) {
+        const size_t blk = static_cast<size_t>(bx) * qm::kMMWarps + static_cast<size_t>(t_warp);
+        if (blk >= nblk) return;
+        if (k)
+          qm::act_q8_k_block(x.data(), q.data(), d.data(), bs.data(), blk);
+        else
+          qm::act_q8_0_block(x.data(), q.data(), d.data(), blk);
+      });
+      const auto ref = cpu_acts(type, x, n_tok, cols);
+      std::vector<int8_t> rq;
+      std::vector<float> rd;
+      std::vector<int32_t> rbs;
+      for (const auto& r : ref) {
+        rq.insert(rq.end(), r.q.begin(), r.q.end());
+        rd.insert(rd.end(), r.d.begin(), r.d.end());
+        rbs.insert(rbs.end(), r.bsum.begin(), r.bsum.end());
+      }
+      const std::string what = type_str(type) + " cols " + std::to_string(cols);
+      EXPECT_EQ(count_mismatch(q, rq, what + " q", cols), 0u) << what;
+      EXPECT_EQ(count_mismatch(d, rd, what + " d", cols / (k ? 256 : 32)), 0u) << what;
+      if (k) {
+        EXPECT_EQ(count_mismatch(bs, rbs, what + " bsum", cols / 16), 0u) << what;
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
