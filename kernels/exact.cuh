@@ -101,6 +101,21 @@ void attention(const float* q, const float* k_cache, const float* v_cache, float
                const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
                cudaStream_t stream);
 
+// The same two ops over an FP16 KV cache (llama.cpp's default; M0-W-1201), as the CPU
+// reference's F16-KV mode computes them (exact_attn16.cu): K and V rounded to fp16 when
+// stored; q rounded to fp16 before the KQ products and the probabilities rounded to fp16
+// before the KQV products, each product summed in the order llama.cpp's mul_mat takes for
+// F16 x F16 (tinyBLAS for a batch of >= 2 tokens where it applies, else vec_dot_f16).
+// Caches: [n_ctx][n_head_kv * head_dim] fp16 bits.
+void bias_rope_store_f16(float* q, const float* k, const float* v, const float* bq,
+                         const float* bk, const float* bv, const AttnShape& s,
+                         const float* rope_table, int n_tok, const int32_t* d_n_past,
+                         uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+size_t attention_f16_scratch_floats(int n_ctx, int max_tok, int n_head);
+void attention_f16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, float* out,
+                   int n_tok, const AttnShape& s, int n_ctx, const int32_t* d_n_past,
+                   float* scratch, cudaStream_t stream);
+
 // g[t][i] = silu(g[t][i]) * u[t][i] for i < F: ggml_silu (ggml_expf) for the first F & ~15,
 // x / (1 + expf(-x)) for the rest, where the CPU calls libm's expf: here glibc's expf
 // algorithm (double arithmetic, a 32-entry 2^(i/32) table, rounded once), equal to this
