@@ -35,6 +35,16 @@
 //  - Q4KRep (Q4_K repacked): dot_q4_k_repack: acc / accm chains with one step per
 //    super-block (gemv: tokens with batch index >= batch_n - batch_n % 4) or one per
 //    64-element pair (gemm: the other tokens); result acc - accm.
+// One token with rows longer than one chunk (decode of e.g. FFN down) takes qmv_row_kernel:
+// one row per block, the block's 4 warps compute all the row's slots at once (every weight
+// load of the row in flight together), then warp 0 runs the chains over the whole row.
+// Weights of the first chunk are loaded before the PDL wait (weights are never written by a
+// kernel); activations and y only after it.
+//
+// The per-thread code of every kernel lives in exact_quant_math.cuh as __host__ __device__
+// functions (qm::qmm_block, qm::qmv_row_block, qm::act_q8_0_block, qm::act_q8_k_block); the
+// kernels here are thin wrappers. The host tests run that same code in a warp simulator (one
+// host thread per GPU thread) against the CPU reference, besides the GPU tests.
 // The file is compiled with -fmad=false: every fma is explicit, products and sums are
 // rounded on their own as in the reference. Deterministic: no atomics, fixed orders.
 #include <algorithm>
