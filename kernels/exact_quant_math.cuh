@@ -804,12 +804,11 @@ EXQ_HD void qmv_row_block(const uint8_t* __restrict__ w, int rows, int cols, siz
 // quantize_act's warp bodies (exact_quant.cu's act_q8_0_kernel / act_q8_k_kernel run one per
 // warp and block; blocks are numbered over the whole [n_tok][cols] array).
 
-// Q8_0 block k, one element per lane: amax by a butterfly max (exact in any order),
-// d = amax / 127 through fp16, q = round-half-even(x * (127 / amax)).
-EXQ_HD void act_q8_0_block(const float* __restrict__ x, int8_t* __restrict__ q,
-                           float* __restrict__ d, size_t k) {
+// Q8_0 block k from the lane's element v (element 32k + lane): amax by a butterfly max
+// (exact in any order), d = amax / 127 through fp16, q = round-half-even(x * (127 / amax)).
+// Every lane of the warp calls it (shuffles); fusions that hold the values call it directly.
+EXQ_HD void act_q8_0_from(float v, int8_t* __restrict__ q, float* __restrict__ d, size_t k) {
   const int lane = lane_id();
-  const float v = x[k * 32 + lane];
   float amax = fabsf(v);
   EXQ_UNROLL
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, shfl_xor_f(amax, o));
@@ -817,30 +816,19 @@ EXQ_HD void act_q8_0_block(const float* __restrict__ x, int8_t* __restrict__ q,
   q[k * 32 + lane] = q8_0_quant(v, id);
   if (lane == 0) d[k] = round_fp16(amax / 127.f);
 }
+EXQ_HD void act_q8_0_block(const float* __restrict__ x, int8_t* __restrict__ q,
+                           float* __restrict__ d, size_t k) {
+  act_q8_0_from(x[k * 32 + lane_id()], q, d, k);
+}
 
-// Q8_K block k, lane l holding elements 8l..8l+7: the element of largest magnitude, first in
-// index order on ties (each lane scans its 8 with the CPU's strict >; the butterfly merges
-// aligned lane groups, the lower group winning ties), iscale = -127 / max,
+// Q8_K block k from the lane's elements v = 256k + 8 lane .. + 7: the element of largest
+// magnitude, first in index order on ties (each lane scans its 8 with the CPU's strict >; the
+// butterfly merges aligned lane groups, the lower group winning ties), iscale = -127 / max,
 // q = min(127, rint(iscale * x)), bsums of 16 from lane pairs, d = 1 / iscale; an all-zero
-// block gives q = 0, d = 0, bsums 0.
-EXQ_HD void act_q8_k_block(const float* __restrict__ x, int8_t* __restrict__ q,
-                           float* __restrict__ d, int32_t* __restrict__ bsum, size_t k) {
+// block gives q = 0, d = 0, bsums 0. Every lane of the warp calls it (shuffles).
+EXQ_HD void act_q8_k_from(const float (&v)[8], int8_t* __restrict__ q, float* __restrict__ d,
+                          int32_t* __restrict__ bsum, size_t k) {
   const int lane = lane_id();
-  float v[8];
-#if defined(__CUDA_ARCH__)
-  const float4* xp = reinterpret_cast<const float4*>(x + k * 256 + 8 * lane);
-  const float4 a = xp[0], b = xp[1];
-  v[0] = a.x;
-  v[1] = a.y;
-  v[2] = a.z;
-  v[3] = a.w;
-  v[4] = b.x;
-  v[5] = b.y;
-  v[6] = b.z;
-  v[7] = b.w;
-#else
-  std::memcpy(v, x + k * 256 + 8 * lane, sizeof v);
-#endif
   float amax = 0.0f, mx = 0.0f;
   EXQ_UNROLL
   for (int i = 0; i < 8; ++i) {
@@ -880,6 +868,26 @@ EXQ_HD void act_q8_k_block(const float* __restrict__ x, int8_t* __restrict__ q,
 #endif
   s += shfl_xor(s, 1);  // sums of 16: lanes 2j and 2j+1
   if ((lane & 1) == 0) bsum[k * 16 + lane / 2] = s;
+}
+EXQ_HD void act_q8_k_block(const float* __restrict__ x, int8_t* __restrict__ q,
+                           float* __restrict__ d, int32_t* __restrict__ bsum, size_t k) {
+  const int lane = lane_id();
+  float v[8];
+#if defined(__CUDA_ARCH__)
+  const float4* xp = reinterpret_cast<const float4*>(x + k * 256 + 8 * lane);
+  const float4 a = xp[0], b = xp[1];
+  v[0] = a.x;
+  v[1] = a.y;
+  v[2] = a.z;
+  v[3] = a.w;
+  v[4] = b.x;
+  v[5] = b.y;
+  v[6] = b.z;
+  v[7] = b.w;
+#else
+  std::memcpy(v, x + k * 256 + 8 * lane, sizeof v);
+#endif
+  act_q8_k_from(v, q, d, bsum, k);
 }
 
 }  // namespace worker::kern::exact::qm
