@@ -1,7 +1,10 @@
 #pragma once
-// Per-thread math of the exact quantized kernels (exact_quant.cu), __host__ __device__ so
-// that the host tests (exact_quant_test.cpp) emulate the kernels' thread decomposition
-// with the very same functions and check it against cpu::dot_quantized bit for bit.
+// Per-thread code of the exact quantized kernels (exact_quant.cu), __host__ __device__ so
+// that the host tests (exact_quant_test.cpp) run it too: the math helpers (integer slots,
+// chain steps, combine trees) in an emulation of the decomposition, and the kernels' whole
+// per-thread bodies (qmm_block, qmv_row_block, act_q8_0_from, act_q8_k_from) in a warp
+// simulator; both against cpu::dot_quantized / cpu::quantize_activation bit for bit.
+// Other exact kernels (fusions, the prompt GEMM) may reuse these pieces.
 //
 // Vocabulary (see exact_quant.cu's header comment for the orders):
 //  - a "block" is one step of the reference's float chains: 32 elements for Q8_0 / Q4_0 /
