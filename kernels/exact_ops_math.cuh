@@ -6,10 +6,14 @@
 // Every function is written operation for operation as the CPU reference computes it: each
 // float op is one IEEE op (this header is compiled with -fmad=false in exact_ops.cu; host
 // compilers do not contract without an FMA target), every FMA an explicit fmaf().
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "gguf/ggml_types.h"  // fp16 / bf16 rounding on the host
 
 // #pragma unroll for nvcc only (host compilers warn about the unknown pragma).
 #if defined(__CUDACC__)
@@ -269,9 +273,76 @@ __host__ __device__ inline bool softmax_inv_certain(double s_tree, int nb, float
   return softmax_inv(s_tree - e) == *inv && softmax_inv(s_tree + e) == *inv;
 }
 
+// ---- fused kernels' helpers (exact_fused.cu) ------------------------------------------
+
+// One SwiGLU element of column i of a row of F (cpu::swiglu_row): ggml_silu below
+// f16 = F & ~15, the libm-expf tail from there.
+__host__ __device__ inline float swiglu_one(float g, float u, int i, int f16) {
+  return i < f16 ? silu_ggml(g) * u : swiglu_tail(g, u);
+}
+
+// Activation rounding per element, copied from exact_quant_math.cuh (qm::round_fp16,
+// round_even, q8_0_id, q8_0_quant, q8_k_quant; h2's file, kept independent of its edits) so
+// that the fused kernels write exactly what quantize_act writes (cpu::quantize_activation).
+__host__ __device__ inline float act_round_fp16(float x) {
+#if defined(__CUDA_ARCH__)
+  return __half2float(__float2half_rn(x));
+#else
+  return fp16_to_fp32(fp32_to_fp16(x));
+#endif
+}
+__host__ __device__ inline float act_round_bf16(float x) {
+#if defined(__CUDA_ARCH__)
+  return __bfloat162float(__float2bfloat16_rn(x));
+#else
+  return bf16_to_fp32(fp32_to_bf16(x));
+#endif
+}
+// nearbyint / ggml's nearest_int (round half to even; |v| < 2^22).
+__host__ __device__ inline int act_round_even(float v) {
+#if defined(__CUDA_ARCH__)
+  return __float2int_rn(v);
+#else
+  return static_cast<int>(nearbyintf(v));
+#endif
+}
+// Q8_0: id = 127 / amax (0 for an all-zero block), q = rint(x * id), d = fp16(amax / 127).
+__host__ __device__ inline float act_q8_0_id(float amax) {
+  return amax != 0.0f ? 127.f / amax : 0.0f;
+}
+__host__ __device__ inline int8_t act_q8_0_quant(float x, float id) {
+  return static_cast<int8_t>(act_round_even(x * id));
+}
+__host__ __device__ inline float act_q8_0_d(float amax) {
+  return act_round_fp16(amax / 127.f);
+}
+// Q8_K: iscale = -127 / max, q = min(127, rint(iscale * x)), d = 1 / iscale.
+__host__ __device__ inline int8_t act_q8_k_quant(float x, float iscale) {
+  const int q = act_round_even(iscale * x);
+  return static_cast<int8_t>(q < 127 ? q : 127);
+}
+// Q8_K's max: the element of largest |x|, the first in index order on ties (the CPU's
+// strict > scan). Merging the winners (a, m) of two index ranges, `other` holding (oa, om):
+// the other wins when strictly larger, or equal and its range comes first. Any merge tree
+// of aligned ranges with this rule gives the CPU's element.
+__host__ __device__ inline void q8k_max_merge(float& a, float& m, float oa, float om,
+                                              bool other_first) {
+  if (oa > a || (oa == a && other_first)) {
+    a = oa;
+    m = om;
+  }
+}
+
 // Test hook (defined in exact_ops.cu): y[i] = f(x[i]) on the device for i < n, with f
 // expf_ggml (which 0), silu_ggml (1) or expf_libm (2); x, y device memory. Lets the GPU
 // tests check these device functions on millions of inputs against the CPU's.
 void device_map_for_tests(int which, const float* x, float* y, size_t n);
+
+// Test hook (exact_ops.cu): exact::attention's one-token kernel with `cluster` blocks per
+// head (1, 2, 4 or 8; attention() picks it from n_head), so the tests cover every cluster
+// size. Shapes as exact::attention (n_rot unused), head_dim <= 256.
+void attention_decode_for_tests(const float* q, const float* k_cache, const float* v_cache,
+                                float* out, int n_head, int n_head_kv, int head_dim, int n_ctx,
+                                const int32_t* d_n_past, float* scratch, int cluster);
 
 }  // namespace worker::kern::exact::math

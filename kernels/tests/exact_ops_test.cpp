@@ -384,6 +384,103 @@ TEST(ExactOpsHost, AttentionEmulationMatchesCpu) {
   EXPECT_EQ(bad, 0u);
 }
 
+// HOST EMULATION of ex_attn_decode_kernel (exact_ops.cu, one token) with C blocks per head:
+// block r's key slice of 16-blocks for the scores and exps, the max of the block maxima, the
+// softmax tree of all block sums (256 threads), then KQV with block r's dims, one thread
+// running chains l, l+16, l+32, l+48 of a dim and combining them as (a0 + a2) + (a1 + a3),
+// hsum16 over l. Returns the number of softmax fallbacks.
+int emu_attention_decode(const float* qh, const float* k, const float* v, int kv_dim, int hd,
+                         int n_att, float kq_scale, int C, float* out) {
+  const int nb = (n_att + 15) / 16, cap = (n_att + 63) & ~63;
+  const int per = (nb + C - 1) / C;
+  std::vector<float> sc(static_cast<size_t>(16 * nb), 0.0f), bs(static_cast<size_t>(nb));
+  std::vector<float> bmax(static_cast<size_t>(C), -INFINITY);
+  for (int r = 0; r < C; ++r) {
+    const int b_lo = std::min(nb, r * per), b_hi = std::min(nb, b_lo + per);
+    for (int j = 16 * b_lo; j < std::min(n_att, 16 * b_hi); ++j) {
+      sc[static_cast<size_t>(j)] =
+          xm::dot_vecdot(k + static_cast<size_t>(j) * kv_dim, qh, hd) * kq_scale;
+      bmax[static_cast<size_t>(r)] =
+          std::fmax(bmax[static_cast<size_t>(r)], sc[static_cast<size_t>(j)]);
+    }
+  }
+  float mx = -INFINITY;
+  for (float m : bmax) mx = std::fmax(mx, m);
+  for (int b = 0; b < nb; ++b) {
+    float e[16];
+    for (int i = 0; i < 16; ++i) {
+      const int j = 16 * b + i;
+      e[i] = j < n_att ? xm::expf_ggml(sc[static_cast<size_t>(j)] - mx) : 0.0f;
+      sc[static_cast<size_t>(j)] = e[i];
+    }
+    bs[static_cast<size_t>(b)] = xm::hsum16(e);
+  }
+  constexpr int kT = 256;
+  std::vector<double> part(kT, 0.0);
+  for (int b = 0; b < nb; ++b)
+    part[static_cast<size_t>(b % kT)] += static_cast<double>(bs[static_cast<size_t>(b)]);
+  float inv;
+  int fallback = 0;
+  if (!xm::softmax_inv_certain(emu_block_sum_double(part), nb, &inv)) {
+    fallback = 1;
+    double q = 0.0;
+    for (float b : bs) q += static_cast<double>(b);
+    inv = xm::softmax_inv(q);
+  }
+  const int dper = (hd + C - 1) / C;
+  for (int r = 0; r < C; ++r) {
+    const int d_lo = std::min(hd, r * dper), d_hi = std::min(hd, d_lo + dper);
+    for (int d = d_lo; d < d_hi; ++d) {
+      float r16[16];
+      for (int l = 0; l < 16; ++l) {
+        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int base = 0; base < cap; base += 64) {
+          for (int c = 0; c < 4; ++c) {
+            const int j = base + l + 16 * c;
+            a[c] = j < n_att ? std::fma(v[static_cast<size_t>(j) * kv_dim + d],
+                                        sc[static_cast<size_t>(j)] * inv, a[c])
+                             : std::fma(0.0f, 0.0f, a[c]);
+          }
+        }
+        r16[l] = (a[0] + a[2]) + (a[1] + a[3]);
+      }
+      out[d] = xm::hsum16(r16);
+    }
+  }
+  return fallback;
+}
+
+// REQ: WRK-D15
+TEST(ExactOpsHost, AttentionDecodeEmulationMatchesCpu) {
+  std::mt19937 rng(17);
+  size_t bad = 0, heads = 0;
+  for (int hd : {8, 64, 128}) {
+    for (int n_att : {1, 2, 15, 16, 17, 38, 63, 64, 65, 1001, 5000}) {
+      const int kv_dim = 2 * hd;
+      const int cap = (n_att + 63) & ~63;
+      const auto k = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
+      const auto v = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
+      const auto q = uniform(static_cast<size_t>(hd), rng, -3.0f, 3.0f);
+      const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      std::vector<float> ref(static_cast<size_t>(hd));
+      std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+      cpu::attention_head(q.data(), k.data() + hd, v.data() + hd, kv_dim, hd, n_att, cap, false,
+                          kq_scale, sc.data(), col.data(), ref.data());
+      for (int C : {1, 2, 4, 8}) {
+        std::vector<float> out(static_cast<size_t>(hd), std::numeric_limits<float>::quiet_NaN());
+        emu_attention_decode(q.data(), k.data() + hd, v.data() + hd, kv_dim, hd, n_att, kq_scale, C,
+                             out.data());
+        bad += mismatches(out, ref,
+                          "decode emulation hd " + std::to_string(hd) + " n_att " +
+                              std::to_string(n_att) + " C " + std::to_string(C));
+        ++heads;
+      }
+    }
+  }
+  std::printf("decode attention emulation: %zu heads\n", heads);
+  EXPECT_EQ(bad, 0u);
+}
+
 // The RoPE table (built with the CPU's cos/sin code) and math::rope_pair reproduce
 // cpu::rope_row; swiglu's split (ggml_silu below F & ~15, the tail above) cpu::swiglu_row.
 // REQ: WRK-D15
@@ -668,6 +765,88 @@ TEST(ExactOpsGpu, AttentionLongContextMatchesCpu) {
   std::mt19937 rng(25);
   EXPECT_EQ(run_attention_case(AttnCase{64, 7, 64, 100, 32768}, rng), 0u);
   EXPECT_EQ(run_attention_case(AttnCase{64, 7, 1, quick() ? 2000 : 20000, 32768}, rng), 0u);
+}
+
+// One decode step (n_tok 1) at n_past: the CPU reference once, then the one-launch decode
+// kernel with every cluster size (math::attention_decode_for_tests) and exact::attention
+// (its own choice). Returns the mismatch count.
+size_t run_decode_case(int hd, int group, int n_past, int n_ctx, std::mt19937& rng) {
+  const int nkv = 2, nh = nkv * group;
+  const int q_dim = nh * hd, kv_dim = nkv * hd, n_att = n_past + 1;
+  std::vector<float> kc(static_cast<size_t>(n_ctx) * kv_dim,
+                        std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> vc = kc;
+  const auto kr = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
+  const auto vr = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
+  std::copy(kr.begin(), kr.end(), kc.begin());
+  std::copy(vr.begin(), vr.end(), vc.begin());
+  const auto q = uniform(static_cast<size_t>(q_dim), rng, -4.0f, 4.0f);
+  const int cap = (n_att + 63) & ~63;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> ref(static_cast<size_t>(q_dim));
+  std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+  for (int h = 0; h < nh; ++h) {
+    const int g = h / group;
+    cpu::attention_head(q.data() + h * hd, kc.data() + g * hd, vc.data() + g * hd, kv_dim, hd,
+                        n_att, cap, false, kq_scale, sc.data(), col.data(), ref.data() + h * hd);
+  }
+  DevArray<float> dq(q), dk(kc), dv(vc), dout(ref.size());
+  DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, 1, nh));
+  DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
+  size_t bad = 0;
+  const std::string what = "decode hd " + std::to_string(hd) + " group " + std::to_string(group) +
+                           " n_past " + std::to_string(n_past);
+  for (int C : {0, 1, 2, 4, 8}) {  // 0: exact::attention
+    dout.poison();
+    scratch.poison();
+    if (C == 0) {
+      ex::AttnShape s;
+      s.n_head = nh;
+      s.n_head_kv = nkv;
+      s.head_dim = hd;
+      s.n_rot = hd;
+      ex::attention(dq.get(), dk.get(), dv.get(), dout.get(), 1, s, n_ctx, dnp.get(), scratch.get(),
+                    nullptr);
+    } else {
+      xm::attention_decode_for_tests(dq.get(), dk.get(), dv.get(), dout.get(), nh, nkv, hd, n_ctx,
+                                     dnp.get(), scratch.get(), C);
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      ADD_FAILURE() << what << " C " << C << ": " << cudaGetErrorString(cudaGetLastError());
+      return bad + ref.size();
+    }
+    bad += mismatches(dout.download(), ref, what + " C " + std::to_string(C));
+  }
+  return bad;
+}
+
+// REQ: WRK-D15
+TEST(ExactOpsGpu, AttentionDecodeMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(27);
+  size_t bad = 0, cases = 0;
+  for (int hd : {8, 64, 128}) {
+    for (int group : {1, 2, 7}) {
+      for (int n_past : {0, 1, 37, 1000}) {
+        bad += run_decode_case(hd, group, n_past, n_past + 100, rng);
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
+}
+
+// Decode at n_past 20000 (2000 under WORKER_KERNEL_TEST_QUICK), in a 32768 context.
+// REQ: WRK-D15
+TEST(ExactOpsGpu, AttentionDecodeLongContextMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(28);
+  size_t bad = 0;
+  for (int hd : {8, 64, 128}) {
+    for (int group : {1, 2, 7})
+      bad += run_decode_case(hd, group, quick() ? 2000 : 20000, 32768, rng);
+  }
+  EXPECT_EQ(bad, 0u);
 }
 
 // REQ: WRK-D15
