@@ -370,9 +370,10 @@ __global__ void __launch_bounds__(LANES* DCH)
 //     thread k summing blocks k, k + 256, ..., then block_sum_double), the same certainty
 //     check and sequential fallback: every block gets the CPU's inv.
 //  3. KQV for its share of the dims: 64 FMA chains per dim over cap = n_att rounded up to 64
-//     keys (vec_dot's order, zero FMAs in the padding), one thread running chains l, l + 16,
-//     l + 32, l + 48 of a dim and adding them as vecdot_reduce64's first level
-//     ((a_l + a_l+32) + (a_l+16 + a_l+48)), then hsum16 over l: vecdot_reduce64 exactly.
+//     keys (vec_dot's order, zero FMAs in the padding), one thread running chains l and
+//     l + 32 (l < 32) of a dim and adding them (vecdot_reduce64's first level,
+//     acc[l] + acc[l + 32]), then per dim its second level (t[l] + t[l + 16], l < 16) and
+//     hsum16: vecdot_reduce64 exactly (float + is commutative).
 // Scores and exps live in the scratch (the chunk layout of the batch path, token 0), read
 // across blocks only after a cluster barrier (release / acquire at cluster scope, after a
 // __threadfence) and with L2 loads (__ldcg). Geometry: n_head * C blocks, independent of
@@ -399,7 +400,7 @@ __global__ void __launch_bounds__(kDecThreads)
                           size_t stride, int cap_max, int C, float kq_scale,
                           const int32_t* __restrict__ d_n_past) {
   __shared__ float qs[kDecMaxHd];
-  __shared__ float r16[16 * kDecMaxHd];
+  __shared__ float r32[32 * kDecMaxHd];
   __shared__ float shf[32];
   __shared__ double shd[32];
   __shared__ float sh_inv;
@@ -457,34 +458,30 @@ __global__ void __launch_bounds__(kDecThreads)
     __syncthreads();
     inv = sh_inv;
   }
-  // 3. KQV for dims [d_lo, d_lo + dn)
+  // 3. KQV for dims [d_lo, d_lo + dn): task (l, d), l < 32, runs chains l and l + 32.
   const int dper = (hd + C - 1) / C;
   const int d_lo = min(hd, r * dper), dn = min(hd, d_lo + dper) - d_lo;
   const float* vbase = v_cache + static_cast<size_t>(g) * hd + d_lo;
-  for (int task = tid; task < 16 * dn; task += kDecThreads) {
+  for (int task = tid; task < 32 * dn; task += kDecThreads) {
     const int dl = task % dn, l = task / dn;
     const float* vcol = vbase + dl;
-    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-#pragma unroll 2
+    float a0 = 0.0f, a1 = 0.0f;  // chains l and l + 32
+#pragma unroll 4
     for (int base = 0; base < cap; base += 64) {
-      const int j0 = base + l, j1 = j0 + 16, j2 = j0 + 32, j3 = j0 + 48;
+      const int j0 = base + l, j1 = j0 + 32;
       // Beyond n_att: the CPU's zero-padded values times zero weights.
       a0 = j0 < n_att ? fmaf(vcol[static_cast<size_t>(j0) * kv_dim], __ldcg(sc + j0) * inv, a0)
                       : fmaf(0.0f, 0.0f, a0);
       a1 = j1 < n_att ? fmaf(vcol[static_cast<size_t>(j1) * kv_dim], __ldcg(sc + j1) * inv, a1)
                       : fmaf(0.0f, 0.0f, a1);
-      a2 = j2 < n_att ? fmaf(vcol[static_cast<size_t>(j2) * kv_dim], __ldcg(sc + j2) * inv, a2)
-                      : fmaf(0.0f, 0.0f, a2);
-      a3 = j3 < n_att ? fmaf(vcol[static_cast<size_t>(j3) * kv_dim], __ldcg(sc + j3) * inv, a3)
-                      : fmaf(0.0f, 0.0f, a3);
     }
-    r16[l * dn + dl] = (a0 + a2) + (a1 + a3);
+    r32[l * dn + dl] = a0 + a1;  // vecdot_reduce64's first level: acc[l] + acc[32 + l]
   }
   __syncthreads();
   for (int dl = tid; dl < dn; dl += kDecThreads) {
-    float rr[16];
+    float rr[16];  // second level: (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l])
 #pragma unroll
-    for (int i = 0; i < 16; ++i) rr[i] = r16[i * dn + dl];
+    for (int i = 0; i < 16; ++i) rr[i] = r32[i * dn + dl] + r32[(i + 16) * dn + dl];
     out[static_cast<size_t>(h) * hd + d_lo + dl] = math::hsum16(rr);
   }
 }

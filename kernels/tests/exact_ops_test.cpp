@@ -387,8 +387,8 @@ TEST(ExactOpsHost, AttentionEmulationMatchesCpu) {
 // HOST EMULATION of ex_attn_decode_kernel (exact_ops.cu, one token) with C blocks per head:
 // block r's key slice of 16-blocks for the scores and exps, the max of the block maxima, the
 // softmax tree of all block sums (256 threads), then KQV with block r's dims, one thread
-// running chains l, l+16, l+32, l+48 of a dim and combining them as (a0 + a2) + (a1 + a3),
-// hsum16 over l. Returns the number of softmax fallbacks.
+// running chains l and l + 32 of a dim (l < 32) and adding them, then t[l] + t[l + 16] and
+// hsum16. Returns the number of softmax fallbacks.
 int emu_attention_decode(const float* qh, const float* k, const float* v, int kv_dim, int hd,
                          int n_att, float kq_scale, int C, float* out) {
   const int nb = (n_att + 15) / 16, cap = (n_att + 63) & ~63;
@@ -431,19 +431,20 @@ int emu_attention_decode(const float* qh, const float* k, const float* v, int kv
   for (int r = 0; r < C; ++r) {
     const int d_lo = std::min(hd, r * dper), d_hi = std::min(hd, d_lo + dper);
     for (int d = d_lo; d < d_hi; ++d) {
-      float r16[16];
-      for (int l = 0; l < 16; ++l) {
-        float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float r32[32], r16[16];
+      for (int l = 0; l < 32; ++l) {
+        float a[2] = {0.0f, 0.0f};
         for (int base = 0; base < cap; base += 64) {
-          for (int c = 0; c < 4; ++c) {
-            const int j = base + l + 16 * c;
+          for (int c = 0; c < 2; ++c) {
+            const int j = base + l + 32 * c;
             a[c] = j < n_att ? std::fma(v[static_cast<size_t>(j) * kv_dim + d],
-                                        sc[static_cast<size_t>(j)] * inv, a[c])
+                                        xm::mul_rn(sc[static_cast<size_t>(j)], inv), a[c])
                              : std::fma(0.0f, 0.0f, a[c]);
           }
         }
-        r16[l] = (a[0] + a[2]) + (a[1] + a[3]);
+        r32[l] = a[0] + a[1];
       }
+      for (int l = 0; l < 16; ++l) r16[l] = r32[l] + r32[l + 16];
       out[d] = xm::hsum16(r16);
     }
   }
