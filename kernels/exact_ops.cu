@@ -48,7 +48,9 @@
 #include "cuda_check.h"
 #include "engine/cpu/cpu_ops.h"  // rope_cos_sin: the CPU engine's cos/sin code, inline
 #include "exact.cuh"
+#include "exact_fused.cuh"
 #include "exact_ops_math.cuh"
+#include "gguf/ggml_types.h"
 #include "launch.cuh"
 
 namespace worker::kern::exact {
@@ -382,6 +384,8 @@ __global__ void __launch_bounds__(LANES* DCH)
 constexpr int kDecThreads = 256;
 constexpr int kDecMaxHd = 256;
 constexpr int kDecMaxCluster = 8;
+// attention_act's rounding of the output (0: none).
+constexpr int kDecActNone = 0, kDecActF32 = 1, kDecActF16 = 2, kDecActBF16 = 3, kDecActQ8_0 = 4;
 static_assert(kDecThreads == kSoftmaxThreads, "the decode kernel reproduces the softmax tree");
 
 __device__ __forceinline__ void dec_cluster_sync(int C) {
@@ -398,7 +402,7 @@ __global__ void __launch_bounds__(kDecThreads)
                           const float* __restrict__ v_cache, float* __restrict__ scratch,
                           float* __restrict__ out, int n_head, int group, int hd, int kv_dim,
                           size_t stride, int cap_max, int C, float kq_scale,
-                          const int32_t* __restrict__ d_n_past) {
+                          const int32_t* __restrict__ d_n_past, ActBuf act, int act_mode) {
   __shared__ float qs[kDecMaxHd];
   __shared__ float r32[32 * kDecMaxHd];
   __shared__ float shf[32];
@@ -482,7 +486,33 @@ __global__ void __launch_bounds__(kDecThreads)
     float rr[16];  // second level: (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l])
 #pragma unroll
     for (int i = 0; i < 16; ++i) rr[i] = r32[i * dn + dl] + r32[(i + 16) * dn + dl];
-    out[static_cast<size_t>(h) * hd + d_lo + dl] = math::hsum16(rr);
+    const float o = math::hsum16(rr);
+    const size_t oi = static_cast<size_t>(h) * hd + d_lo + dl;
+    out[oi] = o;
+    // attention_act: the output rounded for the next matmul, as quantize_act.
+    if (act_mode == kDecActF32) {
+      act.f[oi] = o;
+    } else if (act_mode == kDecActF16) {
+      act.f[oi] = math::act_round_fp16(o);
+    } else if (act_mode == kDecActBF16) {
+      act.f[oi] = math::act_round_bf16(o);
+    }
+  }
+  if (act_mode == kDecActQ8_0) {  // uniform; hd % 32 == 0: the head's dims are whole blocks
+    // The head's outputs come from the C blocks of the cluster: after the barrier, block 0
+    // quantizes them, one warp per 32-block (quantize_act's Q8_0 formulas, amax exact).
+    __threadfence();
+    dec_cluster_sync(C);
+    const int lane = tid % kWarp, w = tid / kWarp;
+    if (r == 0 && w < hd / 32) {  // warp-uniform
+      const size_t i0 = static_cast<size_t>(h) * hd + 32 * w;
+      const float v = __ldcg(out + i0 + lane);
+      float amax = fabsf(v);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      act.q[i0 + lane] = math::act_q8_0_quant(v, math::act_q8_0_id(amax));
+      if (lane == 0) act.d[i0 / 32] = math::act_q8_0_d(amax);
+    }
   }
 }
 
@@ -608,7 +638,8 @@ int decode_cluster(int n_head) {
 
 void launch_attn_decode(const float* q, const float* k_cache, const float* v_cache, float* out,
                         const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
-                        int cluster, cudaStream_t stream) {
+                        int cluster, cudaStream_t stream, const ActBuf& act = ActBuf{},
+                        int act_mode = kDecActNone) {
   const ScratchLayout lay = scratch_layout(n_ctx, 1, s.n_head);
   const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -634,10 +665,10 @@ void launch_attn_decode(const float* q, const float* k_cache, const float* v_cac
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  cuda_check(
-      cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel, q, k_cache, v_cache, scratch, out, s.n_head,
-                         group, hd, kv_dim, lay.stride, lay.cap_max, cluster, kq_scale, d_n_past),
-      name, __FILE__, __LINE__);
+  cuda_check(cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel, q, k_cache, v_cache, scratch, out,
+                                s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max, cluster,
+                                kq_scale, d_n_past, act, act_mode),
+             name, __FILE__, __LINE__);
   CUDA_CHECK_LAUNCH(name);
 }
 }  // namespace
@@ -657,6 +688,33 @@ void attention_decode_for_tests(const float* q, const float* k_cache, const floa
   }
   launch_attn_decode(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, cluster,
                      cudaStream_t{});
+}
+void attention_act_decode_for_tests(const float* q, const float* k_cache, const float* v_cache,
+                                    float* out, int n_head, int n_head_kv, int head_dim, int n_ctx,
+                                    const int32_t* d_n_past, float* scratch, int cluster,
+                                    uint32_t act_type, float* act_f, int8_t* act_q, float* act_d) {
+  AttnShape s;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.head_dim = head_dim;
+  s.n_rot = 0;
+  check_shape(s, "attention_act_decode_for_tests");
+  const GgmlType t = static_cast<GgmlType>(act_type);
+  const int mode = t == GgmlType::F32    ? kDecActF32
+                   : t == GgmlType::F16  ? kDecActF16
+                   : t == GgmlType::BF16 ? kDecActBF16
+                                         : kDecActQ8_0;
+  const bool q8 = t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0;
+  if (head_dim > kDecMaxHd || (cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8) ||
+      (mode == kDecActQ8_0 && (!q8 || head_dim % 32 != 0))) {
+    throw WorkerError(ErrorCode::Internal, "attention_act_decode_for_tests: unsupported shape");
+  }
+  ActBuf a;
+  a.f = act_f;
+  a.q = act_q;
+  a.d = act_d;
+  launch_attn_decode(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, cluster, cudaStream_t{},
+                     a, mode);
 }
 }  // namespace math
 
@@ -703,6 +761,32 @@ void attention(const float* q, const float* k_cache, const float* v_cache, float
     }
     CUDA_CHECK_LAUNCH("ex_attn_kqv_kernel");
   }
+}
+
+void attention_act(const float* q, const float* k_cache, const float* v_cache, float* out,
+                   int n_tok, const AttnShape& s, int n_ctx, const int32_t* d_n_past,
+                   float* scratch, uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
+  check_shape(s, "exact::attention_act");
+  if (n_tok <= 0) return;
+  int mode = -1;  // -1: no fused form
+  switch (static_cast<GgmlType>(act_type)) {
+    case GgmlType::F32: mode = kDecActF32; break;
+    case GgmlType::F16: mode = kDecActF16; break;
+    case GgmlType::BF16: mode = kDecActBF16; break;
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+      if (s.head_dim % 32 == 0) mode = kDecActQ8_0;
+      break;
+    default: break;
+  }
+  if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode >= 0) {
+    launch_attn_decode(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
+                       decode_cluster(s.n_head), stream, a, mode);
+    return;
+  }
+  attention(q, k_cache, v_cache, out, n_tok, s, n_ctx, d_n_past, scratch, stream);
+  quantize_act(act_type, out, n_tok, s.n_head * s.head_dim, a, stream);
 }
 
 void swiglu(float* g, const float* u, int n_tok, int F, cudaStream_t stream) {

@@ -344,5 +344,11 @@ void device_map_for_tests(int which, const float* x, float* y, size_t n);
 void attention_decode_for_tests(const float* q, const float* k_cache, const float* v_cache,
                                 float* out, int n_head, int n_head_kv, int head_dim, int n_ctx,
                                 const int32_t* d_n_past, float* scratch, int cluster);
+// The same kernel in attention_act's form (exact_fused.cuh): act_type F32 / F16 / BF16 /
+// Q8_0 (or Q4_0 / Q5_0), a = {act_f, act_q, act_d} (device memory, q_dim values).
+void attention_act_decode_for_tests(const float* q, const float* k_cache, const float* v_cache,
+                                    float* out, int n_head, int n_head_kv, int head_dim, int n_ctx,
+                                    const int32_t* d_n_past, float* scratch, int cluster,
+                                    uint32_t act_type, float* act_f, int8_t* act_q, float* act_d);
 
 }  // namespace worker::kern::exact::math

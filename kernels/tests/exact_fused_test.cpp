@@ -6,7 +6,8 @@
 //    of the activation rounding (Q8_K's max as a warp butterfly plus a scan of the 8 warps'
 //    winners, bsums by halving, Q8_0 per warp) replayed with the same math:: helpers
 //    (kernels/exact_ops_math.cuh), compared with cpu::quantize_activation.
-//  - ExactFusedGpu.*: the CUDA kernels (skipped as "not run" without a GPU); outputs
+//  - ExactFusedGpu.*: the CUDA kernels (and attention_act, exact_fused.cuh, in exact_ops.cu)
+//  (skipped as "not run" without a GPU); outputs
 //    poisoned (0xFF: NaN / -1) before each run.
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,6 +23,7 @@
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
+#include "exact_fused.cuh"
 #include "exact_ops_math.cuh"
 #include "gguf/ggml_types.h"
 // gpu_test_util.h's error metrics promote floats to double (unused here).
@@ -407,6 +410,108 @@ TEST(ExactFusedGpu, SwigluActMatchesUnfusedAndCpu) {
         const ActHost got = gpu_act(t, af.a, rows, F);
         bad += act_mismatches(got, cpu_act(t, ref, rows, F), what + " vs cpu");
         bad += act_mismatches(got, gpu_act(t, au.a, rows, F), what + " vs unfused");
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
+}
+
+// attention_act: the attention output and its rounding for the next matmul, vs attention +
+// quantize_act on the GPU and vs cpu::attention_head + quantize_activation; decode through
+// exact::attention_act (its cluster choice) and the test hook (every cluster size), a batch
+// of 3 tokens (the unfused fallback).
+size_t run_attention_act_case(int hd, int group, int n_tok, int n_past, GgmlType t,
+                              std::mt19937& rng) {
+  const int nkv = 2, nh = nkv * group, q_dim = nh * hd, kv_dim = nkv * hd;
+  const int n_ctx = n_past + n_tok + 40, n_kv = n_past + n_tok;
+  std::vector<float> kc(static_cast<size_t>(n_ctx) * kv_dim,
+                        std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> vc = kc;
+  const auto kr = uniform(static_cast<size_t>(n_kv) * kv_dim, rng, -1.0f, 1.0f);
+  const auto vr = uniform(static_cast<size_t>(n_kv) * kv_dim, rng, -1.0f, 1.0f);
+  std::copy(kr.begin(), kr.end(), kc.begin());
+  std::copy(vr.begin(), vr.end(), vc.begin());
+  const auto q = uniform(static_cast<size_t>(n_tok) * q_dim, rng, -4.0f, 4.0f);
+  const int cap = (n_kv + 63) & ~63;
+  const bool tiny = cpu::tinyblas_takes(GgmlType::F32, hd, n_tok, 256);
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> ref(static_cast<size_t>(n_tok) * q_dim);
+  std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+  for (int tk = 0; tk < n_tok; ++tk) {
+    for (int h = 0; h < nh; ++h) {
+      const int g = h / group;
+      cpu::attention_head(q.data() + tk * q_dim + h * hd, kc.data() + g * hd, vc.data() + g * hd,
+                          kv_dim, hd, n_past + tk + 1, cap, tiny, kq_scale, sc.data(), col.data(),
+                          ref.data() + tk * q_dim + h * hd);
+    }
+  }
+  const ActHost ref_act = cpu_act(t, ref, n_tok, q_dim);
+  ex::AttnShape s;
+  s.n_head = nh;
+  s.n_head_kv = nkv;
+  s.head_dim = hd;
+  s.n_rot = hd;
+  DevArray<float> dq(q), dk(kc), dv(vc), dout(ref.size()), dout_u(ref.size());
+  DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, n_tok, nh));
+  DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
+  const std::string what = std::string("attention_act ") +
+                           ggml_type_name(static_cast<uint32_t>(t)).data() + " hd " +
+                           std::to_string(hd) + " group " + std::to_string(group) + " n_tok " +
+                           std::to_string(n_tok) + " n_past " + std::to_string(n_past);
+  // Unfused on the GPU.
+  ActDev au(n_tok, q_dim);
+  ex::attention(dq.get(), dk.get(), dv.get(), dout_u.get(), n_tok, s, n_ctx, dnp.get(),
+                scratch.get(), nullptr);
+  ex::quantize_act(static_cast<uint32_t>(t), dout_u.get(), n_tok, q_dim, au.a, nullptr);
+  if (cudaDeviceSynchronize() != cudaSuccess) {
+    ADD_FAILURE() << what << " unfused: " << cudaGetErrorString(cudaGetLastError());
+    return 1;
+  }
+  const ActHost unf = gpu_act(t, au.a, n_tok, q_dim);
+  size_t bad = act_mismatches(unf, ref_act, what + " unfused vs cpu");
+  const bool hook = n_tok == 1 && kind_of(t) != Kind::Q8_K;
+  for (int C : {0, 1, 2, 8}) {  // 0: exact::attention_act
+    if (C != 0 && !hook) break;
+    ActDev af(n_tok, q_dim);
+    dout.poison();
+    if (C == 0) {
+      ex::attention_act(dq.get(), dk.get(), dv.get(), dout.get(), n_tok, s, n_ctx, dnp.get(),
+                        scratch.get(), static_cast<uint32_t>(t), af.a, nullptr);
+    } else {
+      xm::attention_act_decode_for_tests(dq.get(), dk.get(), dv.get(), dout.get(), nh, nkv, hd,
+                                         n_ctx, dnp.get(), scratch.get(), C,
+                                         static_cast<uint32_t>(t), af.a.f, af.a.q, af.a.d);
+    }
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      ADD_FAILURE() << what << " C " << C << ": " << cudaGetErrorString(cudaGetLastError());
+      return bad + 1;
+    }
+    const std::string w = what + " C " + std::to_string(C);
+    bad += mismatches(dout.download(), ref, w + " out vs cpu");
+    const ActHost got = gpu_act(t, af.a, n_tok, q_dim);
+    bad += act_mismatches(got, ref_act, w + " vs cpu");
+    bad += act_mismatches(got, unf, w + " vs unfused");
+  }
+  return bad;
+}
+
+// REQ: WRK-D15
+TEST(ExactFusedGpu, AttentionActMatchesUnfusedAndCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(45);
+  size_t bad = 0, cases = 0;
+  for (int hd : {8, 64, 128}) {
+    for (int group : {1, 7}) {
+      for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0,
+                         GgmlType::Q4_0, GgmlType::Q6_K}) {
+        const int q_dim = 2 * group * hd;
+        if (!type_fits(t, q_dim)) continue;
+        for (int n_past : {0, 37, 1000}) {
+          bad += run_attention_act_case(hd, group, 1, n_past, t, rng);
+          ++cases;
+        }
+        bad += run_attention_act_case(hd, group, 3, 20, t, rng);  // batch: unfused fallback
         ++cases;
       }
     }

@@ -1,0 +1,19 @@
+#pragma once
+// More decode-step fusions of the exact kernels (h4), beside the ones declared in exact.cuh
+// (rmsnorm_act, swiglu_act). Each writes exactly what the unfused sequence writes.
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "exact.cuh"
+
+namespace worker::kern::exact {
+
+// attention(...) then quantize_act(act_type, out, n_tok, n_head * head_dim, a): out and a
+// both written. One launch at decode (n_tok == 1, head_dim <= 256) for F32 / F16 / BF16
+// activations, and for Q8_0 ones (Q8_0 / Q4_0 / Q5_0 weights) when head_dim % 32 == 0;
+// otherwise the two unfused calls (exact_ops.cu).
+void attention_act(const float* q, const float* k_cache, const float* v_cache, float* out,
+                   int n_tok, const AttnShape& s, int n_ctx, const int32_t* d_n_past,
+                   float* scratch, uint32_t act_type, const ActBuf& a, cudaStream_t stream);
+
+}  // namespace worker::kern::exact
