@@ -1,2 +1,206 @@
-// Exact quantized prompt GEMM, see exact.cuh. (Being written.)
+// Exact quantized prompt GEMM (exact.cuh: qgemm / qgemm_takes): the same bits as
+// exact::matmul for Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K weights, i.e. as the CPU reference's
+// cpu::dot_quantized with CpuEngine::matmul's order flags, tiled for prompt batches.
+//
+// Orders reproduced (names: exact_quant_math.cuh's Flavor; per-thread code:
+// exact_qgemm_math.cuh, which the host emulation test replays thread by thread):
+//  - Q0Lanes (Q8_0, Q5_0, Q4_0 with rows % 8 != 0; dot_q0_lanes): 8 chains per output,
+//    acc[i] = fma(d_w * d_a, float(int dot of elements 4i..4i+3), acc[i]) block after block,
+//    then hsum_float_8. Thread L of an 8-thread group owns chain L of 4 rows x TT tokens: one
+//    dp4a of 4 int8 pairs is exactly the lane integer (weights unpacked to signed int8 in
+//    shared memory; Q4_0 / Q5_0 offsets applied per byte: exact), converted to float exactly
+//    (small_i2f: |int| < 2^22) and fma'd into the chain in block order.
+//  - Q6K (dot_q6_k): 8 chains over super-blocks, lane int L = sum over sub-blocks g of
+//    scale * dot(elements 32g+4L..+3) minus 32 (bs[2L] sc[2L] + bs[2L+1] sc[2L+1]) (integers:
+//    exact in any order), acc[L] = fma(d_a * d_w, float(lane), acc[L]); hsum_float_8.
+//  - Q4KLanes (Q4_K with rows % 8 != 0; dot_q4_k): the 8 lane chains as Q6K without the
+//    correction, plus 4 min chains in threads L < 4, accm[k] = fma(-d_a * dmin, float(mins x
+//    bsums of pair k), accm[k]); hsum8(acc) + ((m0 + m2) + (m1 + m3)).
+//  - Q4_0Rep (Q4_0, rows % 8 == 0; dot_q4_0_repack): one chain, acc = fma(float(block int
+//    dot), d_w * d_a, acc). One thread per (row, token): 8 dp4a over the block's words.
+//  - Q4KRep (Q4_K, rows % 8 == 0; dot_q4_k_repack): acc / accm, one step per 64-element pair
+//    for tokens with batch index < batch_n - batch_n % 4 (gemm), one per super-block for the
+//    others (gemv); result acc - accm.
+// The 8 lane chains combine with shuffle butterflies xor 4, 2, 1 (xor 2, 1 for the 4 min
+// chains): lane 0 gets (t0 + t2) + (t1 + t3) with t_i = v_i + v_(i+4), hsum_float_8's tree,
+// since a + b == b + a bit for bit.
+//
+// Work split: a CTA (256 threads) owns 32 weight rows x BT tokens; per step of 256 elements
+// the CTA unpacks the rows' weights (each weight block read once per tile) and copies the
+// tokens' activation quants into shared memory, then each thread steps its chains, which stay
+// in registers for the whole row. The result tile goes through shared memory to coalesced
+// stores. The file is compiled with -fmad=false: every fma is explicit. Weights are read
+// before griddep_wait() (never written by a kernel); activations and y after. No atomics.
+#include <string>
+
+#include "common.cuh"
+#include "common/errors.h"
 #include "exact.cuh"
+#include "exact_qgemm_math.cuh"
+#include "launch.cuh"
+
+namespace worker::kern::exact {
+namespace {
+
+using qg::Acc;
+using qg::Geo;
+using qg::kBR;
+using qg::kThreads;
+using qg::kUnits;
+using qg::Smem;
+using qm::Flavor;
+
+template <GgmlType T, Flavor FL, int TT>
+__global__ void __launch_bounds__(kThreads)
+    qgemm_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
+                 const int8_t* __restrict__ aq, const float* __restrict__ ad,
+                 const int32_t* __restrict__ abs, int n_tok, int gemm_end, float* __restrict__ y,
+                 int accumulate) {
+  using G = Geo<FL, TT>;
+  __shared__ Smem<FL, TT> s;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int row0 = static_cast<int>(blockIdx.x) * kBR;
+  const int tok0 = static_cast<int>(blockIdx.y) * G::BT;
+  constexpr bool kK = qg::is_k<T>();
+  const int nb = cols / (kK ? 256 : 32);
+  const int steps = kK ? nb : (nb + kUnits - 1) / kUnits;
+  const uint32_t gmask = qg::gemm_mask_of<FL, TT>(tid, tok0, gemm_end);
+
+  Acc<FL, TT> a;
+  qg::zero_acc(a);
+  for (int step = 0; step < steps; ++step) {
+    if (step > 0) __syncthreads();  // the previous step's chains are done with s
+    qg::load_w<T, FL, TT>(tid, step, w, rows, row_bytes, row0, nb, s);
+    if (step == 0) griddep_wait();  // activations (and y) come from earlier kernels
+    qg::load_a<T, FL, TT>(tid, step, aq, ad, abs, cols, nb, tok0, n_tok, s);
+    __syncthreads();
+    const int nunits = kK ? kUnits : min(kUnits, nb - step * kUnits);
+    qg::compute_step<T, FL, TT>(tid, s, nunits, gmask, a);
+  }
+
+  // Combine each (row, token)'s chains; one thread per (row, token) writes the out tile.
+  const int lane = tid & 31;
+#pragma unroll
+  for (int i = 0; i < G::RT; ++i) {
+#pragma unroll
+    for (int j = 0; j < TT; ++j) {
+      float v = a.acc[i][j], m = a.accm[i][j];
+      bool writer = true;
+      if constexpr (qg::lane_flavor<FL>()) {
+        v = v + __shfl_xor_sync(0xffffffffu, v, 4);
+        v = v + __shfl_xor_sync(0xffffffffu, v, 2);
+        v = v + __shfl_xor_sync(0xffffffffu, v, 1);
+        if constexpr (FL == Flavor::Q4KLanes) {
+          m = m + __shfl_xor_sync(0xffffffffu, m, 2);
+          m = m + __shfl_xor_sync(0xffffffffu, m, 1);
+        }
+        writer = (lane & 7) == 0;
+      }
+      if (writer) {
+        s.out[qg::thread_tok<FL, TT>(tid, j) * G::OS + qg::thread_row<FL, TT>(tid, i)] =
+            qg::final_value<FL>(v, m);
+      }
+    }
+  }
+  __syncthreads();
+  qg::store_tile<FL, TT>(tid, s, row0, rows, tok0, n_tok, y, accumulate);
+}
+
+template <GgmlType T, Flavor FL, int TT>
+void launch(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
+            bool accumulate, cudaStream_t stream) {
+  using G = Geo<FL, TT>;
+  const dim3 grid(static_cast<unsigned>((w.rows + kBR - 1) / kBR),
+                  static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
+  launch_pdl("exact_qgemm_kernel", qgemm_kernel<T, FL, TT>, grid, dim3(kThreads), stream,
+             static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),
+             static_cast<int>(w.cols), w.row_bytes, static_cast<const int8_t*>(a.q),
+             static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), n_tok, gemm_end,
+             y, accumulate ? 1 : 0);
+}
+
+// Tokens per thread by batch size: lane flavours BT = 4 TT (8 / 16 / 32 tokens per CTA),
+// rep flavours BT = 16 TT (16 / 32 / 64). Q4KLanes holds two chain sets: at most TT = 4.
+template <GgmlType T, Flavor FL>
+void launch_tt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
+               bool accumulate, cudaStream_t stream) {
+  if constexpr (qg::lane_flavor<FL>()) {
+    if (n_tok <= 8) {
+      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    } else if constexpr (FL == Flavor::Q4KLanes) {
+      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    } else {
+      if (n_tok <= 16)
+        launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      else
+        launch<T, FL, 8>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    }
+  } else {
+    if (n_tok <= 16)
+      launch<T, FL, 1>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    else if (n_tok <= 32)
+      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    else
+      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream);
+  }
+}
+
+bool is_quant(GgmlType t) {
+  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q4_K ||
+         t == GgmlType::Q6_K;
+}
+
+}  // namespace
+
+// From this many tokens the tiled kernel is expected to beat matmul's warp-per-row kernel
+// (the GPU test ExactQgemmGpu.ModelShapesTiming prints both times per shape).
+constexpr int kQgemmMinTokens = 16;
+
+bool qgemm_takes(uint32_t weight_type, int n_tok) {
+  return is_quant(static_cast<GgmlType>(weight_type)) && n_tok >= kQgemmMinTokens;
+}
+
+void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
+           bool accumulate, cudaStream_t stream) {
+  const auto t = static_cast<GgmlType>(w.type);
+  const std::string tn(ggml_type_name(w.type));
+  if (!is_quant(t)) throw WorkerError(ErrorCode::Internal, "qgemm: unsupported weight type " + tn);
+  if (n_tok <= 0 || w.rows <= 0 || w.cols <= 0)
+    throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
+  const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+  if (w.cols % (k_quant ? 256 : 32) != 0) {
+    throw WorkerError(ErrorCode::Internal, "qgemm: row length " + std::to_string(w.cols) +
+                                               " is not a multiple of the " + tn + " block");
+  }
+  if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
+    throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
+  const bool rep = (t == GgmlType::Q4_0 || t == GgmlType::Q4_K) && w.rows % 8 == 0;
+  // CpuEngine::matmul: repack gemm for batch tokens < batch_n - batch_n % 4.
+  const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
+  switch (t) {
+    case GgmlType::Q8_0:
+      launch_tt<GgmlType::Q8_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      return;
+    case GgmlType::Q5_0:
+      launch_tt<GgmlType::Q5_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      return;
+    case GgmlType::Q4_0:
+      if (rep)
+        launch_tt<GgmlType::Q4_0, Flavor::Q4_0Rep>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      else
+        launch_tt<GgmlType::Q4_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      return;
+    case GgmlType::Q4_K:
+      if (rep)
+        launch_tt<GgmlType::Q4_K, Flavor::Q4KRep>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      else
+        launch_tt<GgmlType::Q4_K, Flavor::Q4KLanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      return;
+    case GgmlType::Q6_K:
+      launch_tt<GgmlType::Q6_K, Flavor::Q6K>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      return;
+    default: break;
+  }
+}
+
+}  // namespace worker::kern::exact

@@ -1,2 +1,552 @@
-// Exact quantized prompt GEMM against the CPU reference, bit for bit. (Being written.)
+// Exact quantized prompt GEMM (kernels/exact_qgemm.cu: qgemm) against the CPU reference
+// (cpu::dot_quantized with CpuEngine::matmul's order flags) and against exact::matmul, bit
+// for bit:
+//  - HOST EMULATION tests (ExactQgemmHost.*, run everywhere, CI included): the kernel's CTA
+//    replayed on the host thread by thread with the same __host__ __device__ functions
+//    (kernels/exact_qgemm_math.cuh: weight unpacking, shared-memory staging, per-thread chain
+//    steps, the combine butterfly written on arrays, the tile store), every flavour and
+//    several tile sizes, partial row / token tiles, BatchOrder slices, accumulate on / off.
+//  - GPU tests (ExactQgemmGpu.*, "not run" without a CUDA device): qgemm on the device, full
+//    outputs (NaN-poisoned) vs exact::matmul, and vs the CPU reference on every row when the
+//    CPU work is small, on a strided subset of rows (all tokens) otherwise; plus the
+//    model-shape timings of qgemm vs matmul.
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/errors.h"
+#include "engine/cpu/act_quant.h"
+#include "exact.cuh"
+#include "exact_qgemm_math.cuh"
+#include "gguf/ggml_types.h"
+#include "matvec.cuh"
+// gpu_test_util.h's rel_err promotes floats to double on purpose (not used here)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "gpu_test_util.h"
+#pragma GCC diagnostic pop
+
+namespace worker {
+namespace {
+
+namespace qg = kern::exact::qg;
+using gputest::DevArray;
+using kern::exact::ActBuf;
+using kern::exact::BatchOrder;
+using qg::Flavor;
+
+struct XorShift {
+  uint64_t s;
+  explicit XorShift(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+  float uniform(float lo, float hi) {
+    return lo + (hi - lo) * static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
+  }
+};
+
+void put_half(uint8_t* p, float f) {
+  const uint16_t h = fp32_to_fp16(f);
+  std::memcpy(p, &h, 2);
+}
+
+// Random valid blocks: random quants (Q8_0 includes -128 in some blocks: the kernel must not
+// assume ggml's [-127, 127]), fp16 scales in a sane range, a few negative.
+std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, uint64_t seed) {
+  XorShift rng(seed);
+  const size_t rb = ggml_row_bytes(type, cols);
+  std::vector<uint8_t> data(rb * static_cast<size_t>(rows));
+  for (size_t i = 0; i < data.size(); i += 8) {
+    const uint64_t v = rng.next();
+    std::memcpy(data.data() + i, &v, std::min<size_t>(8, data.size() - i));
+  }
+  const size_t bb = *ggml_type_block_bytes(static_cast<uint32_t>(type));
+  const size_t nblk = data.size() / bb;
+  for (size_t k = 0; k < nblk; ++k) {
+    uint8_t* b = data.data() + k * bb;
+    const float sign = (rng.next() & 7) == 0 ? -1.0f : 1.0f;
+    switch (type) {
+      case GgmlType::Q8_0: put_half(b, sign * rng.uniform(0.002f, 0.02f)); break;
+      case GgmlType::Q4_0:
+      case GgmlType::Q5_0: put_half(b, sign * rng.uniform(0.002f, 0.05f)); break;
+      case GgmlType::Q4_K:
+        put_half(b, rng.uniform(0.0005f, 0.01f));
+        put_half(b + 2, rng.uniform(0.0005f, 0.01f));
+        break;
+      case GgmlType::Q6_K: put_half(b + 208, sign * rng.uniform(0.0002f, 0.002f)); break;
+      default: break;
+    }
+  }
+  return data;
+}
+
+std::vector<float> random_acts(int n_tok, int cols, uint64_t seed) {
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::vector<float> x(static_cast<size_t>(n_tok) * static_cast<size_t>(cols));
+  for (int t = 0; t < n_tok; ++t) {
+    std::uniform_real_distribution<float> mag(0.05f, 8.0f);
+    std::normal_distribution<float> nd(0.0f, mag(rng));
+    float* r = x.data() + static_cast<size_t>(t) * cols;
+    for (int i = 0; i < cols; ++i) r[i] = nd(rng);
+  }
+  return x;
+}
+
+// The reference's activations (cpu::quantize_activation row by row), flattened as
+// act_buffer_at lays them out: q [n_tok][cols], d [n_tok][nb], bsum [n_tok][cols / 16].
+struct HostActs {
+  std::vector<cpu::QuantizedActivation> rows;
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> bs;
+};
+
+HostActs make_acts(GgmlType type, int n_tok, int cols, uint64_t seed) {
+  const auto x = random_acts(n_tok, cols, seed);
+  HostActs h;
+  h.rows.resize(static_cast<size_t>(n_tok));
+  for (int t = 0; t < n_tok; ++t) {
+    auto& r = h.rows[static_cast<size_t>(t)];
+    cpu::quantize_activation(type, x.data() + static_cast<size_t>(t) * cols, cols, r);
+    h.q.insert(h.q.end(), r.q.begin(), r.q.end());
+    h.d.insert(h.d.end(), r.d.begin(), r.d.end());
+    h.bs.insert(h.bs.end(), r.bsum.begin(), r.bsum.end());
+  }
+  return h;
+}
+
+// CpuEngine::matmul's flags for a BatchOrder slice, then cpu::dot_quantized for the rows
+// listed (all tokens); other entries of y keep their value.
+void cpu_rows(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols, HostActs& acts,
+              const BatchOrder& order, const std::vector<int>& which, bool accumulate,
+              std::vector<float>& y) {
+  const int n_tok = static_cast<int>(acts.rows.size());
+  const size_t rb = ggml_row_bytes(type, cols);
+  const bool rep = cpu::repacked_on_x86(type, rows);
+  for (int t = 0; t < n_tok; ++t) {
+    auto& a = acts.rows[static_cast<size_t>(t)];
+    a.repacked = rep;
+    a.repack_gemm = rep && (order.t0 + t) < order.batch_n - order.batch_n % 4;
+  }
+  for (const int r : which) {
+    for (int t = 0; t < n_tok; ++t) {
+      float& o = y[static_cast<size_t>(t) * rows + r];
+      const float v = cpu::dot_quantized(type, w.data() + rb * static_cast<size_t>(r),
+                                         acts.rows[static_cast<size_t>(t)], nullptr);
+      o = accumulate ? o + v : v;
+    }
+  }
+}
+
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Bitwise mismatches over the listed rows (all tokens); prints the first few.
+size_t count_mismatch(const std::vector<float>& got, const std::vector<float>& ref, int rows,
+                      int n_tok, const std::vector<int>& which, const std::string& what) {
+  size_t bad = 0;
+  for (const int r : which) {
+    for (int t = 0; t < n_tok; ++t) {
+      const size_t i = static_cast<size_t>(t) * rows + r;
+      if (bits(got[i]) != bits(ref[i])) {
+        if (bad < 5)
+          std::printf("  %s: mismatch at token %d row %d: got %a ref %a\n", what.c_str(), t, r,
+                      static_cast<double>(got[i]), static_cast<double>(ref[i]));
+        ++bad;
+      }
+    }
+  }
+  return bad;
+}
+
+std::vector<int> all_rows(int rows) {
+  std::vector<int> v(static_cast<size_t>(rows));
+  for (int r = 0; r < rows; ++r) v[static_cast<size_t>(r)] = r;
+  return v;
+}
+
+// Rows whose CPU reference costs at most ~budget multiply-adds: all, or a stride through
+// the matrix that also takes the first and last tile rows of every 32-row tile it meets.
+std::vector<int> checked_rows(int rows, int cols, int n_tok, int64_t budget) {
+  const int64_t per_row = static_cast<int64_t>(cols) * n_tok;
+  if (per_row * rows <= budget) return all_rows(rows);
+  const int want = static_cast<int>(std::max<int64_t>(budget / per_row, 4));
+  const int stride = std::max(1, rows / want);
+  std::vector<int> v;
+  for (int r = 0; r < rows; r += stride) v.push_back(r);
+  if (v.empty() || v.back() != rows - 1) v.push_back(rows - 1);
+  return v;
+}
+
+std::string type_str(GgmlType t) {
+  return std::string(ggml_type_name(static_cast<uint32_t>(t)));
+}
+
+bool is_k(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+}
+
+// ---------------------------------------------------------------------------------------
+// HOST EMULATION of qgemm_kernel: every CTA of the grid, its 256 threads stepping through
+// load_w / load_a / compute_step in the kernel's barrier phases, the combine butterfly of
+// the lane flavours on arrays (butterfly8_host / butterfly4_host: the shuffle sequence),
+// then store_tile.
+
+template <GgmlType T, Flavor FL, int TT>
+void emulate_qgemm(const std::vector<uint8_t>& w, int rows, int cols, const HostActs& acts,
+                   int n_tok, const BatchOrder& order, std::vector<float>& y, bool accumulate) {
+  using G = qg::Geo<FL, TT>;
+  const size_t row_bytes = ggml_row_bytes(T, cols);
+  const int nb = cols / (qg::is_k<T>() ? 256 : 32);
+  const int steps = qg::is_k<T>() ? nb : (nb + qg::kUnits - 1) / qg::kUnits;
+  const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
+  auto s = std::make_unique<qg::Smem<FL, TT>>();
+  std::vector<qg::Acc<FL, TT>> acc(qg::kThreads);
+  const int gx = (rows + qg::kBR - 1) / qg::kBR, gy = (n_tok + G::BT - 1) / G::BT;
+  for (int bx = 0; bx < gx; ++bx) {
+    for (int by = 0; by < gy; ++by) {
+      const int row0 = bx * qg::kBR, tok0 = by * G::BT;
+      // poison shared memory: every value the threads read must have been written
+      std::memset(s.get(), 0xFF, sizeof(*s));
+      for (auto& a : acc) qg::zero_acc(a);
+      for (int step = 0; step < steps; ++step) {
+        for (int tid = 0; tid < qg::kThreads; ++tid)
+          qg::load_w<T, FL, TT>(tid, step, w.data(), rows, row_bytes, row0, nb, *s);
+        for (int tid = 0; tid < qg::kThreads; ++tid)
+          qg::load_a<T, FL, TT>(tid, step, acts.q.data(), acts.d.data(), acts.bs.data(), cols, nb,
+                                tok0, n_tok, *s);
+        const int nunits =
+            qg::is_k<T>() ? qg::kUnits : std::min(qg::kUnits, nb - step * qg::kUnits);
+        for (int tid = 0; tid < qg::kThreads; ++tid)
+          qg::compute_step<T, FL, TT>(tid, *s, nunits,
+                                      qg::gemm_mask_of<FL, TT>(tid, tok0, gemm_end),
+                                      acc[static_cast<size_t>(tid)]);
+      }
+      for (int tid = 0; tid < qg::kThreads; ++tid) {
+        for (int i = 0; i < G::RT; ++i) {
+          for (int j = 0; j < TT; ++j) {
+            float v = acc[static_cast<size_t>(tid)].acc[i][j];
+            float m = acc[static_cast<size_t>(tid)].accm[i][j];
+            if constexpr (qg::lane_flavor<FL>()) {
+              if ((tid & 7) != 0) continue;
+              float lanes[8], mins[4];
+              for (int l = 0; l < 8; ++l) lanes[l] = acc[static_cast<size_t>(tid + l)].acc[i][j];
+              for (int l = 0; l < 4; ++l) mins[l] = acc[static_cast<size_t>(tid + l)].accm[i][j];
+              v = qg::butterfly8_host(lanes);
+              m = qg::butterfly4_host(mins);
+            }
+            s->out[qg::thread_tok<FL, TT>(tid, j) * G::OS + qg::thread_row<FL, TT>(tid, i)] =
+                qg::final_value<FL>(v, m);
+          }
+        }
+      }
+      for (int tid = 0; tid < qg::kThreads; ++tid)
+        qg::store_tile<FL, TT>(tid, *s, row0, rows, tok0, n_tok, y.data(), accumulate ? 1 : 0);
+    }
+  }
+}
+
+struct HostCase {
+  int rows, cols, n_tok;
+  BatchOrder order;
+};
+
+template <GgmlType T, Flavor FL, int TT>
+void host_cases(const std::vector<HostCase>& cases, uint64_t seed) {
+  int k = 0;
+  for (const HostCase& c : cases) {
+    const bool accumulate = (k++ % 2) == 1;
+    const auto w = random_weights(T, c.rows, c.cols, ++seed);
+    HostActs acts = make_acts(T, c.n_tok, c.cols, ++seed);
+    std::vector<float> y0(static_cast<size_t>(c.n_tok) * c.rows, NAN);
+    if (accumulate) {
+      XorShift rng(seed);
+      for (float& v : y0) v = rng.uniform(-4.0f, 4.0f);
+    }
+    std::vector<float> ref = y0, got = y0;
+    const auto rows = all_rows(c.rows);
+    cpu_rows(T, w, c.rows, c.cols, acts, c.order, rows, accumulate, ref);
+    emulate_qgemm<T, FL, TT>(w, c.rows, c.cols, acts, c.n_tok, c.order, got, accumulate);
+    const std::string what =
+        type_str(T) + " flavour " + std::to_string(static_cast<int>(FL)) + " TT " +
+        std::to_string(TT) + " rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) +
+        " n_tok " + std::to_string(c.n_tok) + " batch_n " + std::to_string(c.order.batch_n) +
+        " t0 " + std::to_string(c.order.t0) + (accumulate ? " accumulate" : "");
+    EXPECT_EQ(count_mismatch(got, ref, c.rows, c.n_tok, rows, what), 0u) << what;
+  }
+}
+
+// Q0 shapes: 40 rows (partial row tile, rows % 8 != 0), 64 rows (repacked for Q4_0); cols 288
+// (a partial 8-block step) and 512; token counts across partial token tiles; BatchOrder
+// slices crossing the gemm / gemv boundary.
+std::vector<HostCase> q0_cases(int rows_a, int rows_b) {
+  return {{rows_a, 288, 5, {5, 0}},
+          {rows_b, 512, 17, {17, 0}},
+          {rows_a, 512, 19, {50, 31}},
+          {rows_b, 288, 13, {63, 50}},
+          {rows_b, 96, 33, {33, 0}}};
+}
+std::vector<HostCase> k_cases(int rows_a, int rows_b) {
+  return {{rows_a, 256, 5, {5, 0}},
+          {rows_b, 512, 17, {17, 0}},
+          {rows_a, 512, 19, {50, 31}},
+          {rows_b, 768, 13, {63, 50}},
+          {rows_b, 256, 35, {35, 0}}};
+}
+
+// REQ: WRK-D15
+TEST(ExactQgemmHost, Q0LanesEmulationMatchesCpuReference) {
+  host_cases<GgmlType::Q8_0, Flavor::Q0Lanes, 2>(q0_cases(40, 64), 100);
+  host_cases<GgmlType::Q8_0, Flavor::Q0Lanes, 8>(q0_cases(40, 64), 200);
+  host_cases<GgmlType::Q5_0, Flavor::Q0Lanes, 4>(q0_cases(40, 64), 300);
+  host_cases<GgmlType::Q5_0, Flavor::Q0Lanes, 8>(q0_cases(40, 64), 400);
+  host_cases<GgmlType::Q4_0, Flavor::Q0Lanes, 8>(q0_cases(42, 38), 500);  // rows % 8 != 0
+}
+
+// REQ: WRK-D15
+TEST(ExactQgemmHost, Q4_0RepackEmulationMatchesCpuReference) {
+  host_cases<GgmlType::Q4_0, Flavor::Q4_0Rep, 1>(q0_cases(40, 64), 600);
+  host_cases<GgmlType::Q4_0, Flavor::Q4_0Rep, 4>(q0_cases(48, 64), 700);
+}
+
+// REQ: WRK-D15
+TEST(ExactQgemmHost, KQuantEmulationMatchesCpuReference) {
+  host_cases<GgmlType::Q6_K, Flavor::Q6K, 2>(k_cases(40, 64), 800);
+  host_cases<GgmlType::Q6_K, Flavor::Q6K, 8>(k_cases(40, 64), 900);
+  host_cases<GgmlType::Q4_K, Flavor::Q4KLanes, 4>(k_cases(42, 38), 1000);
+  host_cases<GgmlType::Q4_K, Flavor::Q4KRep, 1>(k_cases(40, 64), 1100);
+  host_cases<GgmlType::Q4_K, Flavor::Q4KRep, 4>(k_cases(48, 64), 1200);
+}
+
+// The int8 byte arithmetic of the weight unpacking (nibble - 8, 5-bit - 16) over all values.
+TEST(ExactQgemmHost, ByteOffsetsAreExact) {
+  for (uint32_t v = 0; v < 16; ++v) {
+    const uint32_t x = qg::sub8_bytes(v | (v << 8) | ((15 - v) << 16) | (v << 24));
+    EXPECT_EQ(static_cast<int8_t>(x & 0xFF), static_cast<int>(v) - 8);
+    EXPECT_EQ(static_cast<int8_t>((x >> 16) & 0xFF), 7 - static_cast<int>(v));
+  }
+  for (uint32_t v = 0; v < 32; ++v) {
+    const uint32_t x = qg::sub16_bytes(v | ((31 - v) << 8) | (v << 16) | (v << 24));
+    EXPECT_EQ(static_cast<int8_t>(x & 0xFF), static_cast<int>(v) - 16);
+    EXPECT_EQ(static_cast<int8_t>((x >> 8) & 0xFF), 15 - static_cast<int>(v));
+    EXPECT_EQ(static_cast<int8_t>((x >> 24) & 0xFF), static_cast<int>(v) - 16);
+  }
+  for (int s = -(1 << 22); s < (1 << 22); s += 997)
+    EXPECT_EQ(qg::small_i2f(s), static_cast<float>(s));
+  EXPECT_EQ(bits(qg::small_i2f(0)), 0u);
+  EXPECT_EQ(qg::small_i2f((1 << 22) - 1), static_cast<float>((1 << 22) - 1));
+}
+
+// ---------------------------------------------------------------------------------------
+// GPU tests
+
+struct GpuCase {
+  int n_tok;
+  BatchOrder order;
+};
+
+kern::WeightView view_of(GgmlType type, const DevArray<uint8_t>& dw, int rows, int cols) {
+  kern::WeightView wv;
+  wv.data = dw.get();
+  wv.type = static_cast<uint32_t>(type);
+  wv.rows = rows;
+  wv.cols = cols;
+  wv.row_bytes = ggml_row_bytes(type, cols);
+  return wv;
+}
+
+void upload_acts(const HostActs& h, const ActBuf& a) {
+  cudaMemcpy(a.q, h.q.data(), h.q.size(), cudaMemcpyHostToDevice);
+  cudaMemcpy(a.d, h.d.data(), h.d.size() * 4, cudaMemcpyHostToDevice);
+  if (!h.bs.empty()) cudaMemcpy(a.bsum, h.bs.data(), h.bs.size() * 4, cudaMemcpyHostToDevice);
+}
+
+// One type: rows 896 / 4864 / 130 / 2048 x cols 896 / 4864 / 256 (as the block allows) x
+// token counts and BatchOrder slices, accumulate alternating. Full output vs exact::matmul,
+// and vs the CPU reference on checked_rows (all rows when cheap).
+void run_type(GgmlType type) {
+  const int rows_list[] = {896, 4864, 130, 2048};
+  const int cols_list[] = {896, 4864, 256};
+  const GpuCase cases[] = {{8, {8, 0}},    {16, {16, 0}},   {17, {17, 0}},  {31, {31, 0}},
+                           {64, {64, 0}},  {512, {512, 0}}, {32, {64, 32}}, {19, {50, 31}},
+                           {13, {63, 50}}, {33, {37, 0}}};
+  uint64_t seed = static_cast<uint64_t>(type) * 7919;
+  int case_no = 0;
+  for (const int cols : cols_list) {
+    if (cols % (is_k(type) ? 256 : 32) != 0) continue;
+    for (const int rows : rows_list) {
+      const auto w = random_weights(type, rows, cols, ++seed);
+      DevArray<uint8_t> dw(w);
+      const kern::WeightView wv = view_of(type, dw, rows, cols);
+      for (const GpuCase& gc : cases) {
+        const bool accumulate = (case_no++ % 2) == 1;
+        const int n_tok = gc.n_tok;
+        HostActs acts = make_acts(type, n_tok, cols, ++seed);
+        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols));
+        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols);
+        upload_acts(acts, a);
+        std::vector<float> y0(static_cast<size_t>(n_tok) * rows, NAN);
+        if (accumulate) {
+          XorShift rng(seed);
+          for (float& v : y0) v = rng.uniform(-4.0f, 4.0f);
+        }
+        DevArray<float> dq(y0.size()), dm(y0.size());  // NaN-poisoned
+        if (accumulate) {
+          dq.upload(y0);
+          dm.upload(y0);
+        }
+        kern::exact::qgemm(wv, a, n_tok, gc.order, dq.get(), accumulate, nullptr);
+        kern::exact::matmul(wv, a, n_tok, gc.order, dm.get(), accumulate, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got = dq.download();
+        const auto mm = dm.download();
+        const std::string what = type_str(type) + " rows " + std::to_string(rows) + " cols " +
+                                 std::to_string(cols) + " n_tok " + std::to_string(n_tok) +
+                                 " batch_n " + std::to_string(gc.order.batch_n) + " t0 " +
+                                 std::to_string(gc.order.t0) + (accumulate ? " accumulate" : "");
+        const auto every = all_rows(rows);
+        ASSERT_EQ(count_mismatch(got, mm, rows, n_tok, every, what + " vs matmul"), 0u) << what;
+        const auto which = checked_rows(rows, cols, n_tok, 6'000'000);
+        std::vector<float> ref = y0;
+        cpu_rows(type, w, rows, cols, acts, gc.order, which, accumulate, ref);
+        ASSERT_EQ(count_mismatch(got, ref, rows, n_tok, which, what + " vs cpu"), 0u) << what;
+      }
+    }
+  }
+}
+
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQgemmGpu, Q8_0MatchesMatmulAndCpuReference) {
+  REQUIRE_GPU();
+  run_type(GgmlType::Q8_0);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQgemmGpu, Q4_0MatchesMatmulAndCpuReference) {
+  REQUIRE_GPU();
+  run_type(GgmlType::Q4_0);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQgemmGpu, Q5_0MatchesMatmulAndCpuReference) {
+  REQUIRE_GPU();
+  run_type(GgmlType::Q5_0);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQgemmGpu, Q4_KMatchesMatmulAndCpuReference) {
+  REQUIRE_GPU();
+  run_type(GgmlType::Q4_K);
+}
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQgemmGpu, Q6_KMatchesMatmulAndCpuReference) {
+  REQUIRE_GPU();
+  run_type(GgmlType::Q6_K);
+}
+
+// Milliseconds per call (median-free mean over `iters` after a warm-up).
+template <typename F>
+float time_ms(F f, int iters) {
+  f();
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0, nullptr);
+  for (int i = 0; i < iters; ++i) f();
+  cudaEventRecord(e1, nullptr);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return ms / static_cast<float>(iters);
+}
+
+// The 0.5B Q4_K_M model's matrices (q/o 896x896 and k/v 128x896 Q5_0, gate/up 4864x896 Q5_0,
+// down 896x4864 Q4_K (repacked) or Q6_K, output 151936x896 Q8_0) and the other types at
+// the FFN shape: qgemm vs matmul times per token count, outputs bitwise equal.
+// REQ: WRK-D15
+TEST(ExactQgemmGpu, ModelShapesTiming) {
+  REQUIRE_GPU();
+  struct Shape {
+    GgmlType type;
+    int rows, cols;
+    const char* name;
+  };
+  const Shape shapes[] = {{GgmlType::Q5_0, 896, 896, "attn q/o"},
+                          {GgmlType::Q5_0, 128, 896, "attn k/v"},
+                          {GgmlType::Q5_0, 4864, 896, "ffn gate/up"},
+                          {GgmlType::Q4_K, 896, 4864, "ffn down Q4_K"},
+                          {GgmlType::Q6_K, 896, 4864, "ffn down Q6_K"},
+                          {GgmlType::Q8_0, 4864, 896, "Q8_0 4864x896"},
+                          {GgmlType::Q4_0, 4864, 896, "Q4_0 4864x896"},
+                          {GgmlType::Q4_K, 4864, 1024, "Q4_K 4864x1024"},
+                          {GgmlType::Q4_K, 4866, 1024, "Q4_K 4866x1024 (lanes)"},
+                          {GgmlType::Q8_0, 151936, 896, "output Q8_0"}};
+  const int toks[] = {8, 16, 64, 512};
+  uint64_t seed = 77;
+  for (const Shape& sh : shapes) {
+    const auto w = random_weights(sh.type, sh.rows, sh.cols, ++seed);
+    DevArray<uint8_t> dw(w);
+    const kern::WeightView wv = view_of(sh.type, dw, sh.rows, sh.cols);
+    for (const int n_tok : toks) {
+      HostActs acts = make_acts(sh.type, n_tok, sh.cols, ++seed);
+      DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols));
+      const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols);
+      upload_acts(acts, a);
+      DevArray<float> dq(static_cast<size_t>(n_tok) * sh.rows), dm(dq.size());
+      const BatchOrder order{n_tok, 0};
+      const int iters = sh.rows > 100000 ? 5 : 20;
+      const float tq = time_ms(
+          [&] { kern::exact::qgemm(wv, a, n_tok, order, dq.get(), false, nullptr); }, iters);
+      const float tm = time_ms(
+          [&] { kern::exact::matmul(wv, a, n_tok, order, dm.get(), false, nullptr); }, iters);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dq.download(), mm = dm.download();
+      const std::string what = std::string(sh.name) + " n_tok " + std::to_string(n_tok);
+      ASSERT_EQ(count_mismatch(got, mm, sh.rows, n_tok, all_rows(sh.rows), what), 0u) << what;
+      const double ops = 2.0 * sh.rows * sh.cols * n_tok;
+      std::printf(
+          "  %-24s %-5s %5dx%-5d n_tok %3d: qgemm %8.4f ms (%6.2f Tops) matmul %8.4f ms"
+          " (%6.2f Tops) speedup %5.2fx takes=%d\n",
+          sh.name, type_str(sh.type).c_str(), sh.rows, sh.cols, n_tok, static_cast<double>(tq),
+          ops / (static_cast<double>(tq) * 1e9), static_cast<double>(tm),
+          ops / (static_cast<double>(tm) * 1e9), static_cast<double>(tm / tq),
+          kern::exact::qgemm_takes(static_cast<uint32_t>(sh.type), n_tok) ? 1 : 0);
+    }
+  }
+}
+
+// REQ: WRK-D15
+TEST(ExactQgemmGpu, TakesAndRejects) {
+  EXPECT_TRUE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q5_0), 512));
+  EXPECT_FALSE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::F16), 512));
+  EXPECT_FALSE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q5_0), 1));
+  REQUIRE_GPU();
+  DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(16, 512));
+  const ActBuf a = kern::exact::act_buffer_at(buf.get(), 16, 512);
+  DevArray<uint8_t> dw(ggml_row_bytes(GgmlType::Q4_K, 512) * 8);
+  DevArray<float> y(16 * 8);
+  kern::WeightView wv = view_of(GgmlType::Q4_K, dw, 8, 300);  // 300: not a multiple of 256
+  EXPECT_THROW(kern::exact::qgemm(wv, a, 16, BatchOrder{16, 0}, y.get(), false, nullptr),
+               WorkerError);
+  wv = view_of(GgmlType::F32, dw, 8, 64);
+  EXPECT_THROW(kern::exact::qgemm(wv, a, 16, BatchOrder{16, 0}, y.get(), false, nullptr),
+               WorkerError);
+}
+
+}  // namespace
+}  // namespace worker
