@@ -466,12 +466,21 @@ __global__ void __launch_bounds__(kDecThreads)
   const int dper = (hd + C - 1) / C;
   const int d_lo = min(hd, r * dper), dn = min(hd, d_lo + dper) - d_lo;
   const float* vbase = v_cache + static_cast<size_t>(g) * hd + d_lo;
+  const int full = n_att & ~63;
   for (int task = tid; task < 32 * dn; task += kDecThreads) {
     const int dl = task % dn, l = task / dn;
     const float* vcol = vbase + dl;
     float a0 = 0.0f, a1 = 0.0f;  // chains l and l + 32
-#pragma unroll 4
-    for (int base = 0; base < cap; base += 64) {
+    int base = 0;
+    // Whole 64-key groups below n_att: no bounds checks, so the loads of several groups
+    // are in flight together.
+#pragma unroll 8
+    for (; base < full; base += 64) {
+      const size_t j0 = static_cast<size_t>(base + l), j1 = j0 + 32;
+      a0 = fmaf(vcol[j0 * kv_dim], __ldcg(sc + j0) * inv, a0);
+      a1 = fmaf(vcol[j1 * kv_dim], __ldcg(sc + j1) * inv, a1);
+    }
+    for (; base < cap; base += 64) {  // the last, partial group (at most one)
       const int j0 = base + l, j1 = j0 + 32;
       // Beyond n_att: the CPU's zero-padded values times zero weights.
       a0 = j0 < n_att ? fmaf(vcol[static_cast<size_t>(j0) * kv_dim], __ldcg(sc + j0) * inv, a0)
