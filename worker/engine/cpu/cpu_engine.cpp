@@ -181,12 +181,14 @@ std::vector<float> tensor_f32(const TensorInfo* t) {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(std::shared_ptr<const Model> model, int32_t ctx_size, CheckpointSink sink)
+  CpuEngine(std::shared_ptr<const Model> model, int32_t ctx_size, CheckpointSink sink,
+            const CpuEngineOptions& options)
       : model_(std::move(model)),
         cfg_(model_->config),
         w_(model_->weights),
         pool_(2),
-        sink_(std::move(sink)) {
+        sink_(std::move(sink)),
+        kv_f16_(options.kv_f16) {
     const int64_t train = cfg_.n_ctx_train > 0 ? cfg_.n_ctx_train : 32768;
     int64_t n = ctx_size > 0 ? std::min<int64_t>(ctx_size, train) : std::min<int64_t>(train, 32768);
     n_ctx_ = static_cast<int32_t>(n);
@@ -338,6 +340,7 @@ class CpuEngine final : public Engine {
   const ModelWeights& w_;
   ThreadPool pool_;
   CheckpointSink sink_;
+  bool kv_f16_ = false;  // K and V cached as fp16 values (held as the floats they convert to)
   int32_t n_ctx_ = 0;
   int32_t n_past_ = 0;
   std::vector<float> out_norm_;
@@ -396,8 +399,17 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
       kc.resize(static_cast<size_t>(n_kv_total * kv_dim));
       vc.resize(static_cast<size_t>(n_kv_total * kv_dim));
     }
-    std::copy(k.begin(), k.end(), kc.begin() + n_past_ * kv_dim);
-    std::copy(v.begin(), v.end(), vc.begin() + n_past_ * kv_dim);
+    if (kv_f16_) {
+      // ggml_set_rows into an F16 cache: each value rounded to nearest even fp16
+      // (_mm512_cvtps_ph with _MM_FROUND_TO_NEAREST_INT), kept here as its exact float.
+      std::transform(k.begin(), k.end(), kc.begin() + n_past_ * kv_dim,
+                     [](float f) { return fp16_to_fp32(fp32_to_fp16(f)); });
+      std::transform(v.begin(), v.end(), vc.begin() + n_past_ * kv_dim,
+                     [](float f) { return fp16_to_fp32(fp32_to_fp16(f)); });
+    } else {
+      std::copy(k.begin(), k.end(), kc.begin() + n_past_ * kv_dim);
+      std::copy(v.begin(), v.end(), vc.begin() + n_past_ * kv_dim);
+    }
 
     // Causal GQA attention, one (token, head) pair per task, in llama.cpp's order (F32 KV
     // cache, no flash attention): KQ = ggml_vec_dot_f32 per key, soft_max_ext (scale, then
@@ -406,17 +418,29 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     // window is padded (256 cells); the padding holds zero weights and adds nothing, so
     // padding to 64 here gives the same lanes.
     const int64_t cap = (n_kv_total + 63) & ~int64_t{63};
-    const bool kqv_tiny = cpu::tinyblas_takes(GgmlType::F32, hd, n, 256);
+    // F16 cache: q and the probabilities rounded to fp16 before their products, which take
+    // tinyBLAS F16 x F16 or ggml_vec_dot_f16 (cpu::attention_head_f16).
+    const bool kqv_tiny =
+        kv_f16_ ? cpu::kqv16_tiny(hd, n) : cpu::tinyblas_takes(GgmlType::F32, hd, n, 256);
+    const bool kq_tiny = kv_f16_ && cpu::kq16_tiny(hd, n);
     pool_.parallel_for(
         n * nh,
         [&](int64_t b, int64_t e, int) {
           std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+          std::vector<float> q16(static_cast<size_t>(hd));
           for (int64_t job = b; job < e; ++job) {
             const int64_t t = job / nh, h = job % nh, g = h / group;
             const int64_t n_att = n_past_ + t + 1;
-            cpu::attention_head(q.data() + t * q_dim + h * hd, kc.data() + g * hd,
-                                vc.data() + g * hd, kv_dim, hd, n_att, cap, kqv_tiny, kq_scale,
-                                sc.data(), col.data(), att.data() + t * q_dim + h * hd);
+            if (kv_f16_) {
+              cpu::attention_head_f16(q.data() + t * q_dim + h * hd, kc.data() + g * hd,
+                                      vc.data() + g * hd, kv_dim, hd, n_att, cap, kq_tiny, kqv_tiny,
+                                      kq_scale, q16.data(), sc.data(), col.data(),
+                                      att.data() + t * q_dim + h * hd);
+            } else {
+              cpu::attention_head(q.data() + t * q_dim + h * hd, kc.data() + g * hd,
+                                  vc.data() + g * hd, kv_dim, hd, n_att, cap, kqv_tiny, kq_scale,
+                                  sc.data(), col.data(), att.data() + t * q_dim + h * hd);
+            }
           }
         },
         n * nh * n_kv_total * hd);
@@ -464,8 +488,13 @@ std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int3
 
 std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                         CheckpointSink sink) {
+  return make_cpu_engine(std::move(model), ctx_size, std::move(sink), CpuEngineOptions{});
+}
+
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                        CheckpointSink sink, const CpuEngineOptions& options) {
   if (!model) throw WorkerError(ErrorCode::Internal, "make_cpu_engine: no model");
-  return std::make_unique<CpuEngine>(std::move(model), ctx_size, std::move(sink));
+  return std::make_unique<CpuEngine>(std::move(model), ctx_size, std::move(sink), options);
 }
 
 }  // namespace worker

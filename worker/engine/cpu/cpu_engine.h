@@ -20,4 +20,14 @@ using CheckpointSink =
 std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                         CheckpointSink sink);
 
+struct CpuEngineOptions {
+  // K and V cached as fp16 (llama.cpp's default cache type, M0-W-1201) instead of F32: the
+  // attention then computes llama.cpp's floats for type_k = type_v = F16 (no flash
+  // attention), see cpu::attention_head_f16. Off: llama.cpp with an F32 cache (the oracle's
+  // setting).
+  bool kv_f16 = false;
+};
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                        CheckpointSink sink, const CpuEngineOptions& options);
+
 }  // namespace worker

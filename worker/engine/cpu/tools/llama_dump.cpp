@@ -11,13 +11,15 @@
 //       worker/engine/cpu/tools/llama_dump.cpp -L$L -l:libllama.v0.4.0.so
 //       -l:libggml.v0.4.0.so -l:libggml-base.so -Wl,-rpath,$L -o /tmp/llama_dump
 //   (one command line)
-//   /tmp/llama_dump MODEL.gguf 1,2,3 OUT.jsonl $L [TENSORS [GREEDY]]
+//   /tmp/llama_dump MODEL.gguf 1,2,3 OUT.jsonl $L [TENSORS [GREEDY [KV]]]
 //
 // TENSORS: comma-separated graph tensor names (llama.cpp's cb() names, e.g.
 // attn_norm-0,kqv_out-0,ffn_inp-0,l_out-1,result_norm; several ops can share a name and are
 // all written, in graph order), or "list" to print every node's name, op and shape.
 // ("none": no tensors). GREEDY N: afterwards decode N-1 greedy tokens one at a time (the
-// one-token kernels), as `worker-orcd generate --n N --all-logits` does.
+// one-token kernels), as `worker-orcd generate --n N --all-logits` does. KV: the K and V
+// cache type, f16 (the default, llama.cpp's own default; compare with `generate --kv-f16`) or
+// f32 (logprobs.mjs's setting, the CPU engine's default).
 // Records: {"checkpoint": name, "values": [...]} per row, then {"token_idx": i, "values":
 // logits} per position (prompt, then decode steps).
 #include <algorithm>
@@ -71,7 +73,9 @@ bool on_tensor(ggml_tensor* t, bool ask, void*) {
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(stderr, "usage: %s MODEL.gguf TOKENS OUT.jsonl LIBDIR [TENSORS|list]\n", argv[0]);
+    std::fprintf(stderr,
+                 "usage: %s MODEL.gguf TOKENS OUT.jsonl LIBDIR [TENSORS|list [GREEDY [f16|f32]]]\n",
+                 argv[0]);
     return 2;
   }
   g_want = argc > 5 ? argv[5] : "result_norm";
@@ -88,7 +92,8 @@ int main(int argc, char** argv) {
   llama_model* model = llama_model_load_from_file(argv[1], mp);
   if (model == nullptr) return 1;
   // logprobs.mjs: contextSize max(64, tokens + greedy + 8) (llama.cpp pads to 256), batchSize
-  // max(64, tokens), 1 thread, F32 K and V cache, no flash attention.
+  // max(64, tokens), 1 thread, F32 K and V cache (here: F16 unless KV is f32), no flash
+  // attention.
   llama_context_params cp = llama_context_default_params();
   cp.n_ctx = 256;
   while (cp.n_ctx < toks.size() + 8) cp.n_ctx += 256;
@@ -96,7 +101,12 @@ int main(int argc, char** argv) {
   cp.n_seq_max = 1;
   cp.n_threads = cp.n_threads_batch = 1;
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
-  cp.type_k = cp.type_v = GGML_TYPE_F32;
+  const std::string kv = argc > 7 ? argv[7] : "f16";
+  if (kv != "f16" && kv != "f32") {
+    std::fprintf(stderr, "KV must be f16 or f32, not %s\n", kv.c_str());
+    return 2;
+  }
+  cp.type_k = cp.type_v = kv == "f16" ? GGML_TYPE_F16 : GGML_TYPE_F32;
   cp.cb_eval = on_tensor;
   std::ofstream out(argv[3]);
   g_out = &out;
