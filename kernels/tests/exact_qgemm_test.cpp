@@ -422,7 +422,7 @@ void run_type(GgmlType type) {
                                  std::to_string(gc.order.t0) + (accumulate ? " accumulate" : "");
         const auto every = all_rows(rows);
         ASSERT_EQ(count_mismatch(got, mm, rows, n_tok, every, what + " vs matmul"), 0u) << what;
-        const auto which = checked_rows(rows, cols, n_tok, 6'000'000);
+        const auto which = checked_rows(rows, cols, n_tok, 4'000'000);
         std::vector<float> ref = y0;
         cpu_rows(type, w, rows, cols, acts, gc.order, which, accumulate, ref);
         ASSERT_EQ(count_mismatch(got, ref, rows, n_tok, which, what + " vs cpu"), 0u) << what;
@@ -496,7 +496,7 @@ TEST(ExactQgemmGpu, ModelShapesTiming) {
                           {GgmlType::Q4_K, 4864, 1024, "Q4_K 4864x1024"},
                           {GgmlType::Q4_K, 4866, 1024, "Q4_K 4866x1024 (lanes)"},
                           {GgmlType::Q8_0, 151936, 896, "output Q8_0"}};
-  const int toks[] = {8, 16, 64, 512};
+  const int toks[] = {8, 16, 32, 64, 128, 512};
   uint64_t seed = 77;
   for (const Shape& sh : shapes) {
     const auto w = random_weights(sh.type, sh.rows, sh.cols, ++seed);
@@ -535,6 +535,7 @@ TEST(ExactQgemmGpu, TakesAndRejects) {
   EXPECT_TRUE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q5_0), 512));
   EXPECT_FALSE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::F16), 512));
   EXPECT_FALSE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q5_0), 1));
+  EXPECT_TRUE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q4_K), 64));
   REQUIRE_GPU();
   DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(16, 512));
   const ActBuf a = kern::exact::act_buffer_at(buf.get(), 16, 512);
