@@ -385,7 +385,7 @@ void run_type(GgmlType type) {
   const int cols_list[] = {896, 4864, 256};
   const GpuCase cases[] = {{8, {8, 0}},    {16, {16, 0}},   {17, {17, 0}},  {31, {31, 0}},
                            {64, {64, 0}},  {512, {512, 0}}, {32, {64, 32}}, {19, {50, 31}},
-                           {13, {63, 50}}, {33, {37, 0}}};
+                           {13, {63, 50}}, {33, {37, 0}},   {45, {47, 0}}};
   uint64_t seed = static_cast<uint64_t>(type) * 7919;
   int case_no = 0;
   for (const int cols : cols_list) {
