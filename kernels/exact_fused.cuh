@@ -16,4 +16,16 @@ void attention_act(const float* q, const float* k_cache, const float* v_cache, f
                    int n_tok, const AttnShape& s, int n_ctx, const int32_t* d_n_past,
                    float* scratch, uint32_t act_type, const ActBuf& a, cudaStream_t stream);
 
+// bias_rope_store(q, k, v, bq, bk, bv, s, rope_table, n_tok, d_n_past, k_cache, v_cache)
+// then attention_act(q, k_cache, v_cache, out, n_tok, s, n_ctx, d_n_past, scratch, act_type,
+// a): q (rotated in place), the cache rows at n_past, out and a all written. One launch at
+// decode under attention_act's conditions (the decode kernel rotates q and this token's K
+// row itself and uses its own copies of the new K / V rows; one block per KV group stores
+// them); otherwise the unfused calls.
+void rope_attention_act(float* q, const float* k, const float* v, const float* bq, const float* bk,
+                        const float* bv, const AttnShape& s, const float* rope_table, int n_tok,
+                        const int32_t* d_n_past, float* k_cache, float* v_cache, float* out,
+                        int n_ctx, float* scratch, uint32_t act_type, const ActBuf& a,
+                        cudaStream_t stream);
+
 }  // namespace worker::kern::exact

@@ -388,6 +388,46 @@ constexpr int kDecMaxCluster = 8;
 constexpr int kDecActNone = 0, kDecActF32 = 1, kDecActF16 = 2, kDecActBF16 = 3, kDecActQ8_0 = 4;
 static_assert(kDecThreads == kSoftmaxThreads, "the decode kernel reproduces the softmax tree");
 
+// rope_attention_act: the decode kernel also does bias_rope_store's work for its token.
+struct DecRope {
+  const float* k_new = nullptr;  // this token's K and V rows (kv_dim each), before bias / RoPE
+  const float* v_new = nullptr;
+  const float* bq = nullptr;  // biases or nullptr
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  const float2* table = nullptr;  // rope_table_host's {cos, sin} pairs
+  int n_rot = 0;
+  int neox = 0;
+  float* q_out = nullptr;  // q rotated in place (bias_rope_store's output)
+  float* k_cache = nullptr;
+  float* v_cache = nullptr;
+};
+
+// One head of bias_rope_store (ex_bias_rope_store_kernel's ops): dst = RoPE(src + bias) for
+// the first n_rot dims, src + bias for the rest; cs: the position's {cos, sin} pairs.
+__device__ __forceinline__ void dec_rope_head(const float* src, const float* bias, const float2* cs,
+                                              int hd, int n_rot, int neox, float* dst) {
+  const int half = n_rot / 2;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    float x0 = src[i0], x1 = src[i1];
+    if (bias != nullptr) {
+      x0 = x0 + bias[i0];
+      x1 = x1 + bias[i1];
+    }
+    const float2 c = cs[i];
+    float d0, d1;
+    math::rope_pair(x0, x1, c.x, c.y, d0, d1);
+    dst[i0] = d0;
+    dst[i1] = d1;
+  }
+  for (int d = n_rot + threadIdx.x; d < hd; d += blockDim.x) {
+    float x = src[d];
+    if (bias != nullptr) x = x + bias[d];
+    dst[d] = x;
+  }
+}
+
 __device__ __forceinline__ void dec_cluster_sync(int C) {
   if (C > 1) {
     __threadfence();
@@ -397,13 +437,20 @@ __device__ __forceinline__ void dec_cluster_sync(int C) {
   }
 }
 
+template <bool ROPE>
 __global__ void __launch_bounds__(kDecThreads)
     ex_attn_decode_kernel(const float* __restrict__ q, const float* __restrict__ k_cache,
                           const float* __restrict__ v_cache, float* __restrict__ scratch,
                           float* __restrict__ out, int n_head, int group, int hd, int kv_dim,
                           size_t stride, int cap_max, int C, float kq_scale,
-                          const int32_t* __restrict__ d_n_past, ActBuf act, int act_mode) {
+                          const int32_t* __restrict__ d_n_past, ActBuf act, int act_mode,
+                          DecRope rp) {
   __shared__ float qs[kDecMaxHd];
+  // ROPE: this token's rotated K row and V row of the head's KV group. The cache rows at
+  // n_past are written here (by one block per KV group) and never read in this kernel:
+  // every block uses these copies for key n_past (the same floats).
+  __shared__ float knew[ROPE ? kDecMaxHd : 1];
+  __shared__ float vnew[ROPE ? kDecMaxHd : 1];
   __shared__ float r32[32 * kDecMaxHd];
   __shared__ float shf[32];
   __shared__ double shd[32];
@@ -415,8 +462,33 @@ __global__ void __launch_bounds__(kDecThreads)
   const int nb = (n_att + 15) / 16;
   const int cap = (n_att + 63) & ~63;
   const float* qh = q + static_cast<size_t>(h) * hd;
-  for (int i = tid; i < hd; i += kDecThreads) qs[i] = qh[i];
+  // Keys below n_cached are read from the cache; (ROPE) key n_past from knew / vnew.
+  const int n_cached = ROPE ? n_att - 1 : n_att;
+  if constexpr (ROPE) {
+    const float2* cs = rp.table + static_cast<size_t>(n_att - 1) * (rp.n_rot / 2);
+    const size_t go = static_cast<size_t>(g) * hd;
+    dec_rope_head(qh, rp.bq != nullptr ? rp.bq + static_cast<size_t>(h) * hd : nullptr, cs, hd,
+                  rp.n_rot, rp.neox, qs);
+    dec_rope_head(rp.k_new + go, rp.bk != nullptr ? rp.bk + go : nullptr, cs, hd, rp.n_rot, rp.neox,
+                  knew);
+    for (int d = tid; d < hd; d += kDecThreads) {
+      float x = rp.v_new[go + d];
+      if (rp.bv != nullptr) x = x + rp.bv[go + d];
+      vnew[d] = x;
+    }
+  } else {
+    for (int i = tid; i < hd; i += kDecThreads) qs[i] = qh[i];
+  }
   __syncthreads();
+  if constexpr (ROPE) {
+    if (r == 0 && h % group == 0) {  // one block per KV group stores the cache rows
+      const size_t row = static_cast<size_t>(n_att - 1) * kv_dim + static_cast<size_t>(g) * hd;
+      for (int d = tid; d < hd; d += kDecThreads) {
+        rp.k_cache[row + d] = knew[d];
+        rp.v_cache[row + d] = vnew[d];
+      }
+    }
+  }
   float* sc = scratch + static_cast<size_t>(h) * stride;
   float* bs = sc + cap_max;
   float* pmax = bs + cap_max / 16 + 1;  // C <= 8 slots after inv's (the 16 spare floats)
@@ -427,13 +499,25 @@ __global__ void __launch_bounds__(kDecThreads)
   const float* kbase = k_cache + static_cast<size_t>(g) * hd;
   float mx = -INFINITY;
   for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {
-    const float s = score_dot(kbase + static_cast<size_t>(j) * kv_dim, qs, hd) * kq_scale;
+    float d;
+    if (ROPE && j >= n_cached) {
+      d = math::dot_vecdot(knew, qs, hd);  // score_dot's ops, from shared memory
+    } else {
+      d = score_dot(kbase + static_cast<size_t>(j) * kv_dim, qs, hd);
+    }
+    const float s = d * kq_scale;
     sc[j] = s;
     mx = fmaxf(mx, s);
   }
   mx = block_max(mx, shf);
   if (tid == 0) pmax[r] = mx;
   dec_cluster_sync(C);
+  if constexpr (ROPE) {
+    // bias_rope_store's q output; every block of the cluster has read q by now.
+    if (r == 0) {
+      for (int i = tid; i < hd; i += kDecThreads) rp.q_out[static_cast<size_t>(h) * hd + i] = qs[i];
+    }
+  }
   mx = -INFINITY;
   for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
   // 2. exps and 16-block sums of this block's keys
@@ -466,7 +550,7 @@ __global__ void __launch_bounds__(kDecThreads)
   const int dper = (hd + C - 1) / C;
   const int d_lo = min(hd, r * dper), dn = min(hd, d_lo + dper) - d_lo;
   const float* vbase = v_cache + static_cast<size_t>(g) * hd + d_lo;
-  const int full = n_att & ~63;
+  const int full = n_cached & ~63;
   for (int task = tid; task < 32 * dn; task += kDecThreads) {
     const int dl = task % dn, l = task / dn;
     const float* vcol = vbase + dl;
@@ -480,13 +564,18 @@ __global__ void __launch_bounds__(kDecThreads)
       a0 = fmaf(vcol[j0 * kv_dim], __ldcg(sc + j0) * inv, a0);
       a1 = fmaf(vcol[j1 * kv_dim], __ldcg(sc + j1) * inv, a1);
     }
-    for (; base < cap; base += 64) {  // the last, partial group (at most one)
+    for (; base < cap; base += 64) {  // the last group (at most one)
       const int j0 = base + l, j1 = j0 + 32;
       // Beyond n_att: the CPU's zero-padded values times zero weights.
-      a0 = j0 < n_att ? fmaf(vcol[static_cast<size_t>(j0) * kv_dim], __ldcg(sc + j0) * inv, a0)
-                      : fmaf(0.0f, 0.0f, a0);
-      a1 = j1 < n_att ? fmaf(vcol[static_cast<size_t>(j1) * kv_dim], __ldcg(sc + j1) * inv, a1)
-                      : fmaf(0.0f, 0.0f, a1);
+      float v0 = 0.0f, v1 = 0.0f;  // cache rows at or beyond n_att are never read
+      if (j0 < n_att) {
+        v0 = ROPE && j0 >= n_cached ? vnew[d_lo + dl] : vcol[static_cast<size_t>(j0) * kv_dim];
+      }
+      if (j1 < n_att) {
+        v1 = ROPE && j1 >= n_cached ? vnew[d_lo + dl] : vcol[static_cast<size_t>(j1) * kv_dim];
+      }
+      a0 = j0 < n_att ? fmaf(v0, __ldcg(sc + j0) * inv, a0) : fmaf(0.0f, 0.0f, a0);
+      a1 = j1 < n_att ? fmaf(v1, __ldcg(sc + j1) * inv, a1) : fmaf(0.0f, 0.0f, a1);
     }
     r32[l * dn + dl] = a0 + a1;  // vecdot_reduce64's first level: acc[l] + acc[32 + l]
   }
@@ -632,7 +721,9 @@ namespace {
 // Blocks per head of the decode kernel: enough to spread the heads over the SMs (14 heads:
 // 8 -> 112 blocks), a power of two <= 8 (the portable cluster size). WORKER_EXACT_ATTN_CLUSTER
 // (1, 2, 4 or 8) overrides it (A/B measurements; 1 launches without clusters).
+int g_cluster_for_tests = 0;  // math::set_decode_cluster_for_tests
 int decode_cluster(int n_head) {
+  if (g_cluster_for_tests != 0) return g_cluster_for_tests;
   static const int forced = [] {
     const char* e = std::getenv("WORKER_EXACT_ATTN_CLUSTER");
     if (e == nullptr) return 0;
@@ -648,7 +739,7 @@ int decode_cluster(int n_head) {
 void launch_attn_decode(const float* q, const float* k_cache, const float* v_cache, float* out,
                         const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
                         int cluster, cudaStream_t stream, const ActBuf& act = ActBuf{},
-                        int act_mode = kDecActNone) {
+                        int act_mode = kDecActNone, const DecRope* rope = nullptr) {
   const ScratchLayout lay = scratch_layout(n_ctx, 1, s.n_head);
   const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
@@ -674,15 +765,28 @@ void launch_attn_decode(const float* q, const float* k_cache, const float* v_cac
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  cuda_check(cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel, q, k_cache, v_cache, scratch, out,
-                                s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max, cluster,
-                                kq_scale, d_n_past, act, act_mode),
-             name, __FILE__, __LINE__);
+  if (rope != nullptr) {
+    cuda_check(cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel<true>, q, k_cache, v_cache, scratch,
+                                  out, s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max,
+                                  cluster, kq_scale, d_n_past, act, act_mode, *rope),
+               name, __FILE__, __LINE__);
+  } else {
+    cuda_check(cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel<false>, q, k_cache, v_cache, scratch,
+                                  out, s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max,
+                                  cluster, kq_scale, d_n_past, act, act_mode, DecRope{}),
+               name, __FILE__, __LINE__);
+  }
   CUDA_CHECK_LAUNCH(name);
 }
 }  // namespace
 
 namespace math {
+void set_decode_cluster_for_tests(int cluster) {
+  if (cluster != 0 && cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8) {
+    throw WorkerError(ErrorCode::Internal, "set_decode_cluster_for_tests: 0, 1, 2, 4 or 8");
+  }
+  g_cluster_for_tests = cluster;
+}
 void attention_decode_for_tests(const float* q, const float* k_cache, const float* v_cache,
                                 float* out, int n_head, int n_head_kv, int head_dim, int n_ctx,
                                 const int32_t* d_n_past, float* scratch, int cluster) {
@@ -772,23 +876,28 @@ void attention(const float* q, const float* k_cache, const float* v_cache, float
   }
 }
 
+namespace {
+// The decode kernel's act_mode for quantize_act(act_type) of the attention output; -1 where
+// it has no fused form (Q8_K, or Q8_0 blocks that straddle heads).
+int dec_act_mode(uint32_t act_type, int head_dim) {
+  switch (static_cast<GgmlType>(act_type)) {
+    case GgmlType::F32: return kDecActF32;
+    case GgmlType::F16: return kDecActF16;
+    case GgmlType::BF16: return kDecActBF16;
+    case GgmlType::Q8_0:
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0: return head_dim % 32 == 0 ? kDecActQ8_0 : -1;
+    default: return -1;
+  }
+}
+}  // namespace
+
 void attention_act(const float* q, const float* k_cache, const float* v_cache, float* out,
                    int n_tok, const AttnShape& s, int n_ctx, const int32_t* d_n_past,
                    float* scratch, uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
   check_shape(s, "exact::attention_act");
   if (n_tok <= 0) return;
-  int mode = -1;  // -1: no fused form
-  switch (static_cast<GgmlType>(act_type)) {
-    case GgmlType::F32: mode = kDecActF32; break;
-    case GgmlType::F16: mode = kDecActF16; break;
-    case GgmlType::BF16: mode = kDecActBF16; break;
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0:
-      if (s.head_dim % 32 == 0) mode = kDecActQ8_0;
-      break;
-    default: break;
-  }
+  const int mode = dec_act_mode(act_type, s.head_dim);
   if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode >= 0) {
     launch_attn_decode(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
                        decode_cluster(s.n_head), stream, a, mode);
@@ -796,6 +905,35 @@ void attention_act(const float* q, const float* k_cache, const float* v_cache, f
   }
   attention(q, k_cache, v_cache, out, n_tok, s, n_ctx, d_n_past, scratch, stream);
   quantize_act(act_type, out, n_tok, s.n_head * s.head_dim, a, stream);
+}
+
+void rope_attention_act(float* q, const float* k, const float* v, const float* bq, const float* bk,
+                        const float* bv, const AttnShape& s, const float* rope_table, int n_tok,
+                        const int32_t* d_n_past, float* k_cache, float* v_cache, float* out,
+                        int n_ctx, float* scratch, uint32_t act_type, const ActBuf& a,
+                        cudaStream_t stream) {
+  check_shape(s, "exact::rope_attention_act");
+  if (n_tok <= 0) return;
+  const int mode = dec_act_mode(act_type, s.head_dim);
+  if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode >= 0) {
+    DecRope rp;
+    rp.k_new = k;
+    rp.v_new = v;
+    rp.bq = bq;
+    rp.bk = bk;
+    rp.bv = bv;
+    rp.table = reinterpret_cast<const float2*>(rope_table);
+    rp.n_rot = s.n_rot;
+    rp.neox = s.neox ? 1 : 0;
+    rp.q_out = q;
+    rp.k_cache = k_cache;
+    rp.v_cache = v_cache;
+    launch_attn_decode(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
+                       decode_cluster(s.n_head), stream, a, mode, &rp);
+    return;
+  }
+  bias_rope_store(q, k, v, bq, bk, bv, s, rope_table, n_tok, d_n_past, k_cache, v_cache, stream);
+  attention_act(q, k_cache, v_cache, out, n_tok, s, n_ctx, d_n_past, scratch, act_type, a, stream);
 }
 
 void swiglu(float* g, const float* u, int n_tok, int F, cudaStream_t stream) {

@@ -338,6 +338,9 @@ __host__ __device__ inline void q8k_max_merge(float& a, float& m, float oa, floa
 // tests check these device functions on millions of inputs against the CPU's.
 void device_map_for_tests(int which, const float* x, float* y, size_t n);
 
+// Test hook (exact_ops.cu): the decode kernels' blocks per head (1, 2, 4, 8; 0: attention's
+// own choice) for every later attention / attention_act / rope_attention_act call.
+void set_decode_cluster_for_tests(int cluster);
 // Test hook (exact_ops.cu): exact::attention's one-token kernel with `cluster` blocks per
 // head (1, 2, 4 or 8; attention() picks it from n_head), so the tests cover every cluster
 // size. Shapes as exact::attention (n_rot unused), head_dim <= 256.

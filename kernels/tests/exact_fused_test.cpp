@@ -519,5 +519,122 @@ TEST(ExactFusedGpu, AttentionActMatchesUnfusedAndCpu) {
   EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
 }
 
+// rope_attention_act at decode: bias + RoPE of q and of the token's K, the cache rows at
+// n_past, attention and the act, vs the unfused exact kernels and vs the CPU
+// (bias adds, cpu::rope_row, cpu::attention_head, cpu::quantize_activation), with every
+// cluster size; cache rows other than n_past must stay untouched.
+struct RopeCase {
+  int hd, group, n_rot;
+  bool neox, bias;
+};
+
+size_t run_rope_attention_case(const RopeCase& c, int n_past, GgmlType t, std::mt19937& rng) {
+  const int nkv = 2, nh = nkv * c.group, hd = c.hd;
+  const int q_dim = nh * hd, kv_dim = nkv * hd, n_ctx = n_past + 70, n_att = n_past + 1;
+  const float ts = cpu::rope_theta_scale(1000000.0f, c.n_rot);
+  std::vector<float> table(static_cast<size_t>(n_ctx) * c.n_rot);
+  ex::rope_table_host(n_ctx, c.n_rot, ts, table.data());
+  std::vector<float> kc(static_cast<size_t>(n_ctx) * kv_dim,
+                        std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> vc = kc;
+  const auto kr = uniform(static_cast<size_t>(n_past) * kv_dim, rng, -1.0f, 1.0f);
+  const auto vr = uniform(static_cast<size_t>(n_past) * kv_dim, rng, -1.0f, 1.0f);
+  std::copy(kr.begin(), kr.end(), kc.begin());
+  std::copy(vr.begin(), vr.end(), vc.begin());
+  const auto q = uniform(static_cast<size_t>(q_dim), rng, -2.0f, 2.0f);
+  const auto k = uniform(static_cast<size_t>(kv_dim), rng, -1.0f, 1.0f);
+  const auto v = uniform(static_cast<size_t>(kv_dim), rng, -1.0f, 1.0f);
+  const auto bq = uniform(static_cast<size_t>(q_dim), rng, -0.5f, 0.5f);
+  const auto bk = uniform(static_cast<size_t>(kv_dim), rng, -0.5f, 0.5f);
+  const auto bv = uniform(static_cast<size_t>(kv_dim), rng, -0.5f, 0.5f);
+  // CPU: CpuEngine::eval's order.
+  auto rq = q, rk = k, rv = v;
+  if (c.bias) {
+    for (int i = 0; i < q_dim; ++i) rq[static_cast<size_t>(i)] += bq[static_cast<size_t>(i)];
+    for (int i = 0; i < kv_dim; ++i) rk[static_cast<size_t>(i)] += bk[static_cast<size_t>(i)];
+    for (int i = 0; i < kv_dim; ++i) rv[static_cast<size_t>(i)] += bv[static_cast<size_t>(i)];
+  }
+  cpu::rope_row(rq.data(), nh, hd, c.n_rot, c.neox, ts, n_past);
+  cpu::rope_row(rk.data(), nkv, hd, c.n_rot, c.neox, ts, n_past);
+  auto kref = kc, vref = vc;
+  std::copy(rk.begin(), rk.end(), kref.begin() + static_cast<size_t>(n_past) * kv_dim);
+  std::copy(rv.begin(), rv.end(), vref.begin() + static_cast<size_t>(n_past) * kv_dim);
+  const int cap = (n_att + 63) & ~63;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> ref(static_cast<size_t>(q_dim));
+  std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+  for (int h = 0; h < nh; ++h) {
+    const int g = h / c.group;
+    cpu::attention_head(rq.data() + h * hd, kref.data() + g * hd, vref.data() + g * hd, kv_dim, hd,
+                        n_att, cap, false, kq_scale, sc.data(), col.data(), ref.data() + h * hd);
+  }
+  const ActHost ref_act = cpu_act(t, ref, 1, q_dim);
+  ex::AttnShape s;
+  s.n_head = nh;
+  s.n_head_kv = nkv;
+  s.head_dim = hd;
+  s.n_rot = c.n_rot;
+  s.neox = c.neox;
+  DevArray<float> dk(k), dv(v), dbq(bq), dbk(bk), dbv(bv), dtab(table);
+  DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, 1, nh));
+  DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
+  const std::string what = std::string("rope_attention_act ") +
+                           ggml_type_name(static_cast<uint32_t>(t)).data() + " hd " +
+                           std::to_string(hd) + " group " + std::to_string(c.group) + " n_rot " +
+                           std::to_string(c.n_rot) + (c.neox ? " neox" : "") +
+                           (c.bias ? " bias" : "") + " n_past " + std::to_string(n_past);
+  size_t bad = 0;
+  // Unfused on the GPU (pass 0), then fused with each cluster size.
+  for (int C : {-1, 0, 1, 2, 8}) {
+    DevArray<float> dq(q), dkc(kc), dvc(vc), dout(ref.size());
+    ActDev af(1, q_dim);
+    if (C < 0) {
+      ex::bias_rope_store(dq.get(), dk.get(), dv.get(), c.bias ? dbq.get() : nullptr,
+                          c.bias ? dbk.get() : nullptr, c.bias ? dbv.get() : nullptr, s, dtab.get(),
+                          1, dnp.get(), dkc.get(), dvc.get(), nullptr);
+      ex::attention(dq.get(), dkc.get(), dvc.get(), dout.get(), 1, s, n_ctx, dnp.get(),
+                    scratch.get(), nullptr);
+      ex::quantize_act(static_cast<uint32_t>(t), dout.get(), 1, q_dim, af.a, nullptr);
+    } else {
+      xm::set_decode_cluster_for_tests(C);
+      ex::rope_attention_act(dq.get(), dk.get(), dv.get(), c.bias ? dbq.get() : nullptr,
+                             c.bias ? dbk.get() : nullptr, c.bias ? dbv.get() : nullptr, s,
+                             dtab.get(), 1, dnp.get(), dkc.get(), dvc.get(), dout.get(), n_ctx,
+                             scratch.get(), static_cast<uint32_t>(t), af.a, nullptr);
+      xm::set_decode_cluster_for_tests(0);
+    }
+    const std::string w = what + (C < 0 ? " unfused" : " C " + std::to_string(C));
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      ADD_FAILURE() << w << ": " << cudaGetErrorString(cudaGetLastError());
+      return bad + 1;
+    }
+    bad += mismatches(dq.download(), rq, w + " q");
+    bad += mismatches(dkc.download(), kref, w + " k cache");  // incl. untouched NaN rows
+    bad += mismatches(dvc.download(), vref, w + " v cache");
+    bad += mismatches(dout.download(), ref, w + " out");
+    bad += act_mismatches(gpu_act(t, af.a, 1, q_dim), ref_act, w + " act");
+  }
+  return bad;
+}
+
+// REQ: WRK-D15
+TEST(ExactFusedGpu, RopeAttentionActMatchesUnfusedAndCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(46);
+  size_t bad = 0, cases = 0;
+  for (const RopeCase c : {RopeCase{64, 7, 64, true, true}, RopeCase{64, 1, 64, false, false},
+                           RopeCase{128, 2, 64, true, false}, RopeCase{128, 7, 128, false, true},
+                           RopeCase{8, 2, 8, true, true}}) {
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0}) {
+      if (!type_fits(t, 2 * c.group * c.hd) || (t == GgmlType::Q8_0 && c.hd % 32 != 0)) continue;
+      for (int n_past : {0, 1, 37, 63, 64, 1000}) {
+        bad += run_rope_attention_case(c, n_past, t, rng);
+        ++cases;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
+}
+
 }  // namespace
 }  // namespace worker
