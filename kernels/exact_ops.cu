@@ -28,6 +28,11 @@
 //      output dim (same FMAs, same order, zeros beyond n_att as the CPU's padded buffers),
 //      then one thread per dim combines the chains in the CPU's tree (vecdot_reduce64 /
 //      hsum16).
+//    Decode (n_tok == 1, head_dim <= 256): ex_attn_decode_kernel does all three in one
+//      launch (a cluster of C blocks per head; see its comment): the same scores, the same
+//      softmax tree and fallback, and the same 64 KQV chains combined in vecdot_reduce64's
+//      tree. Its variants also write the output rounded for wo (attention_act) and do
+//      bias_rope_store's work for the token first (rope_attention_act; exact_fused.cuh).
 //  - swiglu (cpu::swiglu_row): element-wise; ggml_silu with ggml_expf (its ldexp as one
 //    rounding of an exact double product) for i < F & ~15; the scalar tail calls libm's expf
 //    on the CPU: here glibc's expf algorithm in double (math::expf_libm; equal to glibc 2.36's
