@@ -27,6 +27,7 @@
 #include "embed.cuh"
 #include "engine/sampler.h"
 #include "exact.cuh"
+#include "exact_fused.cuh"
 #include "matvec.cuh"
 #include "rmsnorm.cuh"
 #include "rope_qkv.cuh"
@@ -653,15 +654,19 @@ kern::exact::ActBuf act_rows(const kern::exact::ActBuf& a, uint32_t type, int co
 }
 
 // y = W x for n rows of x (cols wide), as one batch of the CPU reference's matmul. `reuse`:
-// x is what the previous call rounded (Q, K and V; gate and up), so a weight of the same
-// type reuses that rounding.
+// s.act holds x rounded for s.act_type (by a fused norm / SwiGLU, or the previous call of
+// the group: Q, K and V; gate and up), so a weight of that type uses it as is.
 void CudaEngine::mm_exact(Scratch& s, const kern::WeightView& w, const float* x, int cols, int n,
                           float* y, bool acc, bool reuse) {
   if (!reuse || s.act_type != w.type) {
     kern::exact::quantize_act(w.type, x, n, cols, s.act, stream_);
     s.act_type = w.type;
   }
-  kern::exact::matmul(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
+  if (kern::exact::qgemm_takes(w.type, n)) {
+    kern::exact::qgemm(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
+  } else {
+    kern::exact::matmul(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
+  }
 }
 
 // CpuEngine::eval's sequence, op for op. last_only: the last layer's FFN runs for the last
@@ -677,22 +682,27 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
     const LayerVecs& V = xvec_[il];
     auto* kcache = static_cast<float*>(kc(il));
     auto* vcache = static_cast<float*>(vc(il));
-    ex::rmsnorm(s.x, V.attn_norm, s.xn, n, E, cfg_.norm_eps, stream_);
-    mm_exact(s, L.wq, s.xn, E, n, s.q, false, false);
+    ex::rmsnorm_act(s.x, V.attn_norm, s.xn, n, E, cfg_.norm_eps, L.wq.type, s.act, stream_);
+    s.act_type = L.wq.type;
+    mm_exact(s, L.wq, s.xn, E, n, s.q, false, true);
     mm_exact(s, L.wk, s.xn, E, n, s.k, false, true);
     mm_exact(s, L.wv, s.xn, E, n, s.v, false, true);
     ex::bias_rope_store(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io, kcache,
                         vcache, stream_);
-    ex::attention(s.q, kcache, vcache, s.att, n, shape_, n_ctx_, s.io, s.attn_scr, stream_);
-    mm_exact(s, L.wo, s.att, QD, n, s.x, true, false);  // x += Wo att
+    ex::attention_act(s.q, kcache, vcache, s.att, n, shape_, n_ctx_, s.io, s.attn_scr, L.wo.type,
+                      s.act, stream_);
+    s.act_type = L.wo.type;
+    mm_exact(s, L.wo, s.att, QD, n, s.x, true, true);  // x += Wo att
     const int r0 = (last_only && il + 1 == layers_.size()) ? n - 1 : 0;
     const int nr = n - r0;
     float* xr = s.x + static_cast<size_t>(r0) * static_cast<size_t>(E);
-    ex::rmsnorm(xr, V.ffn_norm, s.xn, nr, E, cfg_.norm_eps, stream_);
-    mm_exact(s, L.gate, s.xn, E, nr, s.g, false, false);
+    ex::rmsnorm_act(xr, V.ffn_norm, s.xn, nr, E, cfg_.norm_eps, L.gate.type, s.act, stream_);
+    s.act_type = L.gate.type;
+    mm_exact(s, L.gate, s.xn, E, nr, s.g, false, true);
     mm_exact(s, L.up, s.xn, E, nr, s.u, false, true);
-    ex::swiglu(s.g, s.u, nr, F, stream_);
-    mm_exact(s, L.down, s.g, F, nr, xr, true, false);  // x += Wdown act
+    ex::swiglu_act(s.g, s.u, nr, F, L.down.type, s.act, stream_);
+    s.act_type = L.down.type;
+    mm_exact(s, L.down, s.g, F, nr, xr, true, true);  // x += Wdown act
   }
 }
 
@@ -705,9 +715,8 @@ void CudaEngine::final_logits_exact(Scratch& s, int first_row, int n_out, int ro
   namespace ex = kern::exact;
   const int E = static_cast<int>(cfg_.n_embd);
   const size_t V = static_cast<size_t>(cfg_.vocab_size);
-  ex::rmsnorm(s.x + static_cast<size_t>(first_row) * static_cast<size_t>(E), out_norm_f32_, s.xn,
-              n_out, E, cfg_.norm_eps, stream_);
-  ex::quantize_act(output_.type, s.xn, n_out, E, s.act, stream_);
+  ex::rmsnorm_act(s.x + static_cast<size_t>(first_row) * static_cast<size_t>(E), out_norm_f32_,
+                  s.xn, n_out, E, cfg_.norm_eps, output_.type, s.act, stream_);
   s.act_type = output_.type;
   for (int r = 0; r < n_out; r += rows_per_call) {
     const int rows = std::min(rows_per_call, n_out - r);
