@@ -345,7 +345,7 @@ TEST(ExactFusedGpu, RmsnormActMatchesUnfusedAndCpu) {
       for (GgmlType t : kTypes) {
         if (!type_fits(t, n)) continue;
         const std::string what = std::string("rmsnorm_act ") +
-                                 ggml_type_name(static_cast<uint32_t>(t)).data() + " n " +
+                                 std::string(ggml_type_name(static_cast<uint32_t>(t))) + " n " +
                                  std::to_string(n) + " rows " + std::to_string(rows);
         DevArray<float> y_f(x.size()), y_u(x.size());
         ActDev af(rows, n), au(rows, n);
@@ -393,7 +393,7 @@ TEST(ExactFusedGpu, SwigluActMatchesUnfusedAndCpu) {
       for (GgmlType t : kTypes) {
         if (!type_fits(t, F)) continue;
         const std::string what = std::string("swiglu_act ") +
-                                 ggml_type_name(static_cast<uint32_t>(t)).data() + " F " +
+                                 std::string(ggml_type_name(static_cast<uint32_t>(t))) + " F " +
                                  std::to_string(F) + " rows " + std::to_string(rows);
         DevArray<float> g_f(g), g_u(g);
         ActDev af(rows, F), au(rows, F);
@@ -456,7 +456,7 @@ size_t run_attention_act_case(int hd, int group, int n_tok, int n_past, GgmlType
   DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, n_tok, nh));
   DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
   const std::string what = std::string("attention_act ") +
-                           ggml_type_name(static_cast<uint32_t>(t)).data() + " hd " +
+                           std::string(ggml_type_name(static_cast<uint32_t>(t))) + " hd " +
                            std::to_string(hd) + " group " + std::to_string(group) + " n_tok " +
                            std::to_string(n_tok) + " n_past " + std::to_string(n_past);
   // Unfused on the GPU.
@@ -579,15 +579,20 @@ size_t run_rope_attention_case(const RopeCase& c, int n_past, GgmlType t, std::m
   DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, 1, nh));
   DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
   const std::string what = std::string("rope_attention_act ") +
-                           ggml_type_name(static_cast<uint32_t>(t)).data() + " hd " +
+                           std::string(ggml_type_name(static_cast<uint32_t>(t))) + " hd " +
                            std::to_string(hd) + " group " + std::to_string(c.group) + " n_rot " +
                            std::to_string(c.n_rot) + (c.neox ? " neox" : "") +
                            (c.bias ? " bias" : "") + " n_past " + std::to_string(n_past);
   size_t bad = 0;
   // Unfused on the GPU (pass 0), then fused with each cluster size.
+  DevArray<float> dq(q), dkc(kc), dvc(vc), dout(ref.size());
+  ActDev af(1, q_dim);
   for (int C : {-1, 0, 1, 2, 8}) {
-    DevArray<float> dq(q), dkc(kc), dvc(vc), dout(ref.size());
-    ActDev af(1, q_dim);
+    dq.upload(q);
+    dkc.upload(kc);
+    dvc.upload(vc);
+    dout.poison();
+    af.mem.poison();
     if (C < 0) {
       ex::bias_rope_store(dq.get(), dk.get(), dv.get(), c.bias ? dbq.get() : nullptr,
                           c.bias ? dbk.get() : nullptr, c.bias ? dbv.get() : nullptr, s, dtab.get(),
