@@ -32,7 +32,10 @@
 // replayed CUDA graph. No atomics; every result is computed in one fixed order.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <string>
+
+#include <cooperative_groups.h>
 
 #include "common.cuh"
 #include "common/errors.h"
@@ -46,6 +49,7 @@ namespace worker::kern::exact {
 namespace {
 
 namespace a16 = attn16;
+namespace cg = cooperative_groups;
 
 // Block-wide double sum (fixed tree: warp butterflies, then the warps' sums); every thread
 // gets the same bits. `sh` holds >= 32. (exact_ops.cu's, copied.)
@@ -279,6 +283,134 @@ __global__ void __launch_bounds__(LANES* DCH)
   }
 }
 
+// ---- attention, one token (decode): one launch -------------------------------------------
+//
+// a16_decode_kernel: a cluster of C blocks per head (C = 1: one block), all three phases in
+// one launch, bit for bit the three kernels above for n_tok == 1 (KQ and KQV by vec_dot_f16):
+//  1. scores: block r of the cluster takes the keys of 16-blocks [b_lo, b_hi) (one thread per
+//     key, attn16::kq_vecdot16 on the fp16-rounded query) and its max; cluster barrier; the max
+//     of the C block maxima (max: exact in any order).
+//  2. exps of its own 16-blocks and their hsum16; cluster barrier; every block sums all block
+//     sums in the softmax kernel's tree (256 threads, thread k summing blocks k, k + 256, ...,
+//     then the block's double tree), the same certainty check and sequential fallback: every
+//     block gets the CPU's inv.
+//  3. KQV for its share of the dims: 64 FMA chains per dim over cap = n_att rounded up to 64
+//     keys (vec_dot_f16's order; weights fp16(e * inv); zero FMAs in the padding), one thread
+//     running chains l and l + 32 (l < 32) of a dim and adding them (vecdot_reduce64's first
+//     level), then per dim the second level and hsum16: vecdot_reduce64 exactly (float + is
+//     commutative).
+// Scores and exps live in the scratch (token 0's slots of the batch layout), read across blocks
+// only after a cluster barrier (__threadfence, then the cluster barrier's release / acquire)
+// and through L2 (__ldcg). Geometry: n_head * C blocks, independent of n_past.
+
+constexpr int kDecThreads = 256;
+constexpr int kDecMaxHd = 256;
+constexpr int kDecMaxCluster = 8;
+static_assert(kDecThreads == kSoftmaxThreads, "the decode kernel reproduces the softmax tree");
+
+__device__ __forceinline__ void a16_cluster_sync(int C) {
+  if (C > 1) {
+    __threadfence();
+    cg::this_cluster().sync();
+  } else {
+    __syncthreads();
+  }
+}
+
+__global__ void __launch_bounds__(kDecThreads)
+    a16_decode_kernel(const float* __restrict__ q, const uint16_t* __restrict__ k_cache,
+                      const uint16_t* __restrict__ v_cache, float* __restrict__ scratch,
+                      float* __restrict__ out, int n_head, int group, int hd, int kv_dim,
+                      size_t stride, int cap_max, int C, float kq_scale,
+                      const int32_t* __restrict__ d_n_past) {
+  __shared__ float qs[kDecMaxHd];
+  __shared__ float r32[32 * kDecMaxHd];
+  __shared__ float shf[32];
+  __shared__ double shd[32];
+  __shared__ float sh_inv;
+  const int h = blockIdx.x / C, r = blockIdx.x % C, g = h / group;
+  const int tid = threadIdx.x;
+  griddep_wait();
+  const int n_att = d_n_past[0] + 1;
+  const int nb = (n_att + 15) / 16;
+  const int cap = (n_att + 63) & ~63;
+  const float* qh = q + static_cast<size_t>(h) * hd;
+  for (int i = tid; i < hd; i += kDecThreads) qs[i] = a16::round_f16(qh[i]);
+  __syncthreads();
+  float* sc = scratch + static_cast<size_t>(h) * stride;
+  float* bs = sc + cap_max;
+  float* pmax = bs + cap_max / 16 + 1;  // C <= 8 slots after inv's (the 16 spare floats)
+  const int per = (nb + C - 1) / C;
+  const int b_lo = min(nb, r * per), b_hi = min(nb, b_lo + per);
+  const int j_lo = 16 * b_lo, j_hi = min(n_att, 16 * b_hi);
+  // 1. scores of this block's keys
+  const uint16_t* kbase = k_cache + static_cast<size_t>(g) * hd;
+  float mx = -INFINITY;
+  for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {
+    const float s = a16::kq_vecdot16(kbase + static_cast<size_t>(j) * kv_dim, qs, hd) * kq_scale;
+    sc[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = block_max(mx, shf);
+  if (tid == 0) pmax[r] = mx;
+  a16_cluster_sync(C);
+  mx = -INFINITY;
+  for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
+  // 2. exps and 16-block sums of this block's keys
+  for (int b = b_lo + tid; b < b_hi; b += kDecThreads) {
+    float e[16];
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const int j = 16 * b + i;
+      e[i] = j < n_att ? math::expf_ggml(__ldcg(sc + j) - mx) : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sc[16 * b + i] = e[i];
+    bs[b] = math::hsum16(e);
+  }
+  a16_cluster_sync(C);
+  double s = 0.0;
+  for (int b = tid; b < nb; b += kDecThreads) s += static_cast<double>(__ldcg(bs + b));
+  s = a16_block_sum_double(s, shd);
+  float inv;
+  if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the block (and the cluster)
+    if (tid == 0) {
+      double qd = 0.0;  // the CPU's order: block sums added one by one
+      for (int b = 0; b < nb; ++b) qd += static_cast<double>(__ldcg(bs + b));
+      sh_inv = math::softmax_inv(qd);
+    }
+    __syncthreads();
+    inv = sh_inv;
+  }
+  // 3. KQV for dims [d_lo, d_lo + dn): task (l, d), l < 32, runs chains l and l + 32.
+  const int dper = (hd + C - 1) / C;
+  const int d_lo = min(hd, r * dper), dn = min(hd, d_lo + dper) - d_lo;
+  const uint16_t* vbase = v_cache + static_cast<size_t>(g) * hd + d_lo;
+  for (int task = tid; task < 32 * dn; task += kDecThreads) {
+    const int dl = task % dn, l = task / dn;
+    const uint16_t* vcol = vbase + dl;
+    float a0 = 0.0f, a1 = 0.0f;  // chains l and l + 32
+    for (int base = 0; base < cap; base += 64) {
+      const int j0 = base + l, j1 = j0 + 32;
+      // Beyond n_att: the CPU's zero-padded values times zero weights.
+      a0 = j0 < n_att ? fmaf(a16::h2f(vcol[static_cast<size_t>(j0) * kv_dim]),
+                             a16::prob16(__ldcg(sc + j0), inv), a0)
+                      : fmaf(0.0f, 0.0f, a0);
+      a1 = j1 < n_att ? fmaf(a16::h2f(vcol[static_cast<size_t>(j1) * kv_dim]),
+                             a16::prob16(__ldcg(sc + j1), inv), a1)
+                      : fmaf(0.0f, 0.0f, a1);
+    }
+    r32[l * dn + dl] = a0 + a1;  // vecdot_reduce64's first level: acc[l] + acc[32 + l]
+  }
+  __syncthreads();
+  for (int dl = tid; dl < dn; dl += kDecThreads) {
+    float rr[16];  // second level: (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l])
+#pragma unroll
+    for (int i = 0; i < 16; ++i) rr[i] = r32[i * dn + dl] + r32[(i + 16) * dn + dl];
+    out[static_cast<size_t>(h) * hd + d_lo + dl] = math::hsum16(rr);
+  }
+}
+
 __global__ void a16_f16_bits_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
                                     size_t n) {
   griddep_wait();
@@ -299,9 +431,68 @@ void check_shape16(const AttnShape& s, const char* what) {
   }
 }
 
+// Blocks per head of the decode kernel: enough to spread the heads over the SMs (14 heads: 8 ->
+// 112 blocks), a power of two <= 8 (the portable cluster size).
+int decode_cluster16(int n_head) {
+  int c = kDecMaxCluster;
+  while (c > 1 && n_head * c > 160) c /= 2;
+  return c;
+}
+
+void launch_decode16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, float* out,
+                     const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+                     int cluster, cudaStream_t stream) {
+  const ScratchLayout lay = scratch_layout(n_ctx, 1, s.n_head);
+  const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
+  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(s.n_head * cluster));
+  cfg.blockDim = dim3(kDecThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[2] = {};
+  unsigned na = 0;
+  if (cluster > 1) {
+    attr[na].id = cudaLaunchAttributeClusterDimension;
+    attr[na].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attr[na].val.clusterDim.y = 1;
+    attr[na].val.clusterDim.z = 1;
+    ++na;
+  }
+  const char* name = "a16_decode_kernel";
+  if (pdl_enabled() && !pdl_skipped(name)) {
+    attr[na].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[na].val.programmaticStreamSerializationAllowed = 1;
+    ++na;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = na;
+  cuda_check(
+      cudaLaunchKernelEx(&cfg, a16_decode_kernel, q, k_cache, v_cache, scratch, out, s.n_head,
+                         group, hd, kv_dim, lay.stride, lay.cap_max, cluster, kq_scale, d_n_past),
+      name, __FILE__, __LINE__);
+  CUDA_CHECK_LAUNCH(name);
+}
+
 }  // namespace
 
 namespace attn16 {
+void attention_f16_decode_for_tests(const float* q, const uint16_t* k_cache,
+                                    const uint16_t* v_cache, float* out, int n_head, int n_head_kv,
+                                    int head_dim, int n_ctx, const int32_t* d_n_past,
+                                    float* scratch, int cluster) {
+  AttnShape s;
+  s.n_head = n_head;
+  s.n_head_kv = n_head_kv;
+  s.head_dim = head_dim;
+  s.n_rot = 0;
+  check_shape16(s, "attention_f16_decode_for_tests");
+  if (head_dim > kDecMaxHd || (cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8)) {
+    throw WorkerError(ErrorCode::Internal, "attention_f16_decode_for_tests: unsupported shape");
+  }
+  launch_decode16(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, cluster, cudaStream_t{});
+}
+
 void device_f16_bits_for_tests(const float* x, uint16_t* y, size_t n) {
   launch_pdl("a16_f16_bits_kernel", a16_f16_bits_kernel, dim3(1024), dim3(256), cudaStream_t{}, x,
              y, n);
@@ -332,6 +523,11 @@ void attention_f16(const float* q, const uint16_t* k_cache, const uint16_t* v_ca
                    float* scratch, cudaStream_t stream) {
   check_shape16(s, "exact::attention_f16");
   if (n_tok <= 0) return;
+  if (n_tok == 1 && s.head_dim <= kDecMaxHd) {  // decode: one launch
+    launch_decode16(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
+                    decode_cluster16(s.n_head), stream);
+    return;
+  }
   const ScratchLayout lay = scratch_layout(n_ctx, n_tok, s.n_head);
   const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));

@@ -74,4 +74,12 @@ __host__ __device__ inline float prob16(float e, float inv) {
 // Test hook (exact_attn16.cu): y[i] = f2h(x[i]) on the device for i < n (x, y device memory).
 void device_f16_bits_for_tests(const float* x, uint16_t* y, size_t n);
 
+// Test hook (exact_attn16.cu): attention_f16's one-token kernel with `cluster` blocks per head
+// (1, 2, 4 or 8; attention_f16 picks it from n_head), so the tests cover every cluster size.
+// Shapes as attention_f16 (n_rot unused), head_dim <= 256.
+void attention_f16_decode_for_tests(const float* q, const uint16_t* k_cache,
+                                    const uint16_t* v_cache, float* out, int n_head, int n_head_kv,
+                                    int head_dim, int n_ctx, const int32_t* d_n_past,
+                                    float* scratch, int cluster);
+
 }  // namespace worker::kern::exact::attn16

@@ -392,5 +392,67 @@ TEST(ExactAttn16Gpu, AttentionF16OddHeadAndLongContextMatchCpu) {
   EXPECT_EQ(bad, 0u);
 }
 
+// The one-token kernel with every cluster size (attn16::attention_f16_decode_for_tests) and
+// attention_f16's own choice, vs cpu::attention_head_f16 (vec_dot_f16 for KQ and KQV).
+// REQ: M0-W-1201 WRK-D15
+TEST(ExactAttn16Gpu, AttentionF16DecodeEveryClusterMatchesCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(167);
+  size_t bad = 0, runs = 0;
+  for (int hd : {8, 64, 128}) {
+    for (int group : {1, 2, 7}) {
+      for (int n_past : {0, 37, 1000}) {
+        const int nkv = 2, nh = nkv * group, q_dim = nh * hd, kv_dim = nkv * hd;
+        const int n_ctx = 1100, n_att = n_past + 1;
+        std::vector<uint16_t> k16(static_cast<size_t>(n_ctx) * kv_dim, uint16_t{0x7E00});
+        std::vector<uint16_t> v16 = k16;
+        const auto kr = to_f16(uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f));
+        const auto vr = to_f16(uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f));
+        std::copy(kr.begin(), kr.end(), k16.begin());
+        std::copy(vr.begin(), vr.end(), v16.begin());
+        const auto kc = from_f16(k16), vc = from_f16(v16);
+        const auto q = uniform(static_cast<size_t>(q_dim), rng, -4.0f, 4.0f);
+        const int cap = (n_att + 63) & ~63;
+        const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        std::vector<float> ref(static_cast<size_t>(q_dim)), q16(static_cast<size_t>(hd)),
+            sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+        for (int h = 0; h < nh; ++h) {
+          const int g = h / group;
+          cpu::attention_head_f16(q.data() + h * hd, kc.data() + g * hd, vc.data() + g * hd, kv_dim,
+                                  hd, n_att, cap, false, false, kq_scale, q16.data(), sc.data(),
+                                  col.data(), ref.data() + h * hd);
+        }
+        DevArray<float> dq(q);
+        DevArray<uint16_t> dk(k16), dv(v16);
+        DevArray<float> scratch(ex::attention_f16_scratch_floats(n_ctx, 1, nh));
+        DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
+        for (int C : {0, 1, 2, 4, 8}) {  // 0: exact::attention_f16
+          DevArray<float> dout(ref.size());
+          ex::AttnShape s;
+          s.n_head = nh;
+          s.n_head_kv = nkv;
+          s.head_dim = hd;
+          s.n_rot = hd;
+          if (C == 0) {
+            ex::attention_f16(dq.get(), dk.get(), dv.get(), dout.get(), 1, s, n_ctx, dnp.get(),
+                              scratch.get(), nullptr);
+          } else {
+            a16::attention_f16_decode_for_tests(dq.get(), dk.get(), dv.get(), dout.get(), nh, nkv,
+                                                hd, n_ctx, dnp.get(), scratch.get(), C);
+          }
+          CK(cudaDeviceSynchronize());
+          bad += mismatches(dout.download(), ref,
+                            "decode16 C " + std::to_string(C) + " hd " + std::to_string(hd) +
+                                " group " + std::to_string(group) + " n_past " +
+                                std::to_string(n_past));
+          ++runs;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(runs, 135u);
+}
+
 }  // namespace
 }  // namespace worker
