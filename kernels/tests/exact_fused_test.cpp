@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -639,6 +640,153 @@ TEST(ExactFusedGpu, RopeAttentionActMatchesUnfusedAndCpu) {
     }
   }
   EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
+}
+
+// The 0.5B model's decode shapes (hidden 896, FFN 4864, 14 heads of 64, 2 KV heads,
+// n_past 1000): time per call of the fused kernels and of the unfused sequences they
+// replace, each captured N times in a CUDA graph (PDL edges as in the engine's decode step),
+// printed; the fused results must equal the unfused ones bit for bit.
+struct GraphTimer {
+  cudaStream_t st = nullptr;
+  GraphTimer() { cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking); }
+  ~GraphTimer() { cudaStreamDestroy(st); }
+  // Microseconds per repetition of body(stream), or -1 on a CUDA error.
+  template <typename F>
+  double us(F&& body, int reps) {
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
+    for (int i = 0; i < reps; ++i) body(st);
+    if (cudaStreamEndCapture(st, &g) != cudaSuccess) return -1;
+    if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return -1;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaGraphLaunch(ge, st);  // warm-up
+    cudaEventRecord(e0, st);
+    cudaGraphLaunch(ge, st);
+    cudaEventRecord(e1, st);
+    const bool ok = cudaStreamSynchronize(st) == cudaSuccess;
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    return ok ? 1000.0 * static_cast<double>(ms) / reps : -1;
+  }
+};
+
+// REQ: WRK-D15
+TEST(ExactFusedGpu, DecodeShapesTimingAndEquality) {
+  REQUIRE_GPU();
+  const bool quick = std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
+  const int reps = quick ? 1 : 50;
+  std::mt19937 rng(47);
+  const int n = 896, F = 4864, nh = 14, nkv = 2, hd = 64, n_past = 1000, n_ctx = 2048;
+  const int q_dim = nh * hd, kv_dim = nkv * hd;
+  const auto x = uniform(static_cast<size_t>(n), rng, -3.0f, 3.0f);
+  const auto w = uniform(static_cast<size_t>(n), rng, -2.0f, 2.0f);
+  const auto g = uniform(static_cast<size_t>(F), rng, -30.0f, 30.0f);
+  const auto u = uniform(static_cast<size_t>(F), rng, -2.0f, 2.0f);
+  const auto cache = uniform(static_cast<size_t>(n_ctx) * kv_dim, rng, -1.0f, 1.0f);
+  const auto q = uniform(static_cast<size_t>(q_dim), rng, -2.0f, 2.0f);
+  const auto kv = uniform(static_cast<size_t>(kv_dim), rng, -1.0f, 1.0f);
+  const auto bias = uniform(static_cast<size_t>(q_dim), rng, -0.5f, 0.5f);
+  const float ts = cpu::rope_theta_scale(1000000.0f, hd);
+  std::vector<float> table(static_cast<size_t>(n_ctx) * hd);
+  ex::rope_table_host(n_ctx, hd, ts, table.data());
+  DevArray<float> dx(x), dw(w), dy1(x.size()), dy2(x.size()), dg(g), du(u), dg1(g), dg2(g);
+  DevArray<float> dkc(cache), dvc(cache), dkc2(cache), dvc2(cache), dq(q), dq1(q), dq2(q);
+  DevArray<float> dk(kv), dv(kv), db(bias), dtab(table), dout1(q.size()), dout2(q.size());
+  DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, 1, nh));
+  DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
+  ex::AttnShape s;
+  s.n_head = nh;
+  s.n_head_kv = nkv;
+  s.head_dim = hd;
+  s.n_rot = hd;
+  s.neox = true;
+  GraphTimer tm;
+  size_t bad = 0;
+  for (GgmlType t : {GgmlType::F16, GgmlType::Q8_0}) {
+    const auto at = static_cast<uint32_t>(t);
+    const std::string tn(ggml_type_name(at));
+    ActDev a1(1, F), a2(1, F);
+    const double rn_u = tm.us(
+        [&](cudaStream_t st) {
+          ex::rmsnorm(dx.get(), dw.get(), dy1.get(), 1, n, 1e-6f, st);
+          ex::quantize_act(at, dy1.get(), 1, n, a1.a, st);
+        },
+        reps);
+    const double rn_f = tm.us(
+        [&](cudaStream_t st) {
+          ex::rmsnorm_act(dx.get(), dw.get(), dy2.get(), 1, n, 1e-6f, at, a2.a, st);
+        },
+        reps);
+    bad += mismatches(dy2.download(), dy1.download(), tn + " timing rmsnorm y");
+    bad += act_mismatches(gpu_act(t, a2.a, 1, n), gpu_act(t, a1.a, 1, n), tn + " timing rmsnorm");
+    // swiglu works in place: each repetition starts from the previous output (same in both).
+    dg1.upload(g);
+    dg2.upload(g);
+    const double sw_u = tm.us(
+        [&](cudaStream_t st) {
+          ex::swiglu(dg1.get(), du.get(), 1, F, st);
+          ex::quantize_act(at, dg1.get(), 1, F, a1.a, st);
+        },
+        reps);
+    const double sw_f = tm.us(
+        [&](cudaStream_t st) { ex::swiglu_act(dg2.get(), du.get(), 1, F, at, a2.a, st); }, reps);
+    bad += mismatches(dg2.download(), dg1.download(), tn + " timing swiglu g");
+    bad += act_mismatches(gpu_act(t, a2.a, 1, F), gpu_act(t, a1.a, 1, F), tn + " timing swiglu");
+    // Attention at n_past 1000 (the rotation of q repeats in place in both variants).
+    dq1.upload(q);
+    dq2.upload(q);
+    const double at_u = tm.us(
+        [&](cudaStream_t st) {
+          ex::bias_rope_store(dq1.get(), dk.get(), dv.get(), db.get(), db.get(), db.get(), s,
+                              dtab.get(), 1, dnp.get(), dkc.get(), dvc.get(), st);
+          ex::attention(dq1.get(), dkc.get(), dvc.get(), dout1.get(), 1, s, n_ctx, dnp.get(),
+                        scratch.get(), st);
+          ex::quantize_act(at, dout1.get(), 1, q_dim, a1.a, st);
+        },
+        reps);
+    const double at_f = tm.us(
+        [&](cudaStream_t st) {
+          ex::rope_attention_act(dq2.get(), dk.get(), dv.get(), db.get(), db.get(), db.get(), s,
+                                 dtab.get(), 1, dnp.get(), dkc2.get(), dvc2.get(), dout2.get(),
+                                 n_ctx, scratch.get(), at, a2.a, st);
+        },
+        reps);
+    bad += mismatches(dout2.download(), dout1.download(), tn + " timing attention out");
+    bad += mismatches(dq2.download(), dq1.download(), tn + " timing attention q");
+    bad += mismatches(dkc2.download(), dkc.download(), tn + " timing k cache");
+    bad += act_mismatches(gpu_act(t, a2.a, 1, q_dim), gpu_act(t, a1.a, 1, q_dim),
+                          tn + " timing attention");
+    std::printf(
+        "decode shapes, act %s, us per call in a graph: rmsnorm+act %.2f -> rmsnorm_act %.2f; "
+        "swiglu+act %.2f -> swiglu_act %.2f; bias_rope_store+attention+act (n_past %d) %.2f -> "
+        "rope_attention_act %.2f\n",
+        tn.c_str(), rn_u, rn_f, sw_u, sw_f, n_past, at_u, at_f);
+    EXPECT_GT(rn_f, 0.0);
+    EXPECT_GT(sw_f, 0.0);
+    EXPECT_GT(at_f, 0.0);
+  }
+  // The decode kernel's cluster sizes (attention alone).
+  for (int C : {1, 2, 4, 8}) {
+    xm::set_decode_cluster_for_tests(C);
+    const double t_us = tm.us(
+        [&](cudaStream_t st) {
+          ex::attention(dq1.get(), dkc.get(), dvc.get(), dout2.get(), 1, s, n_ctx, dnp.get(),
+                        scratch.get(), st);
+        },
+        reps);
+    xm::set_decode_cluster_for_tests(0);
+    std::printf("decode attention, n_past %d, %d blocks per head: %.2f us per call\n", n_past, C,
+                t_us);
+    EXPECT_GT(t_us, 0.0);
+  }
+  EXPECT_EQ(bad, 0u);
 }
 
 }  // namespace

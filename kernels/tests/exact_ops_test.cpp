@@ -5,7 +5,9 @@
 //    softmax, their certainty checks and sequential fallbacks, the KQV lane chains and their
 //    combining trees) replayed on the host with the same math:: helpers the kernels call
 //    (kernels/exact_ops_math.cuh), compared with cpu::rms_norm_row / rope_row /
-//    attention_head / swiglu_row / ggml_expf. Proves the algorithms.
+//    attention_head / swiglu_row / ggml_expf. Proves the algorithms. (AttentionDecode*: the
+//    one-launch decode kernel's split over a cluster of C blocks per head and its regrouped
+//    KQV chains.)
 //  - ExactOpsGpu.*: the CUDA kernels, compared over the full output with the cpu:: functions;
 //    outputs poisoned (NaN) before each run, cache rows that must not be read are NaN.
 #include <gtest/gtest.h>
