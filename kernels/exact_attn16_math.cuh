@@ -34,6 +34,36 @@ __host__ __device__ inline float round_f16(float x) {
   return h2f(f2h(x));
 }
 
+// n (8 or 16) consecutive fp16 values at p as floats (exact conversions). On the device, when p
+// is 16-byte aligned, as 16-byte loads (the K rows are read by one thread each); the values are
+// the same either way.
+template <int N>
+__host__ __device__ inline void load_f16(const uint16_t* p, bool aligned, float* f) {
+#if defined(__CUDA_ARCH__)
+  if (aligned) {
+    EXOPS_UNROLL
+    for (int c = 0; c < N / 8; ++c) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + c);
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+      EXOPS_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        f[8 * c + 2 * i] = h2f(static_cast<uint16_t>(w[i] & 0xFFFFu));  // little endian
+        f[8 * c + 2 * i + 1] = h2f(static_cast<uint16_t>(w[i] >> 16));
+      }
+    }
+    return;
+  }
+#else
+  (void)aligned;
+#endif
+  EXOPS_UNROLL
+  for (int i = 0; i < N; ++i) f[i] = h2f(p[i]);
+}
+
+__host__ __device__ inline bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
 // KQ score of one key row (head_dim fp16 values) with the fp16-rounded query q, in the order
 // llama.cpp's mul_mat(K F16, q) takes for the batch:
 // tinyBLAS F16 x F16 (batch >= 2 tokens, head_dim % 16 == 0): lane l = FMA chain over the
@@ -42,9 +72,12 @@ __host__ __device__ inline float kq_tiny16(const uint16_t* k, const float* q, in
   float acc[16];
   EXOPS_UNROLL
   for (int l = 0; l < 16; ++l) acc[l] = 0.0f;
+  const bool al = aligned16(k);  // hd % 16 == 0 here: every step stays aligned
   for (int i = 0; i < hd; i += 16) {
+    float kf[16];
+    load_f16<16>(k + i, al, kf);
     EXOPS_UNROLL
-    for (int l = 0; l < 16; ++l) acc[l] = fmaf(h2f(k[i + l]), q[i + l], acc[l]);
+    for (int l = 0; l < 16; ++l) acc[l] = fmaf(kf[l], q[i + l], acc[l]);
   }
   return math::hsum16(acc);
 }
@@ -56,9 +89,12 @@ __host__ __device__ inline float kq_vecdot16(const uint16_t* k, const float* q, 
   EXOPS_UNROLL
   for (int l = 0; l < 64; ++l) acc[l] = 0.0f;
   const int np = hd & ~63;
+  const bool al = aligned16(k);
   for (int i = 0; i < np; i += 64) {
+    float kf[64];
+    load_f16<64>(k + i, al, kf);
     EXOPS_UNROLL
-    for (int l = 0; l < 64; ++l) acc[l] = fmaf(h2f(k[i + l]), q[i + l], acc[l]);
+    for (int l = 0; l < 64; ++l) acc[l] = fmaf(kf[l], q[i + l], acc[l]);
   }
   double s = static_cast<double>(math::vecdot_reduce64(acc));
   for (int i = np; i < hd; ++i) s += static_cast<double>(math::mul_rn(h2f(k[i]), q[i]));
