@@ -198,6 +198,100 @@ TEST(ExactAttn16Host, AttentionEmulationMatchesCpu) {
   EXPECT_EQ(heads, 84u);
 }
 
+// a16_decode_kernel for one head with C blocks: block r scores the keys of its 16-blocks and
+// takes their max, the max of the C maxima, exps and hsum16 per 16-block, the 256-thread
+// double tree over all block sums (certainty check, sequential fallback), then KQV with one
+// task per (chain pair l / l + 32, dim): a0 + a1, then the pairs (i, i + 16) and hsum16.
+void emu_decode16(const float* qh, const uint16_t* k, const uint16_t* v, int kv_dim, int hd,
+                  int n_att, int C, float kq_scale, float* out) {
+  std::vector<float> qs(static_cast<size_t>(hd));
+  for (int i = 0; i < hd; ++i) qs[static_cast<size_t>(i)] = a16::round_f16(qh[i]);
+  const int nb = (n_att + 15) / 16, cap = (n_att + 63) & ~63;
+  std::vector<float> sc(static_cast<size_t>(16 * nb), 0.0f), bs(static_cast<size_t>(nb));
+  const int per = (nb + C - 1) / C;
+  std::vector<float> pmax(static_cast<size_t>(C), -INFINITY);
+  for (int r = 0; r < C; ++r) {
+    const int b_lo = std::min(nb, r * per), b_hi = std::min(nb, b_lo + per);
+    for (int j = 16 * b_lo; j < std::min(n_att, 16 * b_hi); ++j) {
+      sc[static_cast<size_t>(j)] =
+          a16::kq_vecdot16(k + static_cast<size_t>(j) * kv_dim, qs.data(), hd) * kq_scale;
+      pmax[static_cast<size_t>(r)] =
+          std::fmax(pmax[static_cast<size_t>(r)], sc[static_cast<size_t>(j)]);
+    }
+  }
+  float mx = -INFINITY;
+  for (float m : pmax) mx = std::fmax(mx, m);
+  for (int b = 0; b < nb; ++b) {
+    for (int i = 0; i < 16; ++i) {
+      const int j = 16 * b + i;
+      sc[static_cast<size_t>(j)] =
+          j < n_att ? xm::expf_ggml(sc[static_cast<size_t>(j)] - mx) : 0.0f;
+    }
+    bs[static_cast<size_t>(b)] = xm::hsum16(sc.data() + 16 * b);
+  }
+  std::vector<double> part(256, 0.0);
+  for (int b = 0; b < nb; ++b)
+    part[static_cast<size_t>(b % 256)] += static_cast<double>(bs[static_cast<size_t>(b)]);
+  float inv;
+  if (!xm::softmax_inv_certain(emu_block_sum_double(part), nb, &inv)) {
+    double qd = 0.0;
+    for (float b : bs) qd += static_cast<double>(b);
+    inv = xm::softmax_inv(qd);
+  }
+  for (int d = 0; d < hd; ++d) {
+    float r32[32];
+    for (int l = 0; l < 32; ++l) {
+      float a0 = 0.0f, a1 = 0.0f;
+      for (int base = 0; base < cap; base += 64) {
+        const int j0 = base + l, j1 = j0 + 32;
+        a0 = j0 < n_att ? std::fma(a16::h2f(v[static_cast<size_t>(j0) * kv_dim + d]),
+                                   a16::prob16(sc[static_cast<size_t>(j0)], inv), a0)
+                        : std::fma(0.0f, 0.0f, a0);
+        a1 = j1 < n_att ? std::fma(a16::h2f(v[static_cast<size_t>(j1) * kv_dim + d]),
+                                   a16::prob16(sc[static_cast<size_t>(j1)], inv), a1)
+                        : std::fma(0.0f, 0.0f, a1);
+      }
+      r32[l] = a0 + a1;
+    }
+    float rr[16];
+    for (int i = 0; i < 16; ++i) rr[i] = r32[i] + r32[i + 16];
+    out[d] = xm::hsum16(rr);
+  }
+}
+
+// HOST EMULATION of the one-token kernel, every cluster size, vs cpu::attention_head_f16.
+// REQ: M0-W-1201 WRK-D15
+TEST(ExactAttn16Host, DecodeEmulationMatchesCpu) {
+  std::mt19937 rng(168);
+  size_t bad = 0, heads = 0;
+  for (int hd : {8, 64, 128}) {
+    for (int n_att : {1, 17, 64, 65, 300, 1001}) {
+      const int kv_dim = 2 * hd, cap = (n_att + 63) & ~63;
+      const auto k16 = to_f16(uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f));
+      const auto v16 = to_f16(uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f));
+      const auto kc = from_f16(k16), vc = from_f16(v16);
+      const auto q = uniform(static_cast<size_t>(hd), rng, -4.0f, 4.0f);
+      const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      std::vector<float> ref(static_cast<size_t>(hd)), q16(static_cast<size_t>(hd)),
+          sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+      cpu::attention_head_f16(q.data(), kc.data() + hd, vc.data() + hd, kv_dim, hd, n_att, cap,
+                              false, false, kq_scale, q16.data(), sc.data(), col.data(),
+                              ref.data());
+      for (int C : {1, 2, 4, 8}) {
+        std::vector<float> got(static_cast<size_t>(hd));
+        emu_decode16(q.data(), k16.data() + hd, v16.data() + hd, kv_dim, hd, n_att, C, kq_scale,
+                     got.data());
+        bad += mismatches(got, ref,
+                          "decode16 emulation C " + std::to_string(C) + " hd " +
+                              std::to_string(hd) + " n_att " + std::to_string(n_att));
+        ++heads;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(heads, 72u);
+}
+
 // ---- GPU tests ----------------------------------------------------------------------------
 
 // The device's fp16 rounding (__float2half_rn, the cache store and the q / probability
