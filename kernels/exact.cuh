@@ -130,6 +130,16 @@ bool qgemm_takes(uint32_t weight_type, int n_tok);
 void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
            bool accumulate, cudaStream_t stream);
 
+// One-token (decode) products tuned for memory bandwidth (exact_decode.cu: float weights,
+// a warp per row; exact_qdecode.cu: quantized weights): the same bits as matmul() with
+// n_tok = 1 (the vec_dot / gemv orders). *_takes() says whether a weight qualifies.
+bool matvec1_float_takes(uint32_t weight_type, int64_t cols);
+void matvec1_float(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
+                   cudaStream_t stream);
+bool matvec1_quant_takes(uint32_t weight_type, int64_t rows, int64_t cols);
+void matvec1_quant(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
+                   cudaStream_t stream);
+
 // ---------------------------------------------------------------------------------------
 // Fusions that cut launches in the decode step (exact_fused.cu); any n_tok works. Each
 // writes exactly what the unfused sequence writes.

@@ -1,0 +1,2 @@
+// Exact one-token products, see exact.cuh. (Being written.)
+#include "exact.cuh"
