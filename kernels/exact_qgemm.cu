@@ -48,10 +48,20 @@ using qg::kBR;
 using qg::kThreads;
 using qg::kUnits;
 using qg::Smem;
+using qg::Stage;
 using qm::Flavor;
 
-template <GgmlType T, Flavor FL, int TT>
-__global__ void __launch_bounds__(kThreads)
+// CTAs per SM the register budget is sized for (__launch_bounds__): 4 for the small Q0 tiles,
+// 3 for the largest Q0 tile, 2 for the K-quant and repack tiles (their chains / integer sums
+// need up to 128 registers).
+template <Flavor FL, int TT>
+constexpr int min_blocks() {
+  if constexpr (FL == Flavor::Q0Lanes) return TT >= 8 ? 3 : 4;
+  return 2;
+}
+
+template <GgmlType T, Flavor FL, int TT, bool PF>
+__global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
     qgemm_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                  const int8_t* __restrict__ aq, const float* __restrict__ ad,
                  const int32_t* __restrict__ abs, int n_tok, int gemm_end, float* __restrict__ y,
@@ -68,12 +78,26 @@ __global__ void __launch_bounds__(kThreads)
 
   Acc<FL, TT> a;
   qg::zero_acc(a);
+  Stage<T, FL, TT> st;
+  qg::fetch_w(tid, 0, w, rows, row_bytes, row0, nb, st);
+  griddep_wait();  // activations (and y) come from earlier kernels
+  qg::fetch_a(tid, 0, aq, ad, abs, cols, nb, tok0, n_tok, st);
   for (int step = 0; step < steps; ++step) {
-    if (step > 0) __syncthreads();  // the previous step's chains are done with s
-    qg::load_w<T, FL, TT>(tid, step, w, rows, row_bytes, row0, nb, s);
-    if (step == 0) griddep_wait();  // activations (and y) come from earlier kernels
-    qg::load_a<T, FL, TT>(tid, step, aq, ad, abs, cols, nb, tok0, n_tok, s);
+    if (step > 0) {
+      __syncthreads();  // the previous step's chains are done with s
+      if constexpr (!PF) {
+        qg::fetch_w(tid, step, w, rows, row_bytes, row0, nb, st);
+        qg::fetch_a(tid, step, aq, ad, abs, cols, nb, tok0, n_tok, st);
+      }
+    }
+    qg::commit(tid, st, s);
     __syncthreads();
+    if constexpr (PF) {  // the next step's loads fly while this step's chains run
+      if (step + 1 < steps) {
+        qg::fetch_w(tid, step + 1, w, rows, row_bytes, row0, nb, st);
+        qg::fetch_a(tid, step + 1, aq, ad, abs, cols, nb, tok0, n_tok, st);
+      }
+    }
     const int nunits = kK ? kUnits : min(kUnits, nb - step * kUnits);
     qg::compute_step<T, FL, TT>(tid, s, nunits, gmask, a);
   }
@@ -106,13 +130,22 @@ __global__ void __launch_bounds__(kThreads)
   qg::store_tile<FL, TT>(tid, s, row0, rows, tok0, n_tok, y, accumulate);
 }
 
+// Whether a tile prefetches the next step into registers by default (PF): where the Stage
+// registers fit beside the chains without dropping below 2 CTAs per SM.
+template <GgmlType T, Flavor FL, int TT>
+constexpr bool prefetch_default() {
+  return true;  // the same register counts as without (ptxas), the loads overlap the chains
+}
+
 template <GgmlType T, Flavor FL, int TT>
 void launch(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
-            bool accumulate, cudaStream_t stream) {
+            bool accumulate, cudaStream_t stream, int prefetch) {
   using G = Geo<FL, TT>;
   const dim3 grid(static_cast<unsigned>((w.rows + kBR - 1) / kBR),
                   static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
-  launch_pdl("exact_qgemm_kernel", qgemm_kernel<T, FL, TT>, grid, dim3(kThreads), stream,
+  const bool pf = prefetch < 0 ? prefetch_default<T, FL, TT>() : prefetch != 0;
+  auto* kernel = pf ? qgemm_kernel<T, FL, TT, true> : qgemm_kernel<T, FL, TT, false>;
+  launch_pdl("exact_qgemm_kernel", kernel, grid, dim3(kThreads), stream,
              static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),
              static_cast<int>(w.cols), w.row_bytes, static_cast<const int8_t*>(a.q),
              static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), n_tok, gemm_end,
@@ -136,27 +169,30 @@ int sm_count() {
 // Tokens per thread: the largest tile (most reuse of each shared-memory word) whose grid
 // still gives about two CTAs per SM; small grids (few rows or tokens) take smaller tiles.
 // Lane flavours BT = 4 TT (8 / 16 / 32 tokens per CTA), rep flavours BT = 16 TT (16 / 32 /
-// 64). Q4KLanes holds two chain sets per pair: at most TT = 4.
+// 64). Q4KLanes holds two chain sets per pair: at most TT = 4; Q4KRep at most TT = 2 (its
+// integer pair sums and two chains per output need ~128 registers there).
 template <GgmlType T, Flavor FL>
 void launch_tt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
-               bool accumulate, cudaStream_t stream) {
+               bool accumulate, cudaStream_t stream, int prefetch) {
   const int64_t gx = (w.rows + kBR - 1) / kBR;
   const int64_t fill = 2 * static_cast<int64_t>(sm_count());
   auto enough = [&](int bt) { return gx * ((n_tok + bt - 1) / bt) >= fill; };
   if constexpr (qg::lane_flavor<FL>()) {
     if (FL != Flavor::Q4KLanes && n_tok > 16 && enough(32))
-      launch<T, FL, (FL == Flavor::Q4KLanes ? 4 : 8)>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch<T, FL, (FL == Flavor::Q4KLanes ? 4 : 8)>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                      prefetch);
     else if (n_tok > 8 && enough(16))
-      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
     else
-      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
   } else {
-    if (n_tok > 32 && enough(64))
-      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    if (FL != Flavor::Q4KRep && n_tok > 32 && enough(64))
+      launch<T, FL, (FL == Flavor::Q4KRep ? 2 : 4)>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                    prefetch);
     else if (n_tok > 16 && enough(32))
-      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
     else
-      launch<T, FL, 1>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch<T, FL, 1>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
   }
 }
 
@@ -177,8 +213,9 @@ bool qgemm_takes(uint32_t weight_type, int n_tok) {
   return is_quant(static_cast<GgmlType>(weight_type)) && n_tok >= kQgemmMinTokens;
 }
 
-void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
-           bool accumulate, cudaStream_t stream) {
+namespace qg {
+void qgemm_variant(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
+                   float* y, bool accumulate, cudaStream_t stream, int prefetch) {
   const auto t = static_cast<GgmlType>(w.type);
   const std::string tn(ggml_type_name(w.type));
   if (!is_quant(t)) throw WorkerError(ErrorCode::Internal, "qgemm: unsupported weight type " + tn);
@@ -196,28 +233,42 @@ void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& or
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
   switch (t) {
     case GgmlType::Q8_0:
-      launch_tt<GgmlType::Q8_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch_tt<GgmlType::Q8_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                 prefetch);
       return;
     case GgmlType::Q5_0:
-      launch_tt<GgmlType::Q5_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch_tt<GgmlType::Q5_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                 prefetch);
       return;
     case GgmlType::Q4_0:
       if (rep)
-        launch_tt<GgmlType::Q4_0, Flavor::Q4_0Rep>(w, a, n_tok, gemm_end, y, accumulate, stream);
+        launch_tt<GgmlType::Q4_0, Flavor::Q4_0Rep>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                   prefetch);
       else
-        launch_tt<GgmlType::Q4_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+        launch_tt<GgmlType::Q4_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                   prefetch);
       return;
     case GgmlType::Q4_K:
       if (rep)
-        launch_tt<GgmlType::Q4_K, Flavor::Q4KRep>(w, a, n_tok, gemm_end, y, accumulate, stream);
+        launch_tt<GgmlType::Q4_K, Flavor::Q4KRep>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                  prefetch);
       else
-        launch_tt<GgmlType::Q4_K, Flavor::Q4KLanes>(w, a, n_tok, gemm_end, y, accumulate, stream);
+        launch_tt<GgmlType::Q4_K, Flavor::Q4KLanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                                    prefetch);
       return;
     case GgmlType::Q6_K:
-      launch_tt<GgmlType::Q6_K, Flavor::Q6K>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      launch_tt<GgmlType::Q6_K, Flavor::Q6K>(w, a, n_tok, gemm_end, y, accumulate, stream,
+                                             prefetch);
       return;
     default: break;
   }
+}
+
+}  // namespace qg
+
+void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
+           bool accumulate, cudaStream_t stream) {
+  qg::qgemm_variant(w, a, n_tok, order, y, accumulate, stream, -1);
 }
 
 }  // namespace worker::kern::exact

@@ -7,7 +7,7 @@
 // Tiling: a CTA of kThreads threads owns kBR = 32 weight rows x BT tokens and walks the
 // row in steps of 256 elements (8 Q0 blocks or one K super-block). Per step the whole CTA
 // unpacks the 32 rows' weights to int8 (one 32-element unit per thread) and copies the BT
-// tokens' activation quants into shared memory (load_w / load_a); then every thread runs
+// tokens' activation quants into shared memory (fetch_w / fetch_a / commit); then every thread runs
 // its chains over the step's blocks in order (compute_step), its chain values in registers.
 //  - "lane" flavours (Q0Lanes, Q6K, Q4KLanes): the 8 lane chains of a (row, token) live in 8
 //    threads (L = lane & 7): thread L takes word L (elements 4L..4L+3) of every 32-element
@@ -22,12 +22,19 @@
 
 #include <cstring>
 
+#include "exact.cuh"
 #include "exact_quant_math.cuh"
 #include "gguf/ggml_types.h"
 
 namespace worker::kern::exact::qg {
 
 using qm::Flavor;
+
+// qgemm with the kernel variant chosen: prefetch 1 = the next step's global loads are issued
+// before this step's chains run (Stage registers), 0 = loaded after the barrier, -1 = the
+// default per tile (what qgemm() runs). The GPU tests check and time both.
+void qgemm_variant(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
+                   float* y, bool accumulate, cudaStream_t stream, int prefetch);
 
 constexpr int kThreads = 256;  // 8 warps
 constexpr int kBR = 32;        // weight rows per CTA
@@ -123,98 +130,169 @@ EXQ_HD uint32_t sub16_bytes(uint32_t v) {
   return x | ((x & 0x10101010u) * 0x0Fu);
 }
 
-// ---- weight unpacking: one 32-element unit as 8 words of int8 in element order ----
+// ---- the load phase of one step ----
+// Split in two so that the kernel can issue step s + 1's global loads before it runs step
+// s's chains (the loads in flight meanwhile): fetch_* reads global memory into a thread's
+// Stage registers (raw weight words, activation vectors); commit writes them, the weights
+// unpacked to int8, into shared memory. Without prefetching the kernel calls them back to
+// back.
 
-// Q8_0 / Q4_0 / Q5_0 block at p (2-byte aligned); d: its fp16 scale as float.
-template <GgmlType T>
-EXQ_HD void unpack_q0(const uint8_t* p, uint32_t (&w)[8], float& d) {
-  d = qm::half_bits(qm::ld_u16(p));
-  if constexpr (T == GgmlType::Q8_0) {
-    qm::ld_words(p + 2, w);
-  } else if constexpr (T == GgmlType::Q4_0) {
-    uint32_t q[4];
-    qm::ld_words(p + 2, q);
-    for (int i = 0; i < 4; ++i) {
-      w[i] = sub8_bytes(q[i] & 0x0F0F0F0Fu);             // elements 4i..: low nibbles
-      w[i + 4] = sub8_bytes((q[i] >> 4) & 0x0F0F0F0Fu);  // elements 16+4i..: high nibbles
-    }
-  } else {  // Q5_0: qh (bit e = fifth bit of element e), then qs as Q4_0
-    uint32_t q[5];
-    qm::ld_words(p + 2, q);
-    const uint32_t qh = q[0];
-    for (int i = 0; i < 8; ++i) {
-      const uint32_t nib = (i < 4 ? q[1 + i] : (q[1 + i - 4] >> 4)) & 0x0F0F0F0Fu;
-      const uint32_t h = (qh >> (4 * i)) & 0xFu;  // fifth bits of elements 4i..4i+3
-      const uint32_t hb = ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
-      w[i] = sub16_bytes(nib | hb);
-    }
-  }
-}
-
-// Q4_K super-block at p, sub-block s: its 32 nibbles (unsigned 0..15), 6-bit scale and min;
-// d / dmin: the block's fp16 scales.
-EXQ_HD void unpack_q4k(const uint8_t* p, int s, uint32_t (&w)[8], int& sc, int& mn, float& d,
-                       float& dmin) {
-  uint32_t hw[4];
-  qm::ld_words(p, hw);
-  d = qm::half_bits(hw[0]);
-  dmin = qm::half_bits(hw[0] >> 16);
-  const uint32_t scw[3] = {hw[1], hw[2], hw[3]};
-  qm::q4k_scale_min_w(s, scw, sc, mn);
-  uint32_t q[8];
-  qm::ld_words(p + 16 + 32 * (s >> 1), q);
-  const int shift = 4 * (s & 1);
-  for (int t = 0; t < 8; ++t) w[t] = (q[t] >> shift) & 0x0F0F0F0Fu;
-}
-
-// Q6_K super-block at p, sub-block g (elements 32g..32g+31): unsigned 6-bit quants, the
-// int8 scales 2g, 2g+1 and d.
-EXQ_HD void unpack_q6k(const uint8_t* p, int g, uint32_t (&w)[8], int& sc0, int& sc1, float& d) {
-  uint32_t ql[8], qh[8];
-  qm::ld_words(p + qm::q6k_ql_off(g), ql);
-  qm::ld_words(p + qm::q6k_qh_off(g), qh);
-  const int k = g & 3;
-  const int nshift = (k >> 1) * 4, hshift = 2 * k;
-  for (int t = 0; t < 8; ++t)
-    w[t] = ((ql[t] >> nshift) & 0x0F0F0F0Fu) | (((qh[t] >> hshift) & 0x03030303u) << 4);
-  const uint32_t s2 = qm::ld_u16(p + 192 + 2 * g);
-  sc0 = static_cast<int8_t>(static_cast<uint8_t>(s2 & 0xFF));
-  sc1 = static_cast<int8_t>(static_cast<uint8_t>(s2 >> 8));
-  d = qm::half_bits(qm::ld_u16(p + 208));
-}
-
-// ---- the load phase of one step (every thread of the CTA) ----
-
-// Weights of step `step`: thread tid unpacks unit tid & 7 of tile row tid >> 3 (zeros past
-// the matrix). nb: blocks per row (32-element for Q0, super-blocks for K).
+// Raw words per thread and step: the weight unit (Q8_0: d + 8 qs words; Q4_0: d + 4;
+// Q5_0: d + qh + 4; Q4_K: d|dmin + 3 scale words + 8 qs words; Q6_K: 8 ql + 8 qh words,
+// scales 2g|2g+1, d) and the activation items of the thread (strided by kThreads).
 template <GgmlType T, Flavor FL, int TT>
-EXQ_HD void load_w(int tid, int step, const uint8_t* __restrict__ w, int rows, size_t row_bytes,
-                   int row0, int nb, Smem<FL, TT>& s) {
+struct Stage {
   using G = Geo<FL, TT>;
+  static constexpr int kW = T == GgmlType::Q6_K ? 18 : (T == GgmlType::Q4_K ? 12 : 9);
+  static constexpr int kY = (G::BT * 16 + kThreads - 1) / kThreads;  // 16-byte quant vectors
+  static constexpr int kD = is_k<T>() ? kY : (G::BT * 8 + kThreads - 1) / kThreads;
+  uint32_t w[kW];
+  bool wok;
+  uint4 y[kY];
+  float d[kD];  // Q0: Q8_0 scales; K: the Q8_K d of the item's token (items with i == 0)
+  int bs[kY];   // K: bsums (item k = token k >> 4, sum k & 15)
+};
+
+template <int N>
+EXQ_HD void ld_raw(const uint8_t* p, uint32_t* dst) {
+  uint32_t v[N];
+  qm::ld_words(p, v);
+  for (int i = 0; i < N; ++i) dst[i] = v[i];
+}
+
+// Weights of step `step`: thread tid takes unit tid & 7 of tile row tid >> 3. nb: blocks per
+// row (32-element for Q0, super-blocks for K).
+template <GgmlType T, Flavor FL, int TT>
+EXQ_HD void fetch_w(int tid, int step, const uint8_t* __restrict__ w, int rows, size_t row_bytes,
+                    int row0, int nb, Stage<T, FL, TT>& st) {
   const int r = tid >> 3, u = tid & 7;
   const int gr = row0 + r;
-  uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   const uint8_t* row = w + static_cast<size_t>(gr) * row_bytes;
   if constexpr (!is_k<T>()) {
     constexpr size_t bb = T == GgmlType::Q8_0 ? 34 : (T == GgmlType::Q4_0 ? 18 : 22);
     const int b = step * kUnits + u;
+    st.wok = gr < rows && b < nb;
+    if (st.wok) {
+      const uint8_t* p = row + static_cast<size_t>(b) * bb;
+      st.w[0] = qm::ld_u16(p);
+      ld_raw<Stage<T, FL, TT>::kW - 1>(p + 2, st.w + 1);
+    }
+  } else if constexpr (T == GgmlType::Q4_K) {
+    st.wok = gr < rows;
+    if (st.wok) {
+      const uint8_t* p = row + static_cast<size_t>(step) * 144;
+      ld_raw<4>(p, st.w);                           // d | dmin, 12 scale bytes
+      ld_raw<8>(p + 16 + 32 * (u >> 1), st.w + 4);  // qs of pair u / 2
+    }
+  } else {  // Q6_K, sub-block g = u
+    st.wok = gr < rows;
+    if (st.wok) {
+      const uint8_t* p = row + static_cast<size_t>(step) * 210;
+      ld_raw<8>(p + qm::q6k_ql_off(u), st.w);
+      ld_raw<8>(p + qm::q6k_qh_off(u), st.w + 8);
+      st.w[16] = qm::ld_u16(p + 192 + 2 * u);
+      st.w[17] = qm::ld_u16(p + 208);
+    }
+  }
+}
+
+// Activations of step `step` for tokens [tok0, tok0 + BT): item k (k = tid, tid + kThreads,
+// ...) is 16 bytes (token k >> 4, bytes 16 (k & 15) of the step); Q0 scales item k: token
+// k >> 3, unit k & 7; K: bsum k & 15 of token k >> 4 (and its d with sum 0).
+template <GgmlType T, Flavor FL, int TT>
+EXQ_HD void fetch_a(int tid, int step, const int8_t* __restrict__ aq, const float* __restrict__ ad,
+                    const int32_t* __restrict__ abs, int cols, int nb, int tok0, int n_tok,
+                    Stage<T, FL, TT>& st) {
+  using G = Geo<FL, TT>;
+  using S = Stage<T, FL, TT>;
+  EXQ_UNROLL
+  for (int n = 0; n < S::kY; ++n) {
+    const int k = tid + n * kThreads;
+    const int t = k >> 4, q = k & 15;
+    const int gt = tok0 + t;
+    const bool ok = k < G::BT * 16 && gt < n_tok && (is_k<T>() || step * kUnits + (q >> 1) < nb);
+    st.y[n] = make_uint4(0, 0, 0, 0);
+    if (ok)
+      st.y[n] =
+          ld16(aq + static_cast<size_t>(gt) * cols + 256 * static_cast<size_t>(step) + 16 * q);
+    if constexpr (is_k<T>()) {
+      const bool tok_ok = k < G::BT * 16 && gt < n_tok;
+      st.bs[n] = tok_ok ? abs[static_cast<size_t>(gt) * (cols / 16) + 16 * step + q] : 0;
+      st.d[n] = (tok_ok && q == 0) ? ad[static_cast<size_t>(gt) * nb + step] : 0.0f;
+    }
+  }
+  if constexpr (!is_k<T>()) {
+    EXQ_UNROLL
+    for (int n = 0; n < S::kD; ++n) {
+      const int k = tid + n * kThreads;
+      const int t = k >> 3, u = k & 7;
+      const int gt = tok0 + t, b = step * kUnits + u;
+      const bool ok = k < G::BT * 8 && gt < n_tok && b < nb;
+      st.d[n] = ok ? ad[static_cast<size_t>(gt) * nb + b] : 0.0f;
+    }
+  }
+}
+
+// The staged step into shared memory: the weight unit unpacked to 8 words of int8 in element
+// order (zeros past the matrix), its scales, the activation items.
+template <GgmlType T, Flavor FL, int TT>
+EXQ_HD void commit(int tid, const Stage<T, FL, TT>& st, Smem<FL, TT>& s) {
+  using G = Geo<FL, TT>;
+  using S = Stage<T, FL, TT>;
+  const int r = tid >> 3, u = tid & 7;
+  uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  if constexpr (!is_k<T>()) {
     float d = 0.0f;
-    if (gr < rows && b < nb) unpack_q0<T>(row + static_cast<size_t>(b) * bb, v, d);
+    if (st.wok) {
+      d = qm::half_bits(st.w[0]);
+      if constexpr (T == GgmlType::Q8_0) {
+        for (int i = 0; i < 8; ++i) v[i] = st.w[1 + i];
+      } else if constexpr (T == GgmlType::Q4_0) {
+        for (int i = 0; i < 4; ++i) {
+          v[i] = sub8_bytes(st.w[1 + i] & 0x0F0F0F0Fu);             // elements 4i..: low nibbles
+          v[i + 4] = sub8_bytes((st.w[1 + i] >> 4) & 0x0F0F0F0Fu);  // 16+4i..: high nibbles
+        }
+      } else {  // Q5_0: qh (bit e = fifth bit of element e), then qs as Q4_0
+        const uint32_t qh = st.w[1];
+        for (int i = 0; i < 8; ++i) {
+          const uint32_t nib = (i < 4 ? st.w[2 + i] : (st.w[2 + i - 4] >> 4)) & 0x0F0F0F0Fu;
+          const uint32_t h = (qh >> (4 * i)) & 0xFu;  // fifth bits of elements 4i..4i+3
+          const uint32_t hb =
+              ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+          v[i] = sub16_bytes(nib | hb);
+        }
+      }
+    }
     s.dw[r * 8 + u] = d;
   } else if constexpr (T == GgmlType::Q4_K) {
     int sc = 0, mn = 0;
     float d = 0.0f, dmin = 0.0f;
-    if (gr < rows) unpack_q4k(row + static_cast<size_t>(step) * 144, u, v, sc, mn, d, dmin);
+    if (st.wok) {
+      d = qm::half_bits(st.w[0]);
+      dmin = qm::half_bits(st.w[0] >> 16);
+      const uint32_t scw[3] = {st.w[1], st.w[2], st.w[3]};
+      qm::q4k_scale_min_w(u, scw, sc, mn);
+      const int shift = 4 * (u & 1);  // sub-block u: low (even) or high (odd) nibbles
+      for (int t = 0; t < 8; ++t) v[t] = (st.w[4 + t] >> shift) & 0x0F0F0F0Fu;
+    }
     s.sc[r * 16 + u] = sc;
     s.sc[r * 16 + 8 + u] = mn;
     if (u == 0) {
       s.dw[r * 8] = d;
       s.dw[r * 8 + 1] = dmin;
     }
-  } else {  // Q6_K
+  } else {  // Q6_K sub-block g = u: unsigned 6-bit quants
     int sc0 = 0, sc1 = 0;
     float d = 0.0f;
-    if (gr < rows) unpack_q6k(row + static_cast<size_t>(step) * 210, u, v, sc0, sc1, d);
+    if (st.wok) {
+      const int k = u & 3;
+      const int nshift = (k >> 1) * 4, hshift = 2 * k;
+      for (int t = 0; t < 8; ++t)
+        v[t] = ((st.w[t] >> nshift) & 0x0F0F0F0Fu) | (((st.w[8 + t] >> hshift) & 0x03030303u) << 4);
+      sc0 = static_cast<int8_t>(static_cast<uint8_t>(st.w[16] & 0xFF));
+      sc1 = static_cast<int8_t>(static_cast<uint8_t>((st.w[16] >> 8) & 0xFF));
+      d = qm::half_bits(st.w[17]);
+    }
     s.sc[r * 16 + 2 * u] = sc0;
     s.sc[r * 16 + 2 * u + 1] = sc1;
     if (u == 0) s.dw[r * 8] = d;
@@ -222,36 +300,24 @@ EXQ_HD void load_w(int tid, int step, const uint8_t* __restrict__ w, int rows, s
   uint32_t* dst = s.w + r * G::WS + 8 * u;
   st16(dst, make_uint4(v[0], v[1], v[2], v[3]));
   st16(dst + 4, make_uint4(v[4], v[5], v[6], v[7]));
-}
 
-// Activations of step `step` for tokens [tok0, tok0 + BT) (zeros past n_tok / the row).
-template <GgmlType T, Flavor FL, int TT>
-EXQ_HD void load_a(int tid, int step, const int8_t* __restrict__ aq, const float* __restrict__ ad,
-                   const int32_t* __restrict__ abs, int cols, int nb, int tok0, int n_tok,
-                   Smem<FL, TT>& s) {
-  using G = Geo<FL, TT>;
-  for (int k = tid; k < G::BT * 16; k += kThreads) {
-    const int t = k >> 4, q = k & 15;  // 16 bytes q of the step (unit q >> 1)
-    const int gt = tok0 + t;
-    const bool ok = gt < n_tok && (is_k<T>() || step * kUnits + (q >> 1) < nb);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (ok)
-      v = ld16(aq + static_cast<size_t>(gt) * cols + 256 * static_cast<size_t>(step) + 16 * q);
-    st16(s.y + t * G::WS + 4 * q, v);
+  EXQ_UNROLL
+  for (int n = 0; n < S::kY; ++n) {
+    const int k = tid + n * kThreads;
+    if (k < G::BT * 16) {
+      const int t = k >> 4, q = k & 15;
+      st16(s.y + t * G::WS + 4 * q, st.y[n]);
+      if constexpr (is_k<T>()) {
+        s.bs[t * 16 + q] = st.bs[n];
+        if (q == 0) s.da[t * 8] = st.d[n];
+      }
+    }
   }
   if constexpr (!is_k<T>()) {
-    for (int k = tid; k < G::BT * 8; k += kThreads) {
-      const int t = k >> 3, u = k & 7;
-      const int gt = tok0 + t, b = step * kUnits + u;
-      s.da[t * 8 + u] = (gt < n_tok && b < nb) ? ad[static_cast<size_t>(gt) * nb + b] : 0.0f;
-    }
-  } else {
-    for (int k = tid; k < G::BT * 16; k += kThreads) {
-      const int t = k >> 4, i = k & 15;
-      const int gt = tok0 + t;
-      const bool ok = gt < n_tok;
-      s.bs[t * 16 + i] = ok ? abs[static_cast<size_t>(gt) * (cols / 16) + 16 * step + i] : 0;
-      if (i == 0) s.da[t * 8] = ok ? ad[static_cast<size_t>(gt) * nb + step] : 0.0f;
+    EXQ_UNROLL
+    for (int n = 0; n < S::kD; ++n) {
+      const int k = tid + n * kThreads;
+      if (k < G::BT * 8) s.da[(k >> 3) * 8 + (k & 7)] = st.d[n];
     }
   }
 }
