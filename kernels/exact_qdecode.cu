@@ -26,11 +26,12 @@
 // are one contiguous byte range. All its threads copy that range (16-byte aligned down) into
 // shared memory with cp.async 16-byte copies, every copy in flight at once and issued BEFORE
 // griddep_wait() (weights are never written by a kernel); the activation and y are read
-// after it. Then warp w takes rows w, w + 4, ...: per pass of 32 units (32 blocks, or 4
-// super-blocks) each lane computes its unit's integer slots and scales from shared memory
-// into the warp's slot arrays, and lanes 0..chains-1 step their chains over the pass. R is
-// chosen so that the grid has >= 2 blocks per SM where the matrix allows, with tiles of up to
-// 24 KB (several blocks per SM keep ~100+ KB of loads in flight per SM).
+// after it. Then warp w takes groups of G rows (w, w + 4, ..., G = 32 / chain lanes, at most
+// 4): per pass of 32 units (32 blocks, or 4 super-blocks) each lane computes its unit of
+// each of the G rows (integer slots and scales, from shared memory) into the warp's slot
+// arrays, then lane (j, c) steps chain c of group row j over the pass. R is chosen so that
+// the grid has >= 2 blocks per SM where the matrix allows, with tiles of up to 16 KB
+// (~38 KB of shared memory a block: 5-6 blocks per SM keep ~80 KB of loads in flight).
 // Compiled with -fmad=false; deterministic: no atomics, fixed orders.
 #include <algorithm>
 #include <string>
@@ -48,12 +49,12 @@ namespace {
 
 constexpr int kQdWarps = 4;
 constexpr int kQdThreads = kQdWarps * kWarp;
-constexpr size_t kTileTarget = 24 * 1024;  // bytes of weights per block (soft target)
-constexpr size_t kMaxRowBytes = 40 * 1024;  // one row must fit the 48 KB default smem
+constexpr size_t kTileTarget = 16 * 1024;  // bytes of weights per block (soft target)
+constexpr size_t kMaxRowBytes = 24 * 1024;  // one row + the slot arrays fit 48 KB of smem
 constexpr int kMinBlocks = 2 * 132;         // two waves' worth on an H100
 
 constexpr size_t kSlotBytes =
-    static_cast<size_t>(kQdWarps) * qd::kUnitsPerPass * (qd::kSlotStride + qd::kScaleStride) * 4;
+    static_cast<size_t>(kQdWarps) * (qd::kWarpSlotInts + qd::kWarpScaleFloats) * 4;
 
 size_t tile_alloc(size_t tile_bytes) {
   // + 16 for the alignment offset, + 16 for the overread of rd32 past the last byte
@@ -90,30 +91,46 @@ __global__ void __launch_bounds__(kQdThreads)
   const uint8_t* tile = reinterpret_cast<const uint8_t*>(s_raw) + off;
   const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
   int* S = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes) +
-           warp * qd::kUnitsPerPass * qd::kSlotStride;
+           warp * qd::kWarpSlotInts;
   float* F = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes) +
-             kQdWarps * qd::kUnitsPerPass * qd::kSlotStride +
-             warp * qd::kUnitsPerPass * qd::kScaleStride;
+             kQdWarps * qd::kWarpSlotInts + warp * qd::kWarpScaleFloats;
   constexpr int kC = qd::chains<T, REP>();
+  constexpr int kCL = qd::chain_lanes<T, REP>();
+  constexpr int G = qd::group_rows<T, REP>();
+  // Chain phase role of this lane: row j of the group, chain c.
+  const int j = lane / kCL, c = lane % kCL;
 
-  for (int rr = warp; rr < nr; rr += kQdWarps) {  // warp-uniform
-    const uint8_t* row = tile + static_cast<size_t>(rr) * rb;
+  // Warp w's groups: rows g0 + kQdWarps * i (i < G), g0 = w, w + kQdWarps * G, ...
+  for (int g0 = warp; g0 < nr; g0 += kQdWarps * G) {  // warp-uniform
+    const int my_row = g0 + kQdWarps * j;
+    const bool chain_lane = j < G && c < kC && my_row < nr;
     float acc = 0.0f;
     for (int p0 = 0; p0 < units; p0 += qd::kUnitsPerPass) {
       const int u = p0 + lane;
-      if (u < units)
-        qd::unit_slots<T, REP>(row, u, aq, ad, abs, S + lane * qd::kSlotStride,
-                               F + lane * qd::kScaleStride);
+      if (u < units) {
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+          const int ri = g0 + kQdWarps * i;
+          if (ri < nr)
+            qd::unit_slots<T, REP>(tile + static_cast<size_t>(ri) * rb, u, aq, ad, abs,
+                                   S + (i * qd::kUnitsPerPass + lane) * qd::kSlotStride,
+                                   F + (i * qd::kUnitsPerPass + lane) * qd::kScaleStride);
+        }
+      }
       __syncwarp();
-      if (lane < kC) acc = qd::chain_pass<T, REP>(lane, S, F, min(qd::kUnitsPerPass, units - p0), acc);
+      if (chain_lane)
+        acc = qd::chain_pass<T, REP>(c, S + j * qd::kUnitsPerPass * qd::kSlotStride,
+                                     F + j * qd::kUnitsPerPass * qd::kScaleStride,
+                                     min(qd::kUnitsPerPass, units - p0), acc);
       __syncwarp();
     }
+    // Row j's chains sit in lanes j * kCL + 0 .. kC - 1 (in range for every lane).
     float v[kC];
 #pragma unroll
-    for (int c = 0; c < kC; ++c) v[c] = __shfl_sync(0xffffffffu, acc, c);
-    if (lane == 0) {
+    for (int k = 0; k < kC; ++k) v[k] = __shfl_sync(0xffffffffu, acc, (lane / kCL) * kCL + k);
+    if (c == 0 && j < G && my_row < nr) {
       const float d = qd::combine<T, REP>(v);
-      float* out = y + r0 + rr;
+      float* out = y + r0 + my_row;
       *out = accumulate ? *out + d : d;
     }
   }

@@ -49,9 +49,10 @@ __host__ __device__ constexpr int block_bytes() {
 // but inside the allocation; its bytes are only used when they belong to the value).
 EXQ_HD uint32_t rd32(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
-  return __funnelshift_r(w[0], w[1], static_cast<uint32_t>(a & 3) * 8u);
+  // pointer arithmetic (not an integer round trip) keeps the shared address space visible
+  const uint32_t mis = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 3);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);
+  return __funnelshift_r(w[0], w[1], mis * 8u);
 #else
   uint32_t v;
   __builtin_memcpy(&v, p, 4);
@@ -61,9 +62,9 @@ EXQ_HD uint32_t rd32(const uint8_t* p) {
 template <int N>
 EXQ_HD void rdw(const uint8_t* p, uint32_t (&out)[N]) {
 #if defined(__CUDA_ARCH__)
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(a & ~uintptr_t{3});
-  const uint32_t sh = static_cast<uint32_t>(a & 3) * 8u;
+  const uint32_t mis = static_cast<uint32_t>(reinterpret_cast<uintptr_t>(p) & 3);
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(p - mis);
+  const uint32_t sh = mis * 8u;
   uint32_t raw[N + 1];
   EXQ_UNROLL
   for (int i = 0; i <= N; ++i) raw[i] = w[i];
@@ -233,6 +234,21 @@ template <GgmlType T, bool REP>
 __host__ __device__ constexpr int chains() {
   return qm::FlavorInfo<flavor_of<T, REP>()>::kChains;
 }
+// Lanes per row in the chain phase (chains rounded up to a power of two) and rows per warp
+// group: the warp computes the slots of G rows per pass and runs their chains at once, lane
+// (row j = lane / chain_lanes, chain c = lane % chain_lanes).
+template <GgmlType T, bool REP>
+__host__ __device__ constexpr int chain_lanes() {
+  return chains<T, REP>() <= 1 ? 1 : chains<T, REP>() <= 2 ? 2 : chains<T, REP>() <= 8 ? 8 : 16;
+}
+constexpr int kMaxGroup = 4;
+template <GgmlType T, bool REP>
+__host__ __device__ constexpr int group_rows() {
+  return 32 / chain_lanes<T, REP>() < kMaxGroup ? 32 / chain_lanes<T, REP>() : kMaxGroup;
+}
+// Shared ints (slots) and floats (scales) of one warp.
+constexpr int kWarpSlotInts = kMaxGroup * kUnitsPerPass * kSlotStride;
+constexpr int kWarpScaleFloats = kMaxGroup * kUnitsPerPass * kScaleStride;
 
 // The dot from the chain values (the reference's fixed tree).
 template <GgmlType T, bool REP>

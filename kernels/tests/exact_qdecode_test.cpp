@@ -143,28 +143,56 @@ bool is_k(GgmlType t) {
 }
 
 // ---------------------------------------------------------------------------------------
-// HOST EMULATION of qdecode_kernel's per-row work: passes of 32 units, lane l computes unit
-// p0 + l into the slot arrays, chain lanes c < chains step over the pass, then combine.
+// HOST EMULATION of qdecode_kernel's work on one tile of nr rows: 4 warps; warp w takes
+// groups of G rows (g0 + 4 i); per pass of 32 units lane l computes unit p0 + l of every
+// group row into the warp's slot arrays, then lane (j, c) steps chain c of group row j; the
+// chains of row j (lanes j * kCL + k) combine in the reference's tree.
+constexpr int kEmuWarps = 4;
 
 template <GgmlType T, bool REP>
-float emulate_row(const uint8_t* row, int cols, const cpu::QuantizedActivation& a) {
+void emulate_tile(const uint8_t* tile, size_t rb, int nr, int cols,
+                  const cpu::QuantizedActivation& a, float* y) {
   const int units = qd::units_of(cols);
-  int S[qd::kUnitsPerPass * qd::kSlotStride];
-  float F[qd::kUnitsPerPass * qd::kScaleStride];
   constexpr int kC = qd::chains<T, REP>();
-  float acc[kC] = {};
-  for (int p0 = 0; p0 < units; p0 += qd::kUnitsPerPass) {
-    std::fill(std::begin(S), std::end(S), 0x7EADBEEF);  // stale slots must not be read
-    for (int lane = 0; lane < qd::kUnitsPerPass; ++lane) {
-      const int u = p0 + lane;
-      if (u < units)
-        qd::unit_slots<T, REP>(row, u, a.q.data(), a.d.data(), a.bsum.data(),
-                               S + lane * qd::kSlotStride, F + lane * qd::kScaleStride);
+  constexpr int kCL = qd::chain_lanes<T, REP>();
+  constexpr int G = qd::group_rows<T, REP>();
+  std::vector<int> S(qd::kWarpSlotInts);
+  std::vector<float> F(qd::kWarpScaleFloats);
+  for (int warp = 0; warp < kEmuWarps; ++warp) {
+    for (int g0 = warp; g0 < nr; g0 += kEmuWarps * G) {
+      float acc[32] = {};
+      for (int p0 = 0; p0 < units; p0 += qd::kUnitsPerPass) {
+        std::fill(S.begin(), S.end(), 0x7EADBEEF);  // stale slots must not be read
+        for (int lane = 0; lane < 32; ++lane) {
+          const int u = p0 + lane;
+          if (u >= units) continue;
+          for (int i = 0; i < G; ++i) {
+            const int ri = g0 + kEmuWarps * i;
+            if (ri < nr)
+              qd::unit_slots<T, REP>(tile + static_cast<size_t>(ri) * rb, u, a.q.data(),
+                                     a.d.data(), a.bsum.data(),
+                                     S.data() + (i * qd::kUnitsPerPass + lane) * qd::kSlotStride,
+                                     F.data() + (i * qd::kUnitsPerPass + lane) * qd::kScaleStride);
+          }
+        }
+        for (int lane = 0; lane < 32; ++lane) {
+          const int j = lane / kCL, c = lane % kCL;
+          if (j < G && c < kC && g0 + kEmuWarps * j < nr)
+            acc[lane] = qd::chain_pass<T, REP>(
+                c, S.data() + j * qd::kUnitsPerPass * qd::kSlotStride,
+                F.data() + j * qd::kUnitsPerPass * qd::kScaleStride,
+                std::min(qd::kUnitsPerPass, units - p0), acc[lane]);
+        }
+      }
+      for (int j = 0; j < G; ++j) {
+        const int r = g0 + kEmuWarps * j;
+        if (r >= nr) continue;
+        float v[kC];
+        for (int k = 0; k < kC; ++k) v[k] = acc[j * kCL + k];
+        y[r] = qd::combine<T, REP>(v);
+      }
     }
-    for (int c = 0; c < kC; ++c)
-      acc[c] = qd::chain_pass<T, REP>(c, S, F, std::min(qd::kUnitsPerPass, units - p0), acc[c]);
   }
-  return qd::combine<T, REP>(acc);
 }
 
 template <GgmlType T, bool REP>
@@ -174,25 +202,28 @@ void host_case(int rows, int cols, uint64_t seed) {
   ASSERT_EQ(a.repacked, REP);
   const auto ref = cpu_ref(T, w, rows, cols, a);
   const size_t rb = ggml_row_bytes(T, cols);
-  std::vector<float> got(static_cast<size_t>(rows));
-  for (int r = 0; r < rows; ++r)
-    got[static_cast<size_t>(r)] =
-        emulate_row<T, REP>(w.data() + rb * static_cast<size_t>(r), cols, a);
-  EXPECT_EQ(count_mismatch(got, ref, type_str(T)), 0u)
-      << type_str(T) << " rows " << rows << " cols " << cols;
+  std::vector<float> got(static_cast<size_t>(rows), std::nanf(""));
+  for (int R : {1, 2, 16, 32}) {  // tiles of R rows, the last one partial
+    for (int r0 = 0; r0 < rows; r0 += R)
+      emulate_tile<T, REP>(w.data() + rb * static_cast<size_t>(r0), rb, std::min(R, rows - r0),
+                           cols, a, got.data() + r0);
+    EXPECT_EQ(count_mismatch(got, ref, type_str(T)), 0u)
+        << type_str(T) << " rows " << rows << " cols " << cols << " tile " << R;
+    std::fill(got.begin(), got.end(), std::nanf(""));
+  }
 }
 
 // HOST EMULATION
 // REQ: M0-W-1311
 TEST(ExactQDecodeHost, EmulationMatchesCpuBitwise) {
   for (int cols : {256, 896, 4864}) {
-    host_case<GgmlType::Q8_0, false>(34, cols, 11);
+    host_case<GgmlType::Q8_0, false>(37, cols, 11);
     host_case<GgmlType::Q5_0, false>(34, cols, 12);
     host_case<GgmlType::Q4_0, false>(34, cols, 13);
     host_case<GgmlType::Q4_0, true>(32, cols, 14);
   }
   for (int cols : {256, 1024, 4864}) {
-    host_case<GgmlType::Q6_K, false>(34, cols, 15);
+    host_case<GgmlType::Q6_K, false>(37, cols, 15);
     host_case<GgmlType::Q4_K, false>(34, cols, 16);
     host_case<GgmlType::Q4_K, true>(32, cols, 17);
   }
