@@ -49,7 +49,7 @@ namespace {
 
 constexpr int kQdWarps = 4;
 constexpr int kQdThreads = kQdWarps * kWarp;
-constexpr size_t kTileTarget = 16 * 1024;  // bytes of weights per block (soft target)
+constexpr size_t kTileTarget = 16 * 1024;   // bytes of weights per block (soft target)
 constexpr size_t kMaxRowBytes = 24 * 1024;  // one row + the slot arrays fit 48 KB of smem
 constexpr int kMinBlocks = 2 * 132;         // two waves' worth on an H100
 
@@ -81,15 +81,18 @@ __global__ void __launch_bounds__(kQdThreads)
   const uint8_t* start = w + static_cast<size_t>(r0) * rb;
   const uintptr_t base = reinterpret_cast<uintptr_t>(start) & ~uintptr_t{15};
   const int off = static_cast<int>(reinterpret_cast<uintptr_t>(start) - base);
-  const int n16 = static_cast<int>((static_cast<size_t>(off) + static_cast<size_t>(nr) * rb + 15) / 16);
+  const int n16 =
+      static_cast<int>((static_cast<size_t>(off) + static_cast<size_t>(nr) * rb + 15) / 16);
   const int4* src = reinterpret_cast<const int4*>(base);
-  for (int i = static_cast<int>(threadIdx.x); i < n16; i += kQdThreads) cp_async16(s_raw + i, src + i);
+  for (int i = static_cast<int>(threadIdx.x); i < n16; i += kQdThreads)
+    cp_async16(s_raw + i, src + i);
   griddep_wait();
   cp_async_wait_all();
   __syncthreads();
 
   const uint8_t* tile = reinterpret_cast<const uint8_t*>(s_raw) + off;
-  const int warp = static_cast<int>(threadIdx.x) / kWarp, lane = static_cast<int>(threadIdx.x) % kWarp;
+  const int warp = static_cast<int>(threadIdx.x) / kWarp,
+            lane = static_cast<int>(threadIdx.x) % kWarp;
   int* S = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes) +
            warp * qd::kWarpSlotInts;
   float* F = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes) +
@@ -108,11 +111,14 @@ __global__ void __launch_bounds__(kQdThreads)
     for (int p0 = 0; p0 < units; p0 += qd::kUnitsPerPass) {
       const int u = p0 + lane;
       if (u < units) {
+        uint32_t yw[8];
+        qd::act_words(aq, u, yw);
+        const float yd = qd::act_scale<T>(ad, u);
 #pragma unroll
         for (int i = 0; i < G; ++i) {
           const int ri = g0 + kQdWarps * i;
           if (ri < nr)
-            qd::unit_slots<T, REP>(tile + static_cast<size_t>(ri) * rb, u, aq, ad, abs,
+            qd::unit_slots<T, REP>(tile + static_cast<size_t>(ri) * rb, u, yw, yd, abs,
                                    S + (i * qd::kUnitsPerPass + lane) * qd::kSlotStride,
                                    F + (i * qd::kUnitsPerPass + lane) * qd::kScaleStride);
         }
@@ -156,8 +162,8 @@ void launch_qdecode(const WeightView& w, const ActBuf& a, float* y, bool accumul
   const unsigned grid = static_cast<unsigned>((w.rows + R - 1) / R);
   launch_pdl_smem("exact_qdecode_kernel", qdecode_kernel<T, REP>, dim3(grid), dim3(kQdThreads),
                   ta + kSlotBytes, stream, static_cast<const uint8_t*>(w.data),
-                  static_cast<int>(w.rows), qd::units_of(static_cast<int>(w.cols)), w.row_bytes,
-                  R, ta, static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
+                  static_cast<int>(w.rows), qd::units_of(static_cast<int>(w.cols)), w.row_bytes, R,
+                  ta, static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
                   static_cast<const int32_t*>(a.bsum), y, accumulate ? 1 : 0);
 }
 
@@ -168,11 +174,26 @@ bool matvec1_quant_takes(uint32_t weight_type, int64_t rows, int64_t cols) {
   int blk = 0;
   size_t bb = 0;
   switch (t) {
-    case GgmlType::Q8_0: blk = 32; bb = 34; break;
-    case GgmlType::Q4_0: blk = 32; bb = 18; break;
-    case GgmlType::Q5_0: blk = 32; bb = 22; break;
-    case GgmlType::Q4_K: blk = 256; bb = 144; break;
-    case GgmlType::Q6_K: blk = 256; bb = 210; break;
+    case GgmlType::Q8_0:
+      blk = 32;
+      bb = 34;
+      break;
+    case GgmlType::Q4_0:
+      blk = 32;
+      bb = 18;
+      break;
+    case GgmlType::Q5_0:
+      blk = 32;
+      bb = 22;
+      break;
+    case GgmlType::Q4_K:
+      blk = 256;
+      bb = 144;
+      break;
+    case GgmlType::Q6_K:
+      blk = 256;
+      bb = 210;
+      break;
     default: return false;
   }
   if (rows <= 0 || cols <= 0 || cols % blk != 0) return false;

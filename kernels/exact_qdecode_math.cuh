@@ -17,16 +17,20 @@ namespace worker::kern::exact::qd {
 
 using qm::Flavor;
 
-constexpr int kSlotStride = 9;   // odd: conflict-free shared-memory rows
+constexpr int kSlotStride = 9;  // odd: conflict-free shared-memory rows
 constexpr int kScaleStride = 2;
 constexpr int kUnitsPerPass = 32;
 
 template <GgmlType T, bool REP>
 __host__ __device__ constexpr Flavor flavor_of() {
-  if constexpr (T == GgmlType::Q6_K) return Flavor::Q6K;
-  else if constexpr (T == GgmlType::Q4_K) return REP ? Flavor::Q4KRep : Flavor::Q4KLanes;
-  else if constexpr (T == GgmlType::Q4_0 && REP) return Flavor::Q4_0Rep;
-  else return Flavor::Q0Lanes;
+  if constexpr (T == GgmlType::Q6_K)
+    return Flavor::Q6K;
+  else if constexpr (T == GgmlType::Q4_K)
+    return REP ? Flavor::Q4KRep : Flavor::Q4KLanes;
+  else if constexpr (T == GgmlType::Q4_0 && REP)
+    return Flavor::Q4_0Rep;
+  else
+    return Flavor::Q0Lanes;
 }
 
 template <GgmlType T>
@@ -37,11 +41,11 @@ __host__ __device__ constexpr bool is_k() {
 // Bytes of one reference block (32 elements, or a 256-element super-block).
 template <GgmlType T>
 __host__ __device__ constexpr int block_bytes() {
-  return T == GgmlType::Q8_0 ? 34
-       : T == GgmlType::Q4_0 ? 18
-       : T == GgmlType::Q5_0 ? 22
-       : T == GgmlType::Q4_K ? 144
-                             : 210;
+  return T == GgmlType::Q8_0   ? 34
+         : T == GgmlType::Q4_0 ? 18
+         : T == GgmlType::Q5_0 ? 22
+         : T == GgmlType::Q4_K ? 144
+                               : 210;
 }
 
 // Little-endian 32-bit word at a 2-byte aligned address. On the GPU the address is in shared
@@ -116,14 +120,18 @@ EXQ_HD int units_of(int cols) {
 //    F[0] = d_a * d, F[1] = -d_a * dmin.
 //  - Q4KRep: S[0] = scale_g * dot(sub-block g), S[8] = min_g * bsum32_g; F[0] = d * d_a,
 //    F[1] = dmin * d_a.
+// y: the unit's 32 activation quants (act_words), yd: its block's activation scale
+// (act_scale); the warp loads them once for all the rows of a group.
+template <GgmlType T>
+EXQ_HD float act_scale(const float* ad, int u) {
+  return ad[is_k<T>() ? (u >> 3) : u];
+}
 template <GgmlType T, bool REP>
-EXQ_HD void unit_slots(const uint8_t* row, int u, const int8_t* aq, const float* ad,
+EXQ_HD void unit_slots(const uint8_t* row, int u, const uint32_t (&y)[8], float yd,
                        const int32_t* abs, int* S, float* F) {
-  uint32_t y[8];
-  act_words(aq, u, y);
   if constexpr (!is_k<T>()) {
     const uint8_t* blk = row + static_cast<size_t>(u) * block_bytes<T>();
-    const float d = qm::half_bits(rd16(blk)) * ad[u];
+    const float d = qm::half_bits(rd16(blk)) * yd;
     int s[8];
     if constexpr (T == GgmlType::Q8_0) {
       uint32_t w[8];
@@ -149,7 +157,6 @@ EXQ_HD void unit_slots(const uint8_t* row, int u, const int8_t* aq, const float*
   } else {
     const int sb = u >> 3, g = u & 7;
     const uint8_t* blk = row + static_cast<size_t>(sb) * block_bytes<T>();
-    const float yd = ad[sb];
     const int32_t* bs = abs + 16 * sb;
     int p[8];
     if constexpr (T == GgmlType::Q6_K) {
@@ -196,7 +203,8 @@ EXQ_HD float chain_pass(int c, const int* S, const float* F, int cnt, float acc)
     const int slot = REP ? 0 : c;
     EXQ_UNROLL
     for (int k = 0; k < kUnitsPerPass; ++k) {
-      if (k < cnt) acc = qm::fma_(F[k * kScaleStride], static_cast<float>(S[k * kSlotStride + slot]), acc);
+      if (k < cnt)
+        acc = qm::fma_(F[k * kScaleStride], static_cast<float>(S[k * kSlotStride + slot]), acc);
     }
     return acc;
   } else {

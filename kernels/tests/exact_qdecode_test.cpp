@@ -166,11 +166,13 @@ void emulate_tile(const uint8_t* tile, size_t rb, int nr, int cols,
         for (int lane = 0; lane < 32; ++lane) {
           const int u = p0 + lane;
           if (u >= units) continue;
+          uint32_t yw[8];
+          qd::act_words(a.q.data(), u, yw);
+          const float yd = qd::act_scale<T>(a.d.data(), u);
           for (int i = 0; i < G; ++i) {
             const int ri = g0 + kEmuWarps * i;
             if (ri < nr)
-              qd::unit_slots<T, REP>(tile + static_cast<size_t>(ri) * rb, u, a.q.data(),
-                                     a.d.data(), a.bsum.data(),
+              qd::unit_slots<T, REP>(tile + static_cast<size_t>(ri) * rb, u, yw, yd, a.bsum.data(),
                                      S.data() + (i * qd::kUnitsPerPass + lane) * qd::kSlotStride,
                                      F.data() + (i * qd::kUnitsPerPass + lane) * qd::kScaleStride);
           }
@@ -178,10 +180,10 @@ void emulate_tile(const uint8_t* tile, size_t rb, int nr, int cols,
         for (int lane = 0; lane < 32; ++lane) {
           const int j = lane / kCL, c = lane % kCL;
           if (j < G && c < kC && g0 + kEmuWarps * j < nr)
-            acc[lane] = qd::chain_pass<T, REP>(
-                c, S.data() + j * qd::kUnitsPerPass * qd::kSlotStride,
-                F.data() + j * qd::kUnitsPerPass * qd::kScaleStride,
-                std::min(qd::kUnitsPerPass, units - p0), acc[lane]);
+            acc[lane] =
+                qd::chain_pass<T, REP>(c, S.data() + j * qd::kUnitsPerPass * qd::kSlotStride,
+                                       F.data() + j * qd::kUnitsPerPass * qd::kScaleStride,
+                                       std::min(qd::kUnitsPerPass, units - p0), acc[lane]);
         }
       }
       for (int j = 0; j < G; ++j) {
@@ -232,9 +234,11 @@ TEST(ExactQDecodeHost, EmulationMatchesCpuBitwise) {
 TEST(ExactQDecodeHost, TakesDecodeShapes) {
   using kern::exact::matvec1_quant_takes;
   for (auto t : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0})
-    for (int64_t cols : {256, 896, 4864}) EXPECT_TRUE(matvec1_quant_takes(static_cast<uint32_t>(t), 896, cols));
+    for (int64_t cols : {256, 896, 4864})
+      EXPECT_TRUE(matvec1_quant_takes(static_cast<uint32_t>(t), 896, cols));
   for (auto t : {GgmlType::Q4_K, GgmlType::Q6_K})
-    for (int64_t cols : {256, 4864}) EXPECT_TRUE(matvec1_quant_takes(static_cast<uint32_t>(t), 896, cols));
+    for (int64_t cols : {256, 4864})
+      EXPECT_TRUE(matvec1_quant_takes(static_cast<uint32_t>(t), 896, cols));
   EXPECT_FALSE(matvec1_quant_takes(static_cast<uint32_t>(GgmlType::Q4_K), 896, 896));
   EXPECT_FALSE(matvec1_quant_takes(static_cast<uint32_t>(GgmlType::F32), 896, 896));
   EXPECT_TRUE(matvec1_quant_takes(static_cast<uint32_t>(GgmlType::Q8_0), 151936, 896));
@@ -329,8 +333,8 @@ TEST(ExactQDecodeGpu, DecodeShapeTimings) {
     const char* what;
   };
   const Shape shapes[] = {
-      {GgmlType::Q5_0, 4864, 896, "ffn gate/up"}, {GgmlType::Q5_0, 896, 896, "attn q/o"},
-      {GgmlType::Q5_0, 128, 896, "attn k/v"},     {GgmlType::Q6_K, 896, 4864, "ffn down Q6_K"},
+      {GgmlType::Q5_0, 4864, 896, "ffn gate/up"},   {GgmlType::Q5_0, 896, 896, "attn q/o"},
+      {GgmlType::Q5_0, 128, 896, "attn k/v"},       {GgmlType::Q6_K, 896, 4864, "ffn down Q6_K"},
       {GgmlType::Q4_K, 896, 4864, "ffn down Q4_K"}, {GgmlType::Q4_0, 4864, 896, "Q4_0 4864x896"},
       {GgmlType::Q8_0, 4864, 896, "Q8_0 4864x896"}, {GgmlType::Q8_0, 151936, 896, "LM head Q8_0"},
   };
@@ -364,10 +368,12 @@ TEST(ExactQDecodeGpu, DecodeShapeTimings) {
     const double mb = static_cast<double>(w.size()) / 1e6;
     const double us_new = 1000.0 * static_cast<double>(ms_new) / kIters,
                  us_old = 1000.0 * static_cast<double>(ms_old) / kIters;
-    std::printf("  %-16s %-5s %6lldx%-5d %8.2f MB: matvec1_quant %8.2f us (%6.0f GB/s)  matmul %8.2f us\n",
-                sh.what, type_str(sh.t).c_str(), static_cast<long long>(sh.rows), sh.cols, mb,
-                us_new, mb * 1e-3 / (us_new * 1e-6), us_old);
-    EXPECT_EQ(count_mismatch(y1.download(), y2.download(), std::string("vs matmul ") + sh.what), 0u);
+    std::printf(
+        "  %-16s %-5s %6lldx%-5d %8.2f MB: matvec1_quant %8.2f us (%6.0f GB/s)  matmul %8.2f us\n",
+        sh.what, type_str(sh.t).c_str(), static_cast<long long>(sh.rows), sh.cols, mb, us_new,
+        mb * 1e-3 / (us_new * 1e-6), us_old);
+    EXPECT_EQ(count_mismatch(y1.download(), y2.download(), std::string("vs matmul ") + sh.what),
+              0u);
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
