@@ -548,5 +548,79 @@ TEST(ExactAttn16Gpu, AttentionF16DecodeEveryClusterMatchesCpu) {
   EXPECT_EQ(runs, 135u);
 }
 
+// Decode at the 0.5B model's attention shape (14 heads / 2 KV, head_dim 64): attention_f16's
+// time per call next to exact::attention (F32 cache of the same values), printed for the
+// record; the F16 output is checked against the CPU bit for bit.
+// REQ: M0-W-1201
+TEST(ExactAttn16Gpu, AttentionF16DecodeTimingAt05BShape) {
+  REQUIRE_GPU();
+  std::mt19937 rng(169);
+  const int nh = 14, nkv = 2, hd = 64, q_dim = nh * hd, kv_dim = nkv * hd, n_ctx = 4096;
+  for (int n_past : {100, 1000, 4000}) {
+    const int n_att = n_past + 1, cap = (n_att + 63) & ~63;
+    std::vector<uint16_t> k16(static_cast<size_t>(n_ctx) * kv_dim, uint16_t{0x7E00});
+    std::vector<uint16_t> v16 = k16;
+    const auto kr = to_f16(uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f));
+    const auto vr = to_f16(uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f));
+    std::copy(kr.begin(), kr.end(), k16.begin());
+    std::copy(vr.begin(), vr.end(), v16.begin());
+    const auto kc = from_f16(k16), vc = from_f16(v16);
+    const auto q = uniform(static_cast<size_t>(q_dim), rng, -4.0f, 4.0f);
+    const float kq_scale = 0.125f;
+    std::vector<float> ref(static_cast<size_t>(q_dim)), q16(static_cast<size_t>(hd)),
+        sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
+    for (int h = 0; h < nh; ++h) {
+      cpu::attention_head_f16(q.data() + h * hd, kc.data() + (h / 7) * hd, vc.data() + (h / 7) * hd,
+                              kv_dim, hd, n_att, cap, false, false, kq_scale, q16.data(), sc.data(),
+                              col.data(), ref.data() + h * hd);
+    }
+    ex::AttnShape s;
+    s.n_head = nh;
+    s.n_head_kv = nkv;
+    s.head_dim = hd;
+    s.n_rot = hd;
+    DevArray<float> dq(q), dout(ref.size()), dout32(ref.size()), dk32(kc), dv32(vc);
+    DevArray<uint16_t> dk(k16), dv(v16);
+    DevArray<float> scratch(std::max(ex::attention_f16_scratch_floats(n_ctx, 1, nh),
+                                     ex::attention_scratch_floats(n_ctx, 1, nh)));
+    DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    constexpr int kIters = 200;
+    float ms16 = 0.0f, ms32 = 0.0f;
+    for (int pass = 0; pass < 2; ++pass) {  // pass 0 warms up
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < kIters; ++i) {
+        ex::attention_f16(dq.get(), dk.get(), dv.get(), dout.get(), 1, s, n_ctx, dnp.get(),
+                          scratch.get(), nullptr);
+      }
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms16, e0, e1));
+      CK(cudaEventRecord(e0));
+      for (int i = 0; i < kIters; ++i) {
+        ex::attention(dq.get(), dk32.get(), dv32.get(), dout32.get(), 1, s, n_ctx, dnp.get(),
+                      scratch.get(), nullptr);
+      }
+      CK(cudaEventRecord(e1));
+      CK(cudaEventSynchronize(e1));
+      CK(cudaEventElapsedTime(&ms32, e0, e1));
+    }
+    std::printf("decode attention 14/2 x 64, n_past %d: F16 cache %.2f us, F32 cache %.2f us\n",
+                n_past, 1000.0 * static_cast<double>(ms16) / kIters,
+                1000.0 * static_cast<double>(ms32) / kIters);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    // the F16 run last wrote dout in pass 1; rerun once so dout is this input's result
+    dout.poison();
+    ex::attention_f16(dq.get(), dk.get(), dv.get(), dout.get(), 1, s, n_ctx, dnp.get(),
+                      scratch.get(), nullptr);
+    CK(cudaDeviceSynchronize());
+    EXPECT_EQ(mismatches(dout.download(), ref, "decode16 timing n_past " + std::to_string(n_past)),
+              0u);
+  }
+}
+
 }  // namespace
 }  // namespace worker
