@@ -295,6 +295,15 @@ void gpu_case(GgmlType t, int64_t rows, int cols, uint64_t seed) {
   kern::exact::matvec1_quant(view(t, dw, rows, cols), da.a, dy.get(), true, nullptr);
   CK(cudaDeviceSynchronize());
   EXPECT_EQ(count_mismatch(dy.download(), ref_acc, "accumulate"), 0u);
+  // Weights at a 2-byte (not 16-byte) aligned address, as a view into a packed buffer.
+  DevArray<uint8_t> dw2(w.size() + 16);
+  CK(cudaMemcpy(dw2.get() + 6, w.data(), w.size(), cudaMemcpyHostToDevice));
+  kern::WeightView wv2 = view(t, dw, rows, cols);
+  wv2.data = dw2.get() + 6;
+  dy.poison();
+  kern::exact::matvec1_quant(wv2, da.a, dy.get(), false, nullptr);
+  CK(cudaDeviceSynchronize());
+  EXPECT_EQ(count_mismatch(dy.download(), ref, "unaligned"), 0u);
 }
 
 // REQ: M0-W-1311
