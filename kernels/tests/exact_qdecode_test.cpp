@@ -197,6 +197,37 @@ void emulate_tile(const uint8_t* tile, size_t rb, int nr, int cols,
   }
 }
 
+// HOST EMULATION of qdecode_long_kernel on one tile of nr rows: the 128 threads compute the
+// slots of every (row, unit) item (thread t: items t, t + 128, ...) into [row][unit] arrays;
+// then warp r's lanes c < chains step row r's chains over the whole row, 32 units a call.
+template <GgmlType T, bool REP>
+void emulate_long_tile(const uint8_t* tile, size_t rb, int nr, int cols,
+                       const cpu::QuantizedActivation& a, float* y) {
+  const int units = qd::units_of(cols);
+  constexpr int kC = qd::chains<T, REP>();
+  std::vector<int> S(static_cast<size_t>(nr * units * qd::kSlotStride), 0x7EADBEEF);
+  std::vector<float> F(static_cast<size_t>(nr * units * qd::kScaleStride));
+  for (int thread = 0; thread < 128; ++thread) {
+    for (int it = thread; it < nr * units; it += 128) {
+      const int rr = it / units, u = it - rr * units;
+      uint32_t yw[8];
+      qd::act_words(a.q.data(), u, yw);
+      qd::unit_slots<T, REP>(tile + static_cast<size_t>(rr) * rb, u, yw,
+                             qd::act_scale<T>(a.d.data(), u), a.bsum.data(),
+                             S.data() + it * qd::kSlotStride, F.data() + it * qd::kScaleStride);
+    }
+  }
+  for (int warp = 0; warp < nr; ++warp) {
+    float v[kC] = {};
+    for (int c = 0; c < kC; ++c)
+      for (int p0 = 0; p0 < units; p0 += qd::kUnitsPerPass)
+        v[c] = qd::chain_pass<T, REP>(c, S.data() + (warp * units + p0) * qd::kSlotStride,
+                                      F.data() + (warp * units + p0) * qd::kScaleStride,
+                                      std::min(qd::kUnitsPerPass, units - p0), v[c]);
+    y[warp] = qd::combine<T, REP>(v);
+  }
+}
+
 template <GgmlType T, bool REP>
 void host_case(int rows, int cols, uint64_t seed) {
   const auto w = random_weights(T, rows, cols, seed);
@@ -211,6 +242,14 @@ void host_case(int rows, int cols, uint64_t seed) {
                            cols, a, got.data() + r0);
     EXPECT_EQ(count_mismatch(got, ref, type_str(T)), 0u)
         << type_str(T) << " rows " << rows << " cols " << cols << " tile " << R;
+    std::fill(got.begin(), got.end(), std::nanf(""));
+  }
+  for (int R : {1, 2, 4}) {  // the long-row kernel
+    for (int r0 = 0; r0 < rows; r0 += R)
+      emulate_long_tile<T, REP>(w.data() + rb * static_cast<size_t>(r0), rb, std::min(R, rows - r0),
+                                cols, a, got.data() + r0);
+    EXPECT_EQ(count_mismatch(got, ref, type_str(T)), 0u)
+        << type_str(T) << " rows " << rows << " cols " << cols << " long tile " << R;
     std::fill(got.begin(), got.end(), std::nanf(""));
   }
 }
