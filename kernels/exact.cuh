@@ -28,9 +28,9 @@ namespace worker::kern::exact {
 // type exactly as cpu::quantize_activation does. Caller-owned device buffers sized for the
 // largest n_tok * cols (act_buffer_bytes lays them out in one allocation).
 struct ActBuf {
-  float* f = nullptr;       // [n_tok][cols] F32 / F16- / BF16-rounded values (float weights)
-  int8_t* q = nullptr;      // [n_tok][cols] Q8_0 or Q8_K quants (quantized weights)
-  float* d = nullptr;       // [n_tok][cols / 32] Q8_0 scales (fp16-rounded) or [n_tok][cols/256] Q8_K
+  float* f = nullptr;   // [n_tok][cols] F32 / F16- / BF16-rounded values (float weights)
+  int8_t* q = nullptr;  // [n_tok][cols] Q8_0 or Q8_K quants (quantized weights)
+  float* d = nullptr;   // [n_tok][cols / 32] Q8_0 scales (fp16-rounded) or [n_tok][cols/256] Q8_K
   int32_t* bsum = nullptr;  // [n_tok][cols / 16] Q8_K sums of 16 quants
 };
 // Bytes of one region holding an ActBuf for up to max_tok rows of up to max_cols values.
@@ -107,10 +107,10 @@ void attention(const float* q, const float* k_cache, const float* v_cache, float
 // before the KQV products, each product summed in the order llama.cpp's mul_mat takes for
 // F16 x F16 (tinyBLAS for a batch of >= 2 tokens where it applies, else vec_dot_f16).
 // Caches: [n_ctx][n_head_kv * head_dim] fp16 bits.
-void bias_rope_store_f16(float* q, const float* k, const float* v, const float* bq,
-                         const float* bk, const float* bv, const AttnShape& s,
-                         const float* rope_table, int n_tok, const int32_t* d_n_past,
-                         uint16_t* k_cache, uint16_t* v_cache, cudaStream_t stream);
+void bias_rope_store_f16(float* q, const float* k, const float* v, const float* bq, const float* bk,
+                         const float* bv, const AttnShape& s, const float* rope_table, int n_tok,
+                         const int32_t* d_n_past, uint16_t* k_cache, uint16_t* v_cache,
+                         cudaStream_t stream);
 size_t attention_f16_scratch_floats(int n_ctx, int max_tok, int n_head);
 void attention_f16(const float* q, const uint16_t* k_cache, const uint16_t* v_cache, float* out,
                    int n_tok, const AttnShape& s, int n_ctx, const int32_t* d_n_past,
@@ -136,6 +136,15 @@ void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& or
 bool matvec1_float_takes(uint32_t weight_type, int64_t cols);
 void matvec1_float(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
                    cudaStream_t stream);
+// Q, K and V (1..3 weights of one type and row length) in one launch.
+void matvec1_float_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
+                         bool accumulate, cudaStream_t stream);
+// g = SwiGLU(gate x, up x) in one launch (swiglu()'s values), and, when down_type is F32 /
+// F16 / BF16, g rounded for it into down_act.f (what quantize_act writes; for a quantized
+// down weight the caller quantizes g).
+bool matvec1_swiglu_takes(const WeightView& gate, const WeightView& up);
+void matvec1_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& a, float* g,
+                    uint32_t down_type, const ActBuf& down_act, cudaStream_t stream);
 bool matvec1_quant_takes(uint32_t weight_type, int64_t rows, int64_t cols);
 void matvec1_quant(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
                    cudaStream_t stream);

@@ -1,2 +1,427 @@
-// Exact one-token products, see exact.cuh. (Being written.)
+// One-token exact products for F32 / F16 / BF16 weights (exact.cuh: matvec1_float): the same
+// bits as matmul()'s vec_dot order (cpu::dot_vecdot, cpu::dot_bf16_vecdot), laid out for
+// memory bandwidth: a warp per row, so that a matrix of few rows (K/V: 128) still has
+// thousands of threads, and each lane streams 4 (F16/BF16) or 8 (F32) bytes per 64-element
+// step with 32 steps in flight (the loads are issued before the PDL wait: weights are never
+// written by a kernel).
+//
+// F32 / F16: the reference has 64 FMA chains, chain c takes elements 64i + c. Lane t holds
+// chains 2t and 2t + 1 (one 4-byte F16 word or 8-byte F32 pair per step), each updated with
+// fmaf in index order: the CPU lane's value exactly. The reduce, (c, c^32) then (c, c^16)
+// (GGML_F32x16_REDUCE), then hsum16 over c's low 4 bits from bit 3 down, is a butterfly over
+// the chain index bits 5 .. 0 = lane bits 4 .. 0 (shuffles xor 16, 8, 4, 2, 1), then the two
+// chains of lane 0 (bit 0). Float addition is commutative, so both partners of a pair hold
+// the reference's sum. Leftovers (cols % 64) are added by lane 0 in the reference's
+// sequential order (exact_float_math.cuh).
+//
+// BF16: per 64-element step two 16-lane dpbf16 accumulators, c1 over elements 0..31 and c2
+// over 32..63, lane l taking the pair (2l, 2l+1) as (c + p[2l+1]) + p[2l]. Lane t owns
+// elements 2t, 2t+1 of each step: c1 lane t for t < 16, c2 lane t - 16 otherwise. hsum16 of
+// each half = shuffles xor 8, 4, 2, 1; then double(h1) + double(h2) and the leftovers in
+// double, as ggml_vec_dot_bf16.
+//
+// Compiled with -fmad=false; every product / sum / fma goes through the xf:: helpers.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "common.cuh"
+#include "common/errors.h"
 #include "exact.cuh"
+#include "exact_float_math.cuh"
+#include "exact_ops_math.cuh"
+#include "launch.cuh"
+
+namespace worker::kern::exact {
+namespace {
+
+constexpr int kRowsPerBlock = 4;  // one warp each
+
+template <GgmlType T>
+struct Raw {
+  using type = uint32_t;  // two 16-bit weights
+};
+template <>
+struct Raw<GgmlType::F32> {
+  using type = uint2;  // two floats
+};
+
+// The weight loads are volatile asm so that they are issued where they are written: the
+// rolling window below relies on D loads being in flight; plain loads were sunk next to
+// their use by the compiler (the 896 x 4864 product ran one L2 round trip per step).
+template <GgmlType T>
+__device__ __forceinline__ typename Raw<T>::type load_pair(const uint8_t* __restrict__ row, int i,
+                                                           int lane) {
+  if constexpr (T == GgmlType::F32) {
+    const uint2* p = reinterpret_cast<const uint2*>(row) + 32 * i + lane;
+    uint2 v;
+    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+  } else {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(row) + 32 * i + lane;
+    uint32_t v;
+    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+  }
+}
+
+template <GgmlType T>
+__device__ __forceinline__ void unpack_pair(const typename Raw<T>::type& r, float& w0, float& w1) {
+  if constexpr (T == GgmlType::F32) {
+    w0 = __uint_as_float(r.x);
+    w1 = __uint_as_float(r.y);
+  } else if constexpr (T == GgmlType::F16) {
+    w0 = __half2float(__ushort_as_half(static_cast<unsigned short>(r & 0xFFFFu)));
+    w1 = __half2float(__ushort_as_half(static_cast<unsigned short>(r >> 16)));
+  } else {
+    w0 = __uint_as_float(r << 16);
+    w1 = __uint_as_float(r & 0xFFFF0000u);
+  }
+}
+
+// Stages the block's activation row (cols floats, cols % 4 == 0) in shared memory: read from
+// global memory step by step, every chain step would wait for an L2 round trip.
+__device__ __forceinline__ const float2* stage_x(const float* __restrict__ x, int cols) {
+  extern __shared__ float4 xs4[];
+  const float4* xg = reinterpret_cast<const float4*>(x);
+  for (int k = static_cast<int>(threadIdx.x); k < cols / 4; k += static_cast<int>(blockDim.x)) {
+    xs4[k] = xg[k];
+  }
+  __syncthreads();
+  return reinterpret_cast<const float2*>(xs4);
+}
+
+template <GgmlType T, int D>
+__device__ __forceinline__ void prefetch(const uint8_t* __restrict__ row, int n_it, int lane,
+                                         typename Raw<T>::type (&raw)[D]) {
+#pragma unroll
+  for (int u = 0; u < D; ++u) {
+    if (u < n_it) raw[u] = load_pair<T>(row, u, lane);
+  }
+}
+
+// The chains' reduce (+ hsum16) and the leftovers: the result is valid in lane 0 (leftovers
+// are added there), the tree's sum in every lane. `row` may be global or shared memory.
+template <GgmlType T>
+__device__ __forceinline__ float finish(float a0, float a1, const uint8_t* row, int cols,
+                                        const float* __restrict__ x, int lane) {
+  const int np = (cols / 64) * 64;
+  auto we = [row](int i) {
+    if constexpr (T == GgmlType::F32) {
+      return reinterpret_cast<const float*>(row)[i];
+    } else {
+      const uint32_t h = reinterpret_cast<const unsigned short*>(row)[i];
+      if constexpr (T == GgmlType::F16) {
+        return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+      } else {
+        return __uint_as_float(h << 16);
+      }
+    }
+  };
+  // leftovers (cols % 64 != 0, rare) read x from global memory
+  if constexpr (T == GgmlType::BF16) {
+    (void)a1;
+#pragma unroll
+    for (int m = 8; m >= 1; m >>= 1) a0 = xf::add_rn(a0, __shfl_xor_sync(0xffffffffu, a0, m));
+    const float h2 = __shfl_xor_sync(0xffffffffu, a0, 16);
+    double d = static_cast<double>(a0);
+    d += static_cast<double>(h2);
+    if (lane == 0 && np != cols) d = xf::tail_double(d, we, x, np, cols);
+    return static_cast<float>(d);
+  } else {
+#pragma unroll
+    for (int m = 16; m >= 1; m >>= 1) {
+      a0 = xf::add_rn(a0, __shfl_xor_sync(0xffffffffu, a0, m));
+      a1 = xf::add_rn(a1, __shfl_xor_sync(0xffffffffu, a1, m));
+    }
+    float res = xf::add_rn(a0, a1);
+    if (lane == 0 && np != cols) {
+      if constexpr (T == GgmlType::F32) {
+        res = xf::tail_f32(res, we, x, np, cols);
+      } else {
+        res = static_cast<float>(xf::tail_double(static_cast<double>(res), we, x, np, cols));
+      }
+    }
+    return res;
+  }
+}
+
+// The row's dot with the staged activation, in the reference's order (see the top); the
+// result is valid in lane 0 (leftovers are added there), the tree's sum in every lane.
+template <GgmlType T, int D>
+__device__ __forceinline__ float warp_dot(const uint8_t* __restrict__ row, int cols,
+                                          typename Raw<T>::type (&raw)[D],
+                                          const float2* __restrict__ xp,
+                                          const float* __restrict__ x, int lane) {
+  const int n_it = cols / 64;
+  float a0 = 0.0f, a1 = 0.0f;  // F32/F16: chains 2t, 2t+1; BF16: a0 is the dpbf16 lane
+  for (int i0 = 0; i0 < n_it; i0 += D) {
+#pragma unroll
+    for (int u = 0; u < D; ++u) {
+      const int i = i0 + u;
+      if (i < n_it) {
+        float w0, w1;
+        unpack_pair<T>(raw[u], w0, w1);
+        if (i + D < n_it) raw[u] = load_pair<T>(row, i + D, lane);
+        const float2 xv = xp[32 * i + lane];
+        if constexpr (T == GgmlType::BF16) {
+          a0 = xf::dpbf16_step(a0, w0, xv.x, w1, xv.y);
+        } else {
+          a0 = xf::fma_step(a0, w0, xv.x);
+          a1 = xf::fma_step(a1, w1, xv.y);
+        }
+      }
+    }
+  }
+  return finish<T>(a0, a1, row, cols, x, lane);
+}
+
+// Long rows (the FFN down projection: 896 rows of 4864): few warps, each with a long chain,
+// cannot keep enough loads in flight (measured 47 us for 8.7 MB). Here a block copies R
+// whole rows (one contiguous range) into shared memory with 16-byte cp.async copies, all
+// issued before the PDL wait, then warp w runs row w's chains from shared memory: every
+// byte of the matrix is requested at once.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
+
+template <GgmlType T>
+__global__ void vecdot1_tile_kernel(const uint8_t* __restrict__ w, int rows, int cols,
+                                    size_t row_bytes, int R, const float* __restrict__ x,
+                                    float* __restrict__ y, int accumulate) {
+  extern __shared__ float4 smem4[];
+  const int lane = threadIdx.x & 31, wid = static_cast<int>(threadIdx.x >> 5);
+  const int r0 = static_cast<int>(blockIdx.x) * R;
+  const int nr = min(R, rows - r0);
+  auto* tile = reinterpret_cast<uint8_t*>(smem4);
+  {
+    const uint8_t* src = w + static_cast<size_t>(r0) * row_bytes;
+    const size_t n16 = static_cast<size_t>(nr) * row_bytes / 16;
+    for (size_t k = threadIdx.x; k < n16; k += blockDim.x) cp_async16(tile + 16 * k, src + 16 * k);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+  }
+  griddep_wait();
+  float4* xs4 = reinterpret_cast<float4*>(tile + static_cast<size_t>(R) * row_bytes);
+  const float4* xg = reinterpret_cast<const float4*>(x);
+  for (int k = static_cast<int>(threadIdx.x); k < cols / 4; k += static_cast<int>(blockDim.x)) {
+    xs4[k] = xg[k];
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  __syncthreads();
+  if (wid >= nr) return;
+  const uint8_t* row = tile + static_cast<size_t>(wid) * row_bytes;  // shared memory
+  const float2* xp = reinterpret_cast<const float2*>(xs4);
+  const int n_it = cols / 64;
+  float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll 8
+  for (int i = 0; i < n_it; ++i) {
+    float w0, w1;
+    if constexpr (T == GgmlType::F32) {
+      const uint2 v = reinterpret_cast<const uint2*>(row)[32 * i + lane];
+      unpack_pair<T>(v, w0, w1);
+    } else {
+      const uint32_t v = reinterpret_cast<const uint32_t*>(row)[32 * i + lane];
+      unpack_pair<T>(v, w0, w1);
+    }
+    const float2 xv = xp[32 * i + lane];
+    if constexpr (T == GgmlType::BF16) {
+      a0 = xf::dpbf16_step(a0, w0, xv.x, w1, xv.y);
+    } else {
+      a0 = xf::fma_step(a0, w0, xv.x);
+      a1 = xf::fma_step(a1, w1, xv.y);
+    }
+  }
+  const float res = finish<T>(a0, a1, row, cols, x, lane);
+  const int r = r0 + wid;
+  if (lane == 0) y[r] = accumulate ? xf::add_rn(y[r], res) : res;
+}
+
+// Up to three weights of one type and row length in one launch (Q, K, V): the rows of
+// segment 0, then 1, then 2.
+struct Segs {
+  const uint8_t* w[3] = {nullptr, nullptr, nullptr};
+  float* y[3] = {nullptr, nullptr, nullptr};
+  int rows[3] = {0, 0, 0};
+  int n = 0;
+};
+
+template <GgmlType T, int D>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    vecdot1_warp_kernel(Segs segs, int total_rows, int cols, size_t row_bytes,
+                        const float* __restrict__ x, int accumulate) {
+  const int lane = threadIdx.x & 31;
+  int r = static_cast<int>(blockIdx.x) * kRowsPerBlock + static_cast<int>(threadIdx.x >> 5);
+  // A warp past the last row computes the last row again and stores nothing: every warp
+  // takes part in the block's barrier.
+  const bool live = r < total_rows;
+  if (!live) r = total_rows - 1;
+  int sg = 0;
+  while (sg + 1 < segs.n && r >= segs.rows[sg]) r -= segs.rows[sg++];
+  const uint8_t* row = segs.w[sg] + static_cast<size_t>(r) * row_bytes;
+  typename Raw<T>::type raw[D];
+  prefetch<T, D>(row, cols / 64, lane, raw);
+  griddep_wait();
+  const float2* xp = stage_x(x, cols);
+  const float res = warp_dot<T, D>(row, cols, raw, xp, x, lane);
+  if (lane == 0 && live) {
+    float* y = segs.y[sg];
+    y[r] = accumulate ? xf::add_rn(y[r], res) : res;
+  }
+}
+
+// g[r] = SwiGLU(gate row r . x, up row r . x) (cpu::swiglu_row's element r), and g[r]
+// rounded for an F32/F16/BF16 down weight into act_f (act_kind 0 = none, 1 = F32 copy,
+// 2 = fp16, 3 = bf16).
+template <GgmlType T, int D>
+__global__ void __launch_bounds__(kRowsPerBlock* kWarp)
+    vecdot1_swiglu_kernel(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, int rows,
+                          int cols, size_t row_bytes, const float* __restrict__ x,
+                          float* __restrict__ g, int act_kind, float* __restrict__ act_f) {
+  const int lane = threadIdx.x & 31;
+  int r = static_cast<int>(blockIdx.x) * kRowsPerBlock + static_cast<int>(threadIdx.x >> 5);
+  const bool live = r < rows;
+  if (!live) r = rows - 1;
+  const uint8_t* rg = wg + static_cast<size_t>(r) * row_bytes;
+  const uint8_t* ru = wu + static_cast<size_t>(r) * row_bytes;
+  typename Raw<T>::type raw_g[D], raw_u[D];
+  prefetch<T, D>(rg, cols / 64, lane, raw_g);
+  prefetch<T, D>(ru, cols / 64, lane, raw_u);
+  griddep_wait();
+  const float2* xp = stage_x(x, cols);
+  const float dg = warp_dot<T, D>(rg, cols, raw_g, xp, x, lane);
+  const float du = warp_dot<T, D>(ru, cols, raw_u, xp, x, lane);
+  if (lane == 0 && live) {
+    const float v = math::swiglu_one(dg, du, r, rows & ~15);
+    g[r] = v;
+    if (act_kind == 1) act_f[r] = v;
+    if (act_kind == 2) act_f[r] = math::act_round_fp16(v);
+    if (act_kind == 3) act_f[r] = math::act_round_bf16(v);
+  }
+}
+
+constexpr size_t kTileSmem = 48 * 1024;
+
+// Rows per block of the tile kernel for this shape (0: the warp kernel instead).
+int tile_rows(int64_t cols, size_t row_bytes) {
+  if (cols < 2048 || row_bytes % 16 != 0) return 0;
+  const size_t xb = static_cast<size_t>(cols) * sizeof(float);
+  if (xb + row_bytes > kTileSmem) return 0;
+  return static_cast<int>(std::min<size_t>(4, (kTileSmem - xb) / row_bytes));
+}
+
+template <GgmlType T>
+void launch(const Segs& segs, int total_rows, int64_t cols, size_t row_bytes, const float* x,
+            bool accumulate, cudaStream_t s) {
+  const int R = segs.n == 1 ? tile_rows(cols, row_bytes) : 0;
+  if (R > 0) {
+    const dim3 grid(static_cast<unsigned>((total_rows + R - 1) / R));
+    launch_pdl_smem("exact_vecdot1_tile_kernel", vecdot1_tile_kernel<T>, grid,
+                    dim3(static_cast<unsigned>(R * kWarp)),
+                    static_cast<size_t>(R) * row_bytes + static_cast<size_t>(cols) * sizeof(float),
+                    s, segs.w[0], total_rows, static_cast<int>(cols), row_bytes, R, x, segs.y[0],
+                    accumulate ? 1 : 0);
+    return;
+  }
+  constexpr int kD = T == GgmlType::F32 ? 16 : 32;
+  const dim3 grid(static_cast<unsigned>((total_rows + kRowsPerBlock - 1) / kRowsPerBlock));
+  launch_pdl_smem("exact_vecdot1_warp_kernel", vecdot1_warp_kernel<T, kD>, grid,
+                  dim3(kRowsPerBlock * kWarp), static_cast<size_t>(cols) * sizeof(float), s, segs,
+                  total_rows, static_cast<int>(cols), row_bytes, x, accumulate ? 1 : 0);
+}
+
+template <GgmlType T>
+void launch_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* g,
+                   int act_kind, float* act_f, cudaStream_t s) {
+  constexpr int kD = T == GgmlType::F32 ? 8 : 16;
+  const dim3 grid(static_cast<unsigned>((gate.rows + kRowsPerBlock - 1) / kRowsPerBlock));
+  launch_pdl_smem("exact_vecdot1_swiglu_kernel", vecdot1_swiglu_kernel<T, kD>, grid,
+                  dim3(kRowsPerBlock * kWarp), static_cast<size_t>(gate.cols) * sizeof(float), s,
+                  static_cast<const uint8_t*>(gate.data), static_cast<const uint8_t*>(up.data),
+                  static_cast<int>(gate.rows), static_cast<int>(gate.cols), gate.row_bytes, x, g,
+                  act_kind, act_f);
+}
+
+void check_takes(const WeightView& w, const char* what) {
+  if (!matvec1_float_takes(w.type, w.cols)) {
+    throw WorkerError(ErrorCode::Internal, std::string(what) + ": unsupported weight (type " +
+                                               std::string(ggml_type_name(w.type)) + ", " +
+                                               std::to_string(w.cols) + " columns)");
+  }
+}
+
+template <typename F>
+void by_type(uint32_t type, F&& f) {
+  switch (static_cast<GgmlType>(type)) {
+    case GgmlType::F32: f(std::integral_constant<GgmlType, GgmlType::F32>{}); break;
+    case GgmlType::F16: f(std::integral_constant<GgmlType, GgmlType::F16>{}); break;
+    default: f(std::integral_constant<GgmlType, GgmlType::BF16>{}); break;
+  }
+}
+
+}  // namespace
+
+bool matvec1_float_takes(uint32_t weight_type, int64_t cols) {
+  const auto t = static_cast<GgmlType>(weight_type);
+  const bool float_type = t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+  // pairs of weights as one aligned word per lane: an even row length keeps every row
+  // start aligned;
+  // x is staged in shared memory as float4: cols % 4, and at most 48 KB
+  return float_type && cols % 4 == 0 && cols > 0 && cols <= 12288;
+}
+
+void matvec1_float(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
+                   cudaStream_t stream) {
+  const WeightView* ws[1] = {&w};
+  float* ys[1] = {y};
+  matvec1_float_multi(ws, ys, 1, a, accumulate, stream);
+}
+
+void matvec1_float_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
+                         bool accumulate, cudaStream_t stream) {
+  if (n < 1 || n > 3) throw WorkerError(ErrorCode::Internal, "matvec1_float_multi: 1..3 weights");
+  Segs segs;
+  int total = 0;
+  for (int i = 0; i < n; ++i) {
+    check_takes(*ws[i], "matvec1_float");
+    if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols) {
+      throw WorkerError(ErrorCode::Internal,
+                        "matvec1_float_multi: weights differ in type or length");
+    }
+    segs.w[i] = static_cast<const uint8_t*>(ws[i]->data);
+    segs.y[i] = ys[i];
+    segs.rows[i] = static_cast<int>(ws[i]->rows);
+    total += segs.rows[i];
+  }
+  segs.n = n;
+  if (total <= 0) return;
+  by_type(ws[0]->type, [&](auto t) {
+    launch<decltype(t)::value>(segs, total, ws[0]->cols, ws[0]->row_bytes, a.f, accumulate, stream);
+  });
+}
+
+bool matvec1_swiglu_takes(const WeightView& gate, const WeightView& up) {
+  return matvec1_float_takes(gate.type, gate.cols) && gate.type == up.type &&
+         gate.cols == up.cols && gate.rows == up.rows;
+}
+
+void matvec1_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& a, float* g,
+                    uint32_t down_type, const ActBuf& down_act, cudaStream_t stream) {
+  if (!matvec1_swiglu_takes(gate, up)) {
+    throw WorkerError(ErrorCode::Internal, "matvec1_swiglu: unsupported gate/up weights");
+  }
+  const auto dt = static_cast<GgmlType>(down_type);
+  const int act_kind = dt == GgmlType::F32    ? 1
+                       : dt == GgmlType::F16  ? 2
+                       : dt == GgmlType::BF16 ? 3
+                                              : 0;
+  by_type(gate.type, [&](auto t) {
+    launch_swiglu<decltype(t)::value>(gate, up, a.f, g, act_kind, down_act.f, stream);
+  });
+}
+
+}  // namespace worker::kern::exact

@@ -662,7 +662,11 @@ void CudaEngine::mm_exact(Scratch& s, const kern::WeightView& w, const float* x,
     kern::exact::quantize_act(w.type, x, n, cols, s.act, stream_);
     s.act_type = w.type;
   }
-  if (kern::exact::qgemm_takes(w.type, n)) {
+  if (n == 1 && kern::exact::matvec1_float_takes(w.type, w.cols)) {
+    kern::exact::matvec1_float(w, s.act, y, acc, stream_);
+  } else if (n == 1 && kern::exact::matvec1_quant_takes(w.type, w.rows, w.cols)) {
+    kern::exact::matvec1_quant(w, s.act, y, acc, stream_);
+  } else if (kern::exact::qgemm_takes(w.type, n)) {
     kern::exact::qgemm(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
   } else {
     kern::exact::matmul(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
@@ -684,13 +688,19 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
     auto* vcache = static_cast<float*>(vc(il));
     ex::rmsnorm_act(s.x, V.attn_norm, s.xn, n, E, cfg_.norm_eps, L.wq.type, s.act, stream_);
     s.act_type = L.wq.type;
-    mm_exact(s, L.wq, s.xn, E, n, s.q, false, true);
-    mm_exact(s, L.wk, s.xn, E, n, s.k, false, true);
-    mm_exact(s, L.wv, s.xn, E, n, s.v, false, true);
-    ex::bias_rope_store(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io, kcache,
-                        vcache, stream_);
-    ex::attention_act(s.q, kcache, vcache, s.att, n, shape_, n_ctx_, s.io, s.attn_scr, L.wo.type,
-                      s.act, stream_);
+    if (n == 1 && L.wq.type == L.wk.type && L.wq.type == L.wv.type &&
+        ex::matvec1_float_takes(L.wq.type, L.wq.cols)) {
+      const kern::WeightView* ws[3] = {&L.wq, &L.wk, &L.wv};
+      float* ys[3] = {s.q, s.k, s.v};
+      ex::matvec1_float_multi(ws, ys, 3, s.act, false, stream_);  // one launch
+    } else {
+      mm_exact(s, L.wq, s.xn, E, n, s.q, false, true);
+      mm_exact(s, L.wk, s.xn, E, n, s.k, false, true);
+      mm_exact(s, L.wv, s.xn, E, n, s.v, false, true);
+    }
+    // bias + RoPE + KV store + attention + rounding for Wo: one launch at decode
+    ex::rope_attention_act(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io, kcache,
+                           vcache, s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
     s.act_type = L.wo.type;
     mm_exact(s, L.wo, s.att, QD, n, s.x, true, true);  // x += Wo att
     const int r0 = (last_only && il + 1 == layers_.size()) ? n - 1 : 0;
@@ -698,11 +708,24 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
     float* xr = s.x + static_cast<size_t>(r0) * static_cast<size_t>(E);
     ex::rmsnorm_act(xr, V.ffn_norm, s.xn, nr, E, cfg_.norm_eps, L.gate.type, s.act, stream_);
     s.act_type = L.gate.type;
-    mm_exact(s, L.gate, s.xn, E, nr, s.g, false, true);
-    mm_exact(s, L.up, s.xn, E, nr, s.u, false, true);
-    ex::swiglu_act(s.g, s.u, nr, F, L.down.type, s.act, stream_);
-    s.act_type = L.down.type;
-    mm_exact(s, L.down, s.g, F, nr, xr, true, true);  // x += Wdown act
+    if (nr == 1 && ex::matvec1_swiglu_takes(L.gate, L.up)) {
+      // gate, up and SwiGLU in one launch; its rounding for a float down weight goes to a
+      // second buffer (the launch still reads s.act)
+      ex::ActBuf act2 = s.act;
+      act2.f = static_cast<float*>(s.lowp);
+      ex::matvec1_swiglu(L.gate, L.up, s.act, s.g, L.down.type, act2, stream_);
+      if (ex::matvec1_float_takes(L.down.type, L.down.cols)) {
+        ex::matvec1_float(L.down, act2, xr, true, stream_);
+      } else {
+        mm_exact(s, L.down, s.g, F, nr, xr, true, false);
+      }
+    } else {
+      mm_exact(s, L.gate, s.xn, E, nr, s.g, false, true);
+      mm_exact(s, L.up, s.xn, E, nr, s.u, false, true);
+      ex::swiglu_act(s.g, s.u, nr, F, L.down.type, s.act, stream_);
+      s.act_type = L.down.type;
+      mm_exact(s, L.down, s.g, F, nr, xr, true, true);  // x += Wdown act
+    }
   }
 }
 
@@ -720,8 +743,12 @@ void CudaEngine::final_logits_exact(Scratch& s, int first_row, int n_out, int ro
   s.act_type = output_.type;
   for (int r = 0; r < n_out; r += rows_per_call) {
     const int rows = std::min(rows_per_call, n_out - r);
-    ex::matmul(output_, act_rows(s.act, output_.type, E, r), rows, ex::BatchOrder{n_out, r},
-               s.logits, false, stream_);
+    if (n_out == 1 && ex::matvec1_quant_takes(output_.type, output_.rows, output_.cols)) {
+      ex::matvec1_quant(output_, s.act, s.logits, false, stream_);  // the decode LM head
+    } else {
+      ex::matmul(output_, act_rows(s.act, output_.type, E, r), rows, ex::BatchOrder{n_out, r},
+                 s.logits, false, stream_);
+    }
     if (host_out != nullptr) {
       CUDA_CHECK(cudaMemcpyAsync(host_out + static_cast<size_t>(r) * V, s.logits,
                                  sizeof(float) * V * static_cast<size_t>(rows),
