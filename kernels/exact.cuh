@@ -148,6 +148,17 @@ void matvec1_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& 
 bool matvec1_quant_takes(uint32_t weight_type, int64_t rows, int64_t cols);
 void matvec1_quant(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
                    cudaStream_t stream);
+// Q, K and V (1..3 quantized weights of one row length whose activation is one
+// quantization: all of Q8_0 / Q5_0 / Q4_0, or all of Q4_K / Q6_K; types may differ) in one
+// launch; ys[i] gets exactly what matvec1_quant(*ws[i], ...) writes.
+bool matvec1_quant_multi_takes(const WeightView* const* ws, int n);
+void matvec1_quant_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
+                         bool accumulate, cudaStream_t stream);
+// g = SwiGLU(gate a, up a) in one launch (gate and up: one quantized type and shape): exactly
+// matvec1_quant(gate), matvec1_quant(up), then swiglu(g, u, 1, gate.rows).
+bool matvec1_quant_swiglu_takes(const WeightView& gate, const WeightView& up);
+void matvec1_quant_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& a, float* g,
+                          cudaStream_t stream);
 
 // ---------------------------------------------------------------------------------------
 // Fusions that cut launches in the decode step (exact_fused.cu); any n_tok works. Each

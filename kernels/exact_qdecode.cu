@@ -35,14 +35,24 @@
 // Rows longer than one pass (> 32 units, e.g. FFN down 896 x 4864) take qdecode_long_kernel
 // instead: R <= 4 rows a block, all 128 threads compute the slots of all the tile's units at
 // once, then warp r runs row r's chains over the whole row (same steps, same order).
+// Fused decode launches (tile_dots is the per-tile row loop of qdecode_kernel, shared by all):
+//  - matvec1_quant_multi: Q, K, V (1..3 weights, one row length, one activation
+//    quantization; the types may differ within the Q8_0 family or within the Q8_K family) in
+//    one grid: segment s owns a range of blocks, each block loads its tile of R rows of its
+//    weight and switches (block-uniform) to its (type, repack) body. Same rows, same steps.
+//  - matvec1_quant_swiglu: a block loads R gate rows and the R up rows of the same indices
+//    (two cp.async tiles), runs the 2R row dots as one tile into shared memory, then writes
+//    g[r] = math::swiglu_one(gate dot, up dot, r, F & ~15): the element swiglu() writes.
 // Compiled with -fmad=false; deterministic: no atomics, fixed orders.
 #include <algorithm>
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
 #include "exact.cuh"
+#include "exact_ops_math.cuh"
 #include "exact_qdecode_math.cuh"
 #include "launch.cuh"
 
@@ -72,41 +82,26 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
 }
 
-template <GgmlType T, bool REP>
-__global__ void __launch_bounds__(kQdThreads)
-    qdecode_kernel(const uint8_t* __restrict__ w, int rows, int units, size_t rb, int R,
-                   size_t tile_alloc_bytes, const int8_t* __restrict__ aq,
-                   const float* __restrict__ ad, const int32_t* __restrict__ abs,
-                   float* __restrict__ y, int accumulate) {
-  extern __shared__ int4 s_raw[];
-  const int r0 = static_cast<int>(blockIdx.x) * R;
-  const int nr = min(R, rows - r0);
-  const uint8_t* start = w + static_cast<size_t>(r0) * rb;
-  const uintptr_t base = reinterpret_cast<uintptr_t>(start) & ~uintptr_t{15};
-  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(start) - base);
-  const int n16 =
-      static_cast<int>((static_cast<size_t>(off) + static_cast<size_t>(nr) * rb + 15) / 16);
-  const int4* src = reinterpret_cast<const int4*>(base);
-  for (int i = static_cast<int>(threadIdx.x); i < n16; i += kQdThreads)
-    cp_async16(s_raw + i, src + i);
-  griddep_wait();
-  cp_async_wait_all();
-  __syncthreads();
-
-  const uint8_t* tile = reinterpret_cast<const uint8_t*>(s_raw) + off;
+// The dots of the nr rows of a tile held in shared memory (row i at rowp(i)), written by
+// out(i, dot). Warp w takes groups of G rows (g0 = w, w + kQdWarps * G, ...; rows g0 +
+// kQdWarps * i); per pass each lane computes its unit of each of the G rows into the warp's
+// slot arrays (S, F: this warp's), then lane (j, c) steps chain c of group row j. Every row's
+// chains are the same steps in the same order whatever the tile or the grid, so any kernel
+// built on this gives matvec1_quant's bits.
+template <GgmlType T, bool REP, class RowPtr, class Out>
+__device__ __forceinline__ void tile_dots(RowPtr rowp, int nr, int units,
+                                          const int8_t* __restrict__ aq,
+                                          const float* __restrict__ ad,
+                                          const int32_t* __restrict__ abs, int* S, float* F,
+                                          Out out) {
   const int warp = static_cast<int>(threadIdx.x) / kWarp,
             lane = static_cast<int>(threadIdx.x) % kWarp;
-  int* S = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes) +
-           warp * qd::kWarpSlotInts;
-  float* F = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes) +
-             kQdWarps * qd::kWarpSlotInts + warp * qd::kWarpScaleFloats;
   constexpr int kC = qd::chains<T, REP>();
   constexpr int kCL = qd::chain_lanes<T, REP>();
   constexpr int G = qd::group_rows<T, REP>();
   // Chain phase role of this lane: row j of the group, chain c.
   const int j = lane / kCL, c = lane % kCL;
 
-  // Warp w's groups: rows g0 + kQdWarps * i (i < G), g0 = w, w + kQdWarps * G, ...
   for (int g0 = warp; g0 < nr; g0 += kQdWarps * G) {  // warp-uniform
     const int my_row = g0 + kQdWarps * j;
     const bool chain_lane = j < G && c < kC && my_row < nr;
@@ -121,7 +116,7 @@ __global__ void __launch_bounds__(kQdThreads)
         for (int i = 0; i < G; ++i) {
           const int ri = g0 + kQdWarps * i;
           if (ri < nr)
-            qd::unit_slots<T, REP>(tile + static_cast<size_t>(ri) * rb, u, yw, yd, abs,
+            qd::unit_slots<T, REP>(rowp(ri), u, yw, yd, abs,
                                    S + (i * qd::kUnitsPerPass + lane) * qd::kSlotStride,
                                    F + (i * qd::kUnitsPerPass + lane) * qd::kScaleStride);
         }
@@ -137,12 +132,172 @@ __global__ void __launch_bounds__(kQdThreads)
     float v[kC];
 #pragma unroll
     for (int k = 0; k < kC; ++k) v[k] = __shfl_sync(0xffffffffu, acc, (lane / kCL) * kCL + k);
-    if (c == 0 && j < G && my_row < nr) {
-      const float d = qd::combine<T, REP>(v);
-      float* out = y + r0 + my_row;
-      *out = accumulate ? *out + d : d;
+    if (c == 0 && j < G && my_row < nr) out(my_row, qd::combine<T, REP>(v));
+  }
+}
+
+// Issues the cp.async copies of `bytes` bytes at `start` into dst (16-byte aligned down);
+// returns the offset of `start` in dst.
+__device__ __forceinline__ int tile_load(int4* dst, const uint8_t* start, size_t bytes) {
+  const uintptr_t base = reinterpret_cast<uintptr_t>(start) & ~uintptr_t{15};
+  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(start) - base);
+  const int n16 = static_cast<int>((static_cast<size_t>(off) + bytes + 15) / 16);
+  const int4* src = reinterpret_cast<const int4*>(base);
+  for (int i = static_cast<int>(threadIdx.x); i < n16; i += kQdThreads)
+    cp_async16(dst + i, src + i);
+  return off;
+}
+
+__device__ __forceinline__ int* warp_slots(uint8_t* smem, size_t slot_at) {
+  return reinterpret_cast<int*>(smem + slot_at) +
+         static_cast<int>(threadIdx.x) / kWarp * qd::kWarpSlotInts;
+}
+__device__ __forceinline__ float* warp_scales(uint8_t* smem, size_t slot_at) {
+  return reinterpret_cast<float*>(smem + slot_at) + kQdWarps * qd::kWarpSlotInts +
+         static_cast<int>(threadIdx.x) / kWarp * qd::kWarpScaleFloats;
+}
+
+template <GgmlType T, bool REP>
+__global__ void __launch_bounds__(kQdThreads)
+    qdecode_kernel(const uint8_t* __restrict__ w, int rows, int units, size_t rb, int R,
+                   size_t tile_alloc_bytes, const int8_t* __restrict__ aq,
+                   const float* __restrict__ ad, const int32_t* __restrict__ abs,
+                   float* __restrict__ y, int accumulate) {
+  extern __shared__ int4 s_raw[];
+  const int r0 = static_cast<int>(blockIdx.x) * R;
+  const int nr = min(R, rows - r0);
+  const int off = tile_load(s_raw, w + static_cast<size_t>(r0) * rb, static_cast<size_t>(nr) * rb);
+  griddep_wait();
+  cp_async_wait_all();
+  __syncthreads();
+
+  uint8_t* smem = reinterpret_cast<uint8_t*>(s_raw);
+  const uint8_t* tile = smem + off;
+  tile_dots<T, REP>([&](int i) { return tile + static_cast<size_t>(i) * rb; }, nr, units, aq, ad,
+                    abs, warp_slots(smem, tile_alloc_bytes), warp_scales(smem, tile_alloc_bytes),
+                    [&](int i, float d) {
+                      float* o = y + r0 + i;
+                      *o = accumulate ? *o + d : d;
+                    });
+}
+
+// (type, repack) of a weight as one code, for the kernels that switch per block.
+enum QCode : int { kQ8_0 = 0, kQ5_0, kQ4_0, kQ4_0R, kQ4_K, kQ4_KR, kQ6_K };
+int qcode_of(const WeightView& w) {
+  const bool rep = w.rows % 8 == 0;
+  switch (static_cast<GgmlType>(w.type)) {
+    case GgmlType::Q8_0: return kQ8_0;
+    case GgmlType::Q5_0: return kQ5_0;
+    case GgmlType::Q4_0: return rep ? kQ4_0R : kQ4_0;
+    case GgmlType::Q4_K: return rep ? kQ4_KR : kQ4_K;
+    case GgmlType::Q6_K: return kQ6_K;
+    default: return -1;
+  }
+}
+// Q8_0-activation family (0) or Q8_K (1).
+int family_of(int code) {
+  return code >= kQ4_K ? 1 : 0;
+}
+
+// Calls f.template operator()<T, REP>() for the code (KF: the Q8_K family's codes, else the
+// Q8_0 family's), so one kernel holds only one activation family's bodies.
+template <bool KF, class Fn>
+__device__ __forceinline__ void by_code(int code, Fn&& f) {
+  if constexpr (!KF) {
+    switch (code) {
+      case kQ8_0: f(std::integral_constant<GgmlType, GgmlType::Q8_0>{}, std::false_type{}); break;
+      case kQ5_0: f(std::integral_constant<GgmlType, GgmlType::Q5_0>{}, std::false_type{}); break;
+      case kQ4_0: f(std::integral_constant<GgmlType, GgmlType::Q4_0>{}, std::false_type{}); break;
+      default: f(std::integral_constant<GgmlType, GgmlType::Q4_0>{}, std::true_type{}); break;
+    }
+  } else {
+    switch (code) {
+      case kQ4_K: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}, std::false_type{}); break;
+      case kQ4_KR: f(std::integral_constant<GgmlType, GgmlType::Q4_K>{}, std::true_type{}); break;
+      default: f(std::integral_constant<GgmlType, GgmlType::Q6_K>{}, std::false_type{}); break;
     }
   }
+}
+
+// Up to 3 weights of one row length in one launch (Q, K, V): segment s owns blocks
+// [block0[s], block0[s + 1]) with R rows each; each block loads its tile and runs the row
+// dots of its segment's (type, repack) body: the same per-row steps as qdecode_kernel.
+struct MultiSegs {
+  const uint8_t* w[3] = {};
+  float* y[3] = {};
+  size_t rb[3] = {};
+  size_t slot_at[3] = {};  // tile_alloc of the segment's tile: where the slot arrays start
+  int rows[3] = {};
+  int code[3] = {};
+  int block0[4] = {};
+  int n = 0;
+  int R = 1;
+};
+
+template <bool KF>
+__global__ void __launch_bounds__(kQdThreads)
+    qdecode_multi_kernel(MultiSegs segs, int units, const int8_t* __restrict__ aq,
+                         const float* __restrict__ ad, const int32_t* __restrict__ abs,
+                         int accumulate) {
+  extern __shared__ int4 s_raw[];
+  const int b = static_cast<int>(blockIdx.x);
+  const int sg = b >= segs.block0[1] ? (b >= segs.block0[2] ? 2 : 1) : 0;
+  const int R = segs.R;
+  const int r0 = (b - segs.block0[sg]) * R;
+  const int nr = min(R, segs.rows[sg] - r0);
+  const size_t rb = segs.rb[sg];
+  const int off =
+      tile_load(s_raw, segs.w[sg] + static_cast<size_t>(r0) * rb, static_cast<size_t>(nr) * rb);
+  griddep_wait();
+  cp_async_wait_all();
+  __syncthreads();
+
+  uint8_t* smem = reinterpret_cast<uint8_t*>(s_raw);
+  const uint8_t* tile = smem + off;
+  float* y = segs.y[sg] + r0;
+  int* S = warp_slots(smem, segs.slot_at[sg]);
+  float* F = warp_scales(smem, segs.slot_at[sg]);
+  by_code<KF>(segs.code[sg], [&](auto t, auto rep) {
+    tile_dots<decltype(t)::value, decltype(rep)::value>(
+        [&](int i) { return tile + static_cast<size_t>(i) * rb; }, nr, units, aq, ad, abs, S, F,
+        [&](int i, float d) { y[i] = accumulate ? y[i] + d : d; });
+  });
+}
+
+// g[r] = SwiGLU(gate row r . a, up row r . a) for the block's R rows: the block loads the R
+// gate rows and the R up rows (two cp.async tiles, all in flight before griddep_wait), runs
+// the 2R row dots as one tile (virtual rows 0..R-1 gate, R..2R-1 up) into shared memory, then
+// thread i < nr writes swiglu_one(gate dot, up dot, r0 + i, F & ~15).
+template <GgmlType T, bool REP>
+__global__ void __launch_bounds__(kQdThreads)
+    qdecode_swiglu_kernel(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, int rows,
+                          int units, size_t rb, int R, size_t up_at, size_t slot_at,
+                          const int8_t* __restrict__ aq, const float* __restrict__ ad,
+                          const int32_t* __restrict__ abs, float* __restrict__ g) {
+  extern __shared__ int4 s_raw[];
+  const int r0 = static_cast<int>(blockIdx.x) * R;
+  const int nr = min(R, rows - r0);
+  uint8_t* smem = reinterpret_cast<uint8_t*>(s_raw);
+  const size_t bytes = static_cast<size_t>(nr) * rb;
+  const int off_g = tile_load(s_raw, wg + static_cast<size_t>(r0) * rb, bytes);
+  const int off_u =
+      tile_load(reinterpret_cast<int4*>(smem + up_at), wu + static_cast<size_t>(r0) * rb, bytes);
+  griddep_wait();
+  cp_async_wait_all();
+  __syncthreads();
+
+  const uint8_t* tg = smem + off_g;
+  const uint8_t* tu = smem + up_at + off_u;
+  float* dots = reinterpret_cast<float*>(smem + slot_at + kSlotBytes);  // [2R]
+  tile_dots<T, REP>(
+      [&](int i) {
+        return i < nr ? tg + static_cast<size_t>(i) * rb : tu + static_cast<size_t>(i - nr) * rb;
+      },
+      2 * nr, units, aq, ad, abs, warp_slots(smem, slot_at), warp_scales(smem, slot_at),
+      [&](int i, float d) { dots[i] = d; });
+  __syncthreads();
+  const int i = static_cast<int>(threadIdx.x);
+  if (i < nr) g[r0 + i] = math::swiglu_one(dots[i], dots[nr + i], r0 + i, rows & ~15);
 }
 
 // Rows longer than one pass (decode of e.g. FFN down: 152 units a row) with few rows: the
@@ -264,6 +419,60 @@ void launch_qdecode(const WeightView& w, const ActBuf& a, float* y, bool accumul
                   static_cast<const int32_t*>(a.bsum), y, accumulate ? 1 : 0);
 }
 
+// Host: calls f(integral_constant<T>, bool_constant<REP>) for the code.
+template <class Fn>
+void with_code(int code, Fn&& f) {
+  using Q80 = std::integral_constant<GgmlType, GgmlType::Q8_0>;
+  using Q50 = std::integral_constant<GgmlType, GgmlType::Q5_0>;
+  using Q40 = std::integral_constant<GgmlType, GgmlType::Q4_0>;
+  using Q4K = std::integral_constant<GgmlType, GgmlType::Q4_K>;
+  using Q6K = std::integral_constant<GgmlType, GgmlType::Q6_K>;
+  switch (code) {
+    case kQ8_0: f(Q80{}, std::false_type{}); return;
+    case kQ5_0: f(Q50{}, std::false_type{}); return;
+    case kQ4_0: f(Q40{}, std::false_type{}); return;
+    case kQ4_0R: f(Q40{}, std::true_type{}); return;
+    case kQ4_K: f(Q4K{}, std::false_type{}); return;
+    case kQ4_KR: f(Q4K{}, std::true_type{}); return;
+    case kQ6_K: f(Q6K{}, std::false_type{}); return;
+    default: break;
+  }
+  throw WorkerError(ErrorCode::Internal, "exact_qdecode: unsupported weight type");
+}
+
+// Rows per block shared by the segments of a multi launch: the largest power of two <= 32
+// whose tiles are <= kTileTarget and that still gives >= kMinBlocks blocks in all.
+int multi_rows_per_block(const WeightView* const* ws, int n) {
+  int R = 1;
+  for (int c = 2; c <= 32; c *= 2) {
+    int64_t blocks = 0;
+    bool fits = true;
+    for (int i = 0; i < n; ++i) {
+      fits = fits && static_cast<size_t>(c) * ws[i]->row_bytes <= kTileTarget;
+      blocks += (ws[i]->rows + c - 1) / c;
+    }
+    if (!fits || blocks < kMinBlocks) break;
+    R = c;
+  }
+  return R;
+}
+
+// Shared bytes of the SwiGLU kernel with R rows a block of row_bytes each.
+size_t swiglu_smem(int R, size_t rb) {
+  return 2 * tile_alloc(static_cast<size_t>(R) * rb) + kSlotBytes +
+         2 * static_cast<size_t>(R) * sizeof(float);
+}
+int swiglu_rows_per_block(int64_t rows, size_t rb) {
+  int R = 1;
+  for (int c = 2; c <= 32; c *= 2) {
+    if (2 * static_cast<size_t>(c) * rb > kTileTarget) break;
+    if (swiglu_smem(c, rb) > kSmemLimit) break;
+    if ((rows + c - 1) / c < kMinBlocks) break;
+    R = c;
+  }
+  return R;
+}
+
 }  // namespace
 
 bool matvec1_quant_takes(uint32_t weight_type, int64_t rows, int64_t cols) {
@@ -326,6 +535,81 @@ void matvec1_quant(const WeightView& w, const ActBuf& a, float* y, bool accumula
     default: break;
   }
   throw WorkerError(ErrorCode::Internal, "matvec1_quant: unreachable");
+}
+
+bool matvec1_quant_multi_takes(const WeightView* const* ws, int n) {
+  if (n < 1 || n > 3) return false;
+  for (int i = 0; i < n; ++i) {
+    if (ws[i] == nullptr || !matvec1_quant_takes(ws[i]->type, ws[i]->rows, ws[i]->cols))
+      return false;
+    if (ws[i]->cols != ws[0]->cols) return false;
+    // one activation quantization (Q8_0 or Q8_K) for all
+    if (family_of(qcode_of(*ws[i])) != family_of(qcode_of(*ws[0]))) return false;
+  }
+  return true;
+}
+
+void matvec1_quant_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
+                         bool accumulate, cudaStream_t stream) {
+  if (!matvec1_quant_multi_takes(ws, n)) {
+    throw WorkerError(ErrorCode::Internal,
+                      "matvec1_quant_multi: unsupported weights (1..3 quantized weights of one "
+                      "row length and one activation type)");
+  }
+  MultiSegs segs;
+  segs.n = n;
+  segs.R = multi_rows_per_block(ws, n);
+  size_t smem = 0;
+  int blocks = 0;
+  for (int i = 0; i < n; ++i) {
+    segs.w[i] = static_cast<const uint8_t*>(ws[i]->data);
+    segs.y[i] = ys[i];
+    segs.rb[i] = ws[i]->row_bytes;
+    segs.rows[i] = static_cast<int>(ws[i]->rows);
+    segs.code[i] = qcode_of(*ws[i]);
+    segs.slot_at[i] = tile_alloc(static_cast<size_t>(segs.R) * ws[i]->row_bytes);
+    smem = std::max(smem, segs.slot_at[i] + kSlotBytes);
+    segs.block0[i] = blocks;
+    blocks += (segs.rows[i] + segs.R - 1) / segs.R;
+  }
+  for (int i = n; i <= 3; ++i) segs.block0[i] = blocks;
+  const int units = qd::units_of(static_cast<int>(ws[0]->cols));
+  auto* kernel =
+      family_of(segs.code[0]) == 1 ? qdecode_multi_kernel<true> : qdecode_multi_kernel<false>;
+  launch_pdl_smem("exact_qdecode_multi_kernel", kernel, dim3(static_cast<unsigned>(blocks)),
+                  dim3(kQdThreads), smem, stream, segs, units, static_cast<const int8_t*>(a.q),
+                  static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum),
+                  accumulate ? 1 : 0);
+}
+
+bool matvec1_quant_swiglu_takes(const WeightView& gate, const WeightView& up) {
+  return matvec1_quant_takes(gate.type, gate.rows, gate.cols) && gate.type == up.type &&
+         gate.rows == up.rows && gate.cols == up.cols && gate.row_bytes == up.row_bytes &&
+         swiglu_smem(1, gate.row_bytes) <= kSmemLimit;
+}
+
+void matvec1_quant_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& a, float* g,
+                          cudaStream_t stream) {
+  if (!matvec1_quant_swiglu_takes(gate, up)) {
+    throw WorkerError(ErrorCode::Internal, "matvec1_quant_swiglu: unsupported gate/up weights " +
+                                               std::string(ggml_type_name(gate.type)) + " " +
+                                               std::to_string(gate.rows) + "x" +
+                                               std::to_string(gate.cols));
+  }
+  const size_t rb = gate.row_bytes;
+  const int R = swiglu_rows_per_block(gate.rows, rb);
+  const size_t up_at = tile_alloc(static_cast<size_t>(R) * rb);
+  const size_t slot_at = 2 * up_at;
+  const unsigned grid = static_cast<unsigned>((gate.rows + R - 1) / R);
+  with_code(qcode_of(gate), [&](auto t, auto rep) {
+    launch_pdl_smem("exact_qdecode_swiglu_kernel",
+                    qdecode_swiglu_kernel<decltype(t)::value, decltype(rep)::value>, dim3(grid),
+                    dim3(kQdThreads), swiglu_smem(R, rb), stream,
+                    static_cast<const uint8_t*>(gate.data), static_cast<const uint8_t*>(up.data),
+                    static_cast<int>(gate.rows), qd::units_of(static_cast<int>(gate.cols)), rb, R,
+                    up_at, slot_at, static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
+                    static_cast<const int32_t*>(a.bsum), g);
+  });
 }
 
 }  // namespace worker::kern::exact

@@ -5,7 +5,10 @@
 //    with the same __host__ __device__ functions (kernels/exact_qdecode_math.cuh).
 //  - GPU tests (ExactQDecodeGpu.*, "not run" without a CUDA device): matvec1_quant over the
 //    full NaN-poisoned outputs, accumulate on and off, and decode-shape timings next to
-//    exact::matmul (n_tok 1) for the same weights.
+//    exact::matmul (n_tok 1) for the same weights; the fused decode launches
+//    (matvec1_quant_multi: Q/K/V in one launch; matvec1_quant_swiglu: gate + up + SwiGLU in
+//    one launch) bit for bit against matvec1_quant per weight and the CPU reference, with
+//    timings (CUDA graphs of 50 calls) next to the separate launches.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,11 +17,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "engine/cpu/act_quant.h"
+#include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
 #include "exact_qdecode_math.cuh"
 #include "gguf/ggml_types.h"
@@ -283,6 +288,43 @@ TEST(ExactQDecodeHost, TakesDecodeShapes) {
   EXPECT_TRUE(matvec1_quant_takes(static_cast<uint32_t>(GgmlType::Q8_0), 151936, 896));
 }
 
+// Host-only: the fused decode launches accept the 0.5B model's shapes and refuse mixtures
+// that cannot share one activation quantization.
+// REQ: M0-W-1311
+TEST(ExactQDecodeHost, FusedTakesDecodeShapes) {
+  auto wv = [](GgmlType t, int64_t rows, int64_t cols) {
+    kern::WeightView w;
+    w.type = static_cast<uint32_t>(t);
+    w.rows = rows;
+    w.cols = cols;
+    w.row_bytes = ggml_row_bytes(t, cols);
+    return w;
+  };
+  const auto q = wv(GgmlType::Q5_0, 896, 896), k = wv(GgmlType::Q5_0, 128, 896),
+             v8 = wv(GgmlType::Q8_0, 128, 896), v4k = wv(GgmlType::Q4_K, 128, 1024),
+             q4k = wv(GgmlType::Q4_K, 896, 1024), v6k = wv(GgmlType::Q6_K, 128, 1024),
+             k1024 = wv(GgmlType::Q5_0, 128, 1024);
+  const kern::WeightView* same[3] = {&q, &k, &k};
+  const kern::WeightView* mixed[3] = {&q, &k, &v8};
+  const kern::WeightView* kmix[3] = {&q4k, &v4k, &v6k};
+  const kern::WeightView* fam[2] = {&k1024, &v4k};
+  const kern::WeightView* cols[2] = {&q, &k1024};
+  EXPECT_TRUE(kern::exact::matvec1_quant_multi_takes(same, 3));
+  EXPECT_TRUE(kern::exact::matvec1_quant_multi_takes(mixed, 3));
+  EXPECT_TRUE(kern::exact::matvec1_quant_multi_takes(kmix, 3));
+  EXPECT_FALSE(kern::exact::matvec1_quant_multi_takes(fam, 2));   // Q8_0 vs Q8_K activation
+  EXPECT_FALSE(kern::exact::matvec1_quant_multi_takes(cols, 2));  // row lengths differ
+  EXPECT_FALSE(kern::exact::matvec1_quant_multi_takes(same, 0));
+  for (auto t : {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    EXPECT_TRUE(kern::exact::matvec1_quant_swiglu_takes(wv(t, 4864, 896), wv(t, 4864, 896)));
+    EXPECT_TRUE(kern::exact::matvec1_quant_swiglu_takes(wv(t, 172, 256), wv(t, 172, 256)));
+  }
+  EXPECT_FALSE(kern::exact::matvec1_quant_swiglu_takes(wv(GgmlType::Q5_0, 4864, 896),
+                                                       wv(GgmlType::Q8_0, 4864, 896)));
+  EXPECT_FALSE(kern::exact::matvec1_quant_swiglu_takes(wv(GgmlType::F16, 4864, 896),
+                                                       wv(GgmlType::F16, 4864, 896)));
+}
+
 // ---------------------------------------------------------------------------------------
 // GPU
 
@@ -425,6 +467,236 @@ TEST(ExactQDecodeGpu, DecodeShapeTimings) {
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+}
+
+// ---------------------------------------------------------------------------------------
+// Fused decode launches.
+
+struct QWeight {
+  GgmlType t;
+  int64_t rows;
+};
+
+// matvec1_quant_multi over 1..3 weights of one row length: each output bit for bit
+// matvec1_quant's and the CPU reference's, accumulate off and on.
+void multi_case(const std::vector<QWeight>& qs, int cols, uint64_t seed) {
+  std::string what;
+  for (const auto& q : qs) what += type_str(q.t) + " " + std::to_string(q.rows) + "x, ";
+  SCOPED_TRACE(what + "cols " + std::to_string(cols));
+  const int n = static_cast<int>(qs.size());
+  // one activation (the first weight's vec_dot_type); the reference's repack flag per weight
+  const auto a = random_act(qs[0].t, qs[0].rows, cols, seed + 7);
+  DevAct da(a, cols);
+  std::vector<std::vector<uint8_t>> w(qs.size());
+  std::vector<std::vector<float>> ref(qs.size()), y0(qs.size());
+  std::deque<DevArray<uint8_t>> dw;
+  std::deque<DevArray<float>> dy, dsep;
+  std::vector<kern::WeightView> wv(qs.size());
+  for (size_t i = 0; i < qs.size(); ++i) {
+    w[i] = random_weights(qs[i].t, qs[i].rows, cols, seed + 13 * i);
+    auto ai = a;
+    ai.repacked = cpu::repacked_on_x86(qs[i].t, qs[i].rows);
+    ref[i] = cpu_ref(qs[i].t, w[i], qs[i].rows, cols, ai);
+    dw.emplace_back(w[i]);
+    dy.emplace_back(static_cast<size_t>(qs[i].rows));
+    dsep.emplace_back(static_cast<size_t>(qs[i].rows));
+  }
+  const kern::WeightView* ws[3] = {};
+  float* ys[3] = {};
+  for (size_t i = 0; i < qs.size(); ++i) {
+    wv[i] = view(qs[i].t, dw[i], qs[i].rows, cols);
+    ws[i] = &wv[i];
+    ys[i] = dy[i].get();
+  }
+  ASSERT_TRUE(kern::exact::matvec1_quant_multi_takes(ws, n));
+  kern::exact::matvec1_quant_multi(ws, ys, n, da.a, false, nullptr);
+  for (size_t i = 0; i < qs.size(); ++i)
+    kern::exact::matvec1_quant(wv[i], da.a, dsep[i].get(), false, nullptr);
+  CK(cudaDeviceSynchronize());
+  for (size_t i = 0; i < qs.size(); ++i) {
+    const auto got = dy[i].download();
+    EXPECT_EQ(count_mismatch(got, ref[i], "multi vs cpu, weight " + std::to_string(i)), 0u);
+    EXPECT_EQ(count_mismatch(got, dsep[i].download(),
+                             "multi vs matvec1_quant, weight " + std::to_string(i)),
+              0u);
+  }
+  // accumulate: y = y0 + dot, one rounding
+  std::mt19937 rng(static_cast<uint32_t>(seed));
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (size_t i = 0; i < qs.size(); ++i) {
+    y0[i].resize(ref[i].size());
+    for (auto& v : y0[i]) v = nd(rng);
+    dy[i].upload(y0[i]);
+  }
+  kern::exact::matvec1_quant_multi(ws, ys, n, da.a, true, nullptr);
+  CK(cudaDeviceSynchronize());
+  for (size_t i = 0; i < qs.size(); ++i) {
+    std::vector<float> ra(ref[i].size());
+    for (size_t r = 0; r < ra.size(); ++r) ra[r] = y0[i][r] + ref[i][r];
+    EXPECT_EQ(count_mismatch(dy[i].download(), ra, "multi accumulate, weight " + std::to_string(i)),
+              0u);
+  }
+}
+
+// REQ: M0-W-1311
+TEST(ExactQDecodeGpu, MultiQkvBitwise) {
+  REQUIRE_GPU();
+  // the 0.5B model's Q, K, V (Q5_0)
+  multi_case({{GgmlType::Q5_0, 896}, {GgmlType::Q5_0, 128}, {GgmlType::Q5_0, 128}}, 896, 500);
+  // mixed types sharing the Q8_0 activation (a V of another type), odd row counts
+  multi_case({{GgmlType::Q5_0, 896}, {GgmlType::Q5_0, 128}, {GgmlType::Q8_0, 128}}, 896, 510);
+  multi_case({{GgmlType::Q4_0, 896}, {GgmlType::Q8_0, 130}, {GgmlType::Q4_0, 172}}, 896, 520);
+  multi_case({{GgmlType::Q8_0, 2048}, {GgmlType::Q5_0, 256}, {GgmlType::Q4_0, 130}}, 2048, 530);
+  // Q8_K activation types (repacked and lane-order Q4_K, Q6_K)
+  multi_case({{GgmlType::Q4_K, 896}, {GgmlType::Q4_K, 130}, {GgmlType::Q6_K, 128}}, 1024, 540);
+  multi_case({{GgmlType::Q6_K, 896}, {GgmlType::Q6_K, 128}}, 256, 550);
+  // long rows (more than one pass of 32 units), one and two weights
+  multi_case({{GgmlType::Q5_0, 896}}, 4864, 560);
+  multi_case({{GgmlType::Q6_K, 130}, {GgmlType::Q4_K, 896}}, 4864, 570);
+}
+
+// matvec1_quant_swiglu against matvec1_quant(gate), matvec1_quant(up), swiglu() on the GPU
+// and against cpu::dot_quantized + cpu::swiglu_row.
+void swiglu_case(GgmlType t, int64_t rows, int cols, uint64_t seed) {
+  SCOPED_TRACE(type_str(t) + " rows " + std::to_string(rows) + " cols " + std::to_string(cols));
+  const auto wg = random_weights(t, rows, cols, seed);
+  const auto wu = random_weights(t, rows, cols, seed + 1);
+  const auto a = random_act(t, rows, cols, seed + 7);
+  auto ref = cpu_ref(t, wg, rows, cols, a);
+  const auto ru = cpu_ref(t, wu, rows, cols, a);
+  cpu::swiglu_row(ref.data(), ru.data(), rows);
+  DevArray<uint8_t> dwg(wg), dwu(wu);
+  DevAct da(a, cols);
+  const auto vg = view(t, dwg, rows, cols), vu = view(t, dwu, rows, cols);
+  ASSERT_TRUE(kern::exact::matvec1_quant_swiglu_takes(vg, vu));
+  DevArray<float> dg(static_cast<size_t>(rows)), sg(static_cast<size_t>(rows)),
+      su(static_cast<size_t>(rows));
+  kern::exact::matvec1_quant_swiglu(vg, vu, da.a, dg.get(), nullptr);
+  kern::exact::matvec1_quant(vg, da.a, sg.get(), false, nullptr);
+  kern::exact::matvec1_quant(vu, da.a, su.get(), false, nullptr);
+  kern::exact::swiglu(sg.get(), su.get(), 1, static_cast<int>(rows), nullptr);
+  CK(cudaDeviceSynchronize());
+  const auto got = dg.download();
+  EXPECT_EQ(count_mismatch(got, ref, "swiglu vs cpu"), 0u);
+  EXPECT_EQ(count_mismatch(got, sg.download(), "swiglu vs separate launches"), 0u);
+}
+
+// REQ: M0-W-1311
+TEST(ExactQDecodeGpu, SwigluBitwise) {
+  REQUIRE_GPU();
+  uint64_t seed = 600;
+  for (auto t : {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    swiglu_case(t, 4864, 896, ++seed);
+    swiglu_case(t, 172, 256, ++seed);  // libm tail: F & ~15 = 160
+    swiglu_case(t, 130, 896, ++seed);
+  }
+  swiglu_case(GgmlType::Q4_K, 4864, 1024, ++seed);
+  swiglu_case(GgmlType::Q4_K, 172, 256, ++seed);
+  swiglu_case(GgmlType::Q6_K, 172, 256, ++seed);
+  swiglu_case(GgmlType::Q5_0, 896, 4864, ++seed);  // long rows
+}
+
+// Microseconds per call of `body` (one decode step's launches) from a CUDA graph of 50 calls.
+template <class F>
+void graph_us(cudaStream_t s, F&& body, double* us) {
+  const int kCalls = 50;
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < kCalls; ++i) body();
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  CK(cudaGraphLaunch(ge, s));  // warm-up
+  CK(cudaEventRecord(e0, s));
+  const int kReps = 5;
+  for (int i = 0; i < kReps; ++i) CK(cudaGraphLaunch(ge, s));
+  CK(cudaEventRecord(e1, s));
+  CK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  *us = 1000.0 * static_cast<double>(ms) / (kReps * kCalls);
+}
+
+// Fused vs separate launches at the 0.5B decode shapes (printed; outputs checked equal).
+// REQ: M0-W-1311
+TEST(ExactQDecodeGpu, FusedDecodeTimings) {
+  REQUIRE_GPU();
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  for (auto t : {GgmlType::Q5_0, GgmlType::Q8_0, GgmlType::Q4_0}) {
+    const int cols = 896;
+    // Q, K, V
+    const int64_t rq[3] = {896, 128, 128};
+    std::deque<DevArray<uint8_t>> dw;
+    std::deque<DevArray<float>> y1, y2;
+    kern::WeightView wv[3];
+    const kern::WeightView* ws[3];
+    float *ys1[3], *ys2[3];
+    const auto a = random_act(t, 896, cols, 701);
+    DevAct da(a, cols);
+    for (int i = 0; i < 3; ++i) {
+      dw.emplace_back(random_weights(t, rq[i], cols, 710 + static_cast<uint64_t>(i)));
+      y1.emplace_back(static_cast<size_t>(rq[i]));
+      y2.emplace_back(static_cast<size_t>(rq[i]));
+    }
+    for (int i = 0; i < 3; ++i) {
+      wv[i] = view(t, dw[static_cast<size_t>(i)], rq[i], cols);
+      ws[i] = &wv[i];
+      ys1[i] = y1[static_cast<size_t>(i)].get();
+      ys2[i] = y2[static_cast<size_t>(i)].get();
+    }
+    double us_multi = 0, us_sep = 0, us_swi = 0, us_swi_sep = 0, us_gate = 0;
+    graph_us(
+        s, [&] { kern::exact::matvec1_quant_multi(ws, ys1, 3, da.a, false, s); }, &us_multi);
+    graph_us(
+        s,
+        [&] {
+          for (int i = 0; i < 3; ++i) kern::exact::matvec1_quant(wv[i], da.a, ys2[i], false, s);
+        },
+        &us_sep);
+    CK(cudaStreamSynchronize(s));
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(count_mismatch(y1[static_cast<size_t>(i)].download(),
+                               y2[static_cast<size_t>(i)].download(), "qkv timing"),
+                0u);
+    // gate + up + SwiGLU
+    const int64_t F = 4864;
+    DevArray<uint8_t> dg(random_weights(t, F, cols, 720)), du(random_weights(t, F, cols, 721));
+    const auto vg = view(t, dg, F, cols), vu = view(t, du, F, cols);
+    DevArray<float> g1(static_cast<size_t>(F)), g2(static_cast<size_t>(F)),
+        u2(static_cast<size_t>(F));
+    graph_us(
+        s, [&] { kern::exact::matvec1_quant_swiglu(vg, vu, da.a, g1.get(), s); }, &us_swi);
+    graph_us(
+        s,
+        [&] {
+          kern::exact::matvec1_quant(vg, da.a, g2.get(), false, s);
+          kern::exact::matvec1_quant(vu, da.a, u2.get(), false, s);
+          kern::exact::swiglu(g2.get(), u2.get(), 1, static_cast<int>(F), s);
+        },
+        &us_swi_sep);
+    graph_us(
+        s, [&] { kern::exact::matvec1_quant(vg, da.a, g2.get(), false, s); }, &us_gate);
+    // restore g2 = separate result for the check
+    kern::exact::matvec1_quant(vg, da.a, g2.get(), false, s);
+    kern::exact::matvec1_quant(vu, da.a, u2.get(), false, s);
+    kern::exact::swiglu(g2.get(), u2.get(), 1, static_cast<int>(F), s);
+    CK(cudaStreamSynchronize(s));
+    EXPECT_EQ(count_mismatch(g1.download(), g2.download(), "swiglu timing"), 0u);
+    std::printf(
+        "  %-5s q/k/v 896+128+128 x896: multi %6.2f us, 3 launches %6.2f us | gate/up "
+        "4864x896 + SwiGLU: fused %6.2f us, 3 launches %6.2f us (one matvec1_quant "
+        "%6.2f us)\n",
+        type_str(t).c_str(), us_multi, us_sep, us_swi, us_swi_sep, us_gate);
+  }
   cudaStreamDestroy(s);
 }
 
