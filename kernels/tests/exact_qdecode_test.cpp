@@ -25,6 +25,7 @@
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
+#include "exact_ops_math.cuh"
 #include "exact_qdecode_math.cuh"
 #include "gguf/ggml_types.h"
 #include "matvec.cuh"
@@ -286,6 +287,49 @@ TEST(ExactQDecodeHost, TakesDecodeShapes) {
   EXPECT_FALSE(matvec1_quant_takes(static_cast<uint32_t>(GgmlType::Q4_K), 896, 896));
   EXPECT_FALSE(matvec1_quant_takes(static_cast<uint32_t>(GgmlType::F32), 896, 896));
   EXPECT_TRUE(matvec1_quant_takes(static_cast<uint32_t>(GgmlType::Q8_0), 151936, 896));
+}
+
+// HOST EMULATION of qdecode_swiglu_kernel: per block of R rows, the nr gate rows and the nr
+// up rows as one tile of 2 nr rows (rows 0..nr-1 gate, nr..2nr-1 up) through the same tile
+// loop, then g[r] = math::swiglu_one(gate dot, up dot, r, F & ~15); compared with
+// cpu::dot_quantized + cpu::swiglu_row (F = 172: the libm tail from 160).
+template <GgmlType T, bool REP>
+void host_swiglu_case(int rows, int cols, uint64_t seed) {
+  const auto wg = random_weights(T, rows, cols, seed);
+  const auto wu = random_weights(T, rows, cols, seed + 1);
+  const auto a = random_act(T, rows, cols, seed + 2);
+  ASSERT_EQ(a.repacked, REP);
+  auto ref = cpu_ref(T, wg, rows, cols, a);
+  const auto ru = cpu_ref(T, wu, rows, cols, a);
+  cpu::swiglu_row(ref.data(), ru.data(), rows);
+  const size_t rb = ggml_row_bytes(T, cols);
+  for (int R : {1, 8, 32}) {
+    std::vector<float> got(static_cast<size_t>(rows), std::nanf(""));
+    for (int r0 = 0; r0 < rows; r0 += R) {
+      const int nr = std::min(R, rows - r0);
+      std::vector<uint8_t> tile(2 * static_cast<size_t>(nr) * rb + 16);
+      std::memcpy(tile.data(), wg.data() + rb * static_cast<size_t>(r0), nr * rb);
+      std::memcpy(tile.data() + nr * rb, wu.data() + rb * static_cast<size_t>(r0), nr * rb);
+      std::vector<float> dots(2 * static_cast<size_t>(nr));
+      emulate_tile<T, REP>(tile.data(), rb, 2 * nr, cols, a, dots.data());
+      for (int i = 0; i < nr; ++i)
+        got[static_cast<size_t>(r0 + i)] = kern::exact::math::swiglu_one(
+            dots[static_cast<size_t>(i)], dots[static_cast<size_t>(nr + i)], r0 + i, rows & ~15);
+    }
+    EXPECT_EQ(count_mismatch(got, ref, type_str(T) + " swiglu"), 0u)
+        << type_str(T) << " rows " << rows << " cols " << cols << " tile " << R;
+  }
+}
+
+// HOST EMULATION
+// REQ: M0-W-1311
+TEST(ExactQDecodeHost, SwigluEmulationMatchesCpuBitwise) {
+  host_swiglu_case<GgmlType::Q5_0, false>(172, 256, 31);
+  host_swiglu_case<GgmlType::Q8_0, false>(172, 896, 32);
+  host_swiglu_case<GgmlType::Q4_0, false>(172, 256, 33);
+  host_swiglu_case<GgmlType::Q4_0, true>(160, 256, 34);
+  host_swiglu_case<GgmlType::Q4_K, true>(96, 256, 35);
+  host_swiglu_case<GgmlType::Q6_K, false>(37, 256, 36);
 }
 
 // Host-only: the fused decode launches accept the 0.5B model's shapes and refuse mixtures
