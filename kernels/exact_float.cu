@@ -25,7 +25,8 @@
 //    dot_bf16_tinyblas: 16 lanes per output, lane l takes elements 16i + l (F32/F16, FMA)
 //    or the pairs (32i + 2l, 32i + 2l + 1) (BF16, dpbf16); then hsum16.
 //    tinyblas_kernel: a block computes 32 rows x 16 or 32 tokens; k in chunks of 64 staged
-//    in shared memory as floats (exact conversions); thread (group g, lane l) owns lane l
+//    in shared memory as floats (exact conversions; a partial last chunk padded with
+//    products -0, which leave every chain unchanged); thread (group g, lane l) owns lane l
 //    of 8 rows x 4 or 8 tokens (32 or 64 register chains, each in index order); hsum16 by
 //    shuffles xor 8, 4, 2, 1 inside each 16-thread group.
 // accumulate: y = y + dot, one rounding (the CPU's x += tmp).
@@ -261,7 +262,13 @@ __global__ void __launch_bounds__(kVdThreads)
 // (gm, gn) owns rows gm*kTM .. +kTM and tokens gn, gn + 4, .., gn + 4(kTN-1) of the tile;
 // thread lane l of the group holds chain l of each of those outputs. kTN = 8 for long
 // batches (64 chains per thread: 16 shared loads per 64 FMAs), 4 for short ones (less
-// padding work).
+// padding work). k runs in chunks of 64 through two shared-memory stages (one barrier per
+// chunk; the next chunk's global loads are in flight during this chunk's math).
+//
+// Elements past cols (cols % 64 != 0) are padded with weight +0 and activation -0: their
+// product is -0, and fma(+0, -0, c) = c + (-0) = c for every c (also c = +-0, inf, NaN),
+// likewise (c + (-0)) + (-0) = c for dpbf16; so the chains are the unpadded ones and the
+// inner loop has no bounds checks.
 constexpr int kTbThreads = 256;
 constexpr int kTM = 8;
 constexpr int kTbM = 4 * kTM;
@@ -280,8 +287,8 @@ __global__ void __launch_bounds__(kTbThreads)
   constexpr int kTbN = 4 * kTN;
   constexpr int kXE = kTN;         // activation floats per loader thread
   constexpr int kXT = kTbK / kXE;  // loader threads per token
-  __shared__ __align__(16) float ws[kTbM][kWLd];
-  __shared__ __align__(16) float xs[kTbN][kXLd];
+  __shared__ __align__(16) float ws[2][kTbM][kWLd];
+  __shared__ __align__(16) float xs[2][kTbN][kXLd];
   const int tid = static_cast<int>(threadIdx.x);
   const int m0 = blockIdx.x * kTbM, n0 = blockIdx.y * kTbN;
   // Loaders: weights 8 per thread (row lr, elements le..le+7 of the chunk), activations kXE
@@ -292,7 +299,7 @@ __global__ void __launch_bounds__(kTbThreads)
   const bool x_ok = n0 + lt < n_tok;
   const uint8_t* wrow = w + static_cast<size_t>(w_ok ? m0 + lr : 0) * row_bytes;
   const float* xrow = x + static_cast<size_t>(x_ok ? n0 + lt : 0) * cols;
-  uint32_t wr[kWords<T>];
+  uint32_t wr[kWords<T>];  // raw: converted when staged, so that the loads stay in flight
   float xr[kXE];
   // cols is a multiple of 16: a group of 8 (or 4) elements is all in or all out.
   auto fetch_w = [&](int k0) {
@@ -300,7 +307,7 @@ __global__ void __launch_bounds__(kTbThreads)
       load8w<T, kVec>(wrow, k0 + le, wr);
     } else {
 #pragma unroll
-      for (int k = 0; k < kWords<T>; ++k) wr[k] = 0u;
+      for (int k = 0; k < kWords<T>; ++k) wr[k] = 0u;  // +0 (see above)
     }
   };
   auto fetch_x = [&](int k0) {
@@ -308,12 +315,25 @@ __global__ void __launch_bounds__(kTbThreads)
       load_x<kVec>(xrow, k0 + lx, xr);
     } else {
 #pragma unroll
-      for (int k = 0; k < kXE; ++k) xr[k] = 0.0f;
+      for (int k = 0; k < kXE; ++k) xr[k] = -0.0f;  // -0 (see above)
     }
+  };
+  auto stage = [&](int st) {
+    float wv[8];
+    unpack8<T>(wr, wv);
+    float4* wd = reinterpret_cast<float4*>(&ws[st][lr][le]);
+    wd[0] = make_float4(wv[0], wv[1], wv[2], wv[3]);
+    wd[1] = make_float4(wv[4], wv[5], wv[6], wv[7]);
+    float4* xd = reinterpret_cast<float4*>(&xs[st][lt][lx]);
+#pragma unroll
+    for (int q = 0; q < kXE / 4; ++q)
+      xd[q] = make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
   };
   fetch_w(0);
   griddep_wait();
   fetch_x(0);
+  stage(0);
+  __syncthreads();
 
   const int l = tid & 15, g = tid >> 4, gm = g >> 2, gn = g & 3;
   float acc[kTM][kTN];
@@ -322,59 +342,50 @@ __global__ void __launch_bounds__(kTbThreads)
 #pragma unroll
     for (int ni = 0; ni < kTN; ++ni) acc[mi][ni] = 0.0f;
   }
-  for (int k0 = 0; k0 < cols; k0 += kTbK) {
-    __syncthreads();  // the previous chunk has been read
-    {
-      float wv[8];
-      unpack8<T>(wr, wv);
-      float4* wd = reinterpret_cast<float4*>(&ws[lr][le]);
-      wd[0] = make_float4(wv[0], wv[1], wv[2], wv[3]);
-      wd[1] = make_float4(wv[4], wv[5], wv[6], wv[7]);
-      float4* xd = reinterpret_cast<float4*>(&xs[lt][lx]);
-#pragma unroll
-      for (int q = 0; q < kXE / 4; ++q)
-        xd[q] = make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
-    }
-    __syncthreads();
-    if (k0 + kTbK < cols) {  // next chunk's loads overlap this chunk's math
-      fetch_w(k0 + kTbK);
-      fetch_x(k0 + kTbK);
+  const int n_chunks = (cols + kTbK - 1) / kTbK;
+  for (int c = 0; c < n_chunks; ++c) {
+    const int st = c & 1;
+    const bool more = c + 1 < n_chunks;
+    if (more) {  // the next chunk's global loads overlap this chunk's math
+      fetch_w((c + 1) * kTbK);
+      fetch_x((c + 1) * kTbK);
     }
     if constexpr (!kBf) {
 #pragma unroll
       for (int kk = 0; kk < kTbK; kk += 16) {
-        if (k0 + kk < cols) {
-          float a[kTM], b[kTN];
+        float a[kTM], b[kTN];
 #pragma unroll
-          for (int mi = 0; mi < kTM; ++mi) a[mi] = ws[gm * kTM + mi][kk + l];
+        for (int mi = 0; mi < kTM; ++mi) a[mi] = ws[st][gm * kTM + mi][kk + l];
 #pragma unroll
-          for (int ni = 0; ni < kTN; ++ni) b[ni] = xs[gn + 4 * ni][kk + l];
+        for (int ni = 0; ni < kTN; ++ni) b[ni] = xs[st][gn + 4 * ni][kk + l];
 #pragma unroll
-          for (int mi = 0; mi < kTM; ++mi) {
+        for (int mi = 0; mi < kTM; ++mi) {
 #pragma unroll
-            for (int ni = 0; ni < kTN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a[mi], b[ni]);
-          }
+          for (int ni = 0; ni < kTN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a[mi], b[ni]);
         }
       }
     } else {
 #pragma unroll
       for (int kk = 0; kk < kTbK; kk += 32) {
-        if (k0 + kk < cols) {
-          float2 a[kTM], b[kTN];
+        float2 a[kTM], b[kTN];
 #pragma unroll
-          for (int mi = 0; mi < kTM; ++mi)
-            a[mi] = *reinterpret_cast<const float2*>(&ws[gm * kTM + mi][kk + 2 * l]);
+        for (int mi = 0; mi < kTM; ++mi)
+          a[mi] = *reinterpret_cast<const float2*>(&ws[st][gm * kTM + mi][kk + 2 * l]);
+#pragma unroll
+        for (int ni = 0; ni < kTN; ++ni)
+          b[ni] = *reinterpret_cast<const float2*>(&xs[st][gn + 4 * ni][kk + 2 * l]);
+#pragma unroll
+        for (int mi = 0; mi < kTM; ++mi) {
 #pragma unroll
           for (int ni = 0; ni < kTN; ++ni)
-            b[ni] = *reinterpret_cast<const float2*>(&xs[gn + 4 * ni][kk + 2 * l]);
-#pragma unroll
-          for (int mi = 0; mi < kTM; ++mi) {
-#pragma unroll
-            for (int ni = 0; ni < kTN; ++ni)
-              acc[mi][ni] = xf::dpbf16_step(acc[mi][ni], a[mi].x, b[ni].x, a[mi].y, b[ni].y);
-          }
+            acc[mi][ni] = xf::dpbf16_step(acc[mi][ni], a[mi].x, b[ni].x, a[mi].y, b[ni].y);
         }
       }
+    }
+    if (more) {
+      // Stage st ^ 1 was last read in chunk c - 1, before the barrier that ended it.
+      stage(st ^ 1);
+      __syncthreads();
     }
   }
 
