@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -192,6 +193,12 @@ std::vector<int> checked_rows(int rows, int cols, int n_tok, int64_t budget) {
   for (int r = 0; r < rows; r += stride) v.push_back(r);
   if (v.empty() || v.back() != rows - 1) v.push_back(rows - 1);
   return v;
+}
+
+// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer racecheck, which
+// instruments every shared-memory access): fewer and smaller GPU cases, no timing loops.
+bool quick() {
+  return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
 }
 
 std::string type_str(GgmlType t) {
@@ -398,11 +405,16 @@ void upload_acts(const HostActs& h, const ActBuf& a) {
 // token counts and BatchOrder slices, accumulate alternating. Full output vs exact::matmul,
 // and vs the CPU reference on checked_rows (all rows when cheap).
 void run_type(GgmlType type) {
-  const int rows_list[] = {896, 4864, 130, 2048};
-  const int cols_list[] = {896, 4864, 256};
-  const GpuCase cases[] = {{8, {8, 0}},    {16, {16, 0}},   {17, {17, 0}},  {31, {31, 0}},
-                           {64, {64, 0}},  {512, {512, 0}}, {32, {64, 32}}, {19, {50, 31}},
-                           {13, {63, 50}}, {33, {37, 0}},   {45, {47, 0}}};
+  const std::vector<int> rows_list =
+      quick() ? std::vector<int>{130, 896} : std::vector<int>{896, 4864, 130, 2048};
+  const std::vector<int> cols_list =
+      quick() ? std::vector<int>{256, 896} : std::vector<int>{896, 4864, 256};
+  const std::vector<GpuCase> quick_cases = {
+      {8, {8, 0}}, {17, {17, 0}}, {64, {64, 0}}, {32, {64, 32}}, {19, {50, 31}}};
+  const std::vector<GpuCase> all_cases = {
+      {8, {8, 0}},    {16, {16, 0}},  {17, {17, 0}},  {31, {31, 0}}, {64, {64, 0}}, {512, {512, 0}},
+      {32, {64, 32}}, {19, {50, 31}}, {13, {63, 50}}, {33, {37, 0}}, {45, {47, 0}}};
+  const std::vector<GpuCase>& cases = quick() ? quick_cases : all_cases;
   uint64_t seed = static_cast<uint64_t>(type) * 7919;
   int case_no = 0;
   for (const int cols : cols_list) {
@@ -526,13 +538,14 @@ TEST(ExactQgemmGpu, ModelShapesTiming) {
     const kern::WeightView wv = view_of(sh.type, dw, sh.rows, sh.cols);
     for (const int n_tok : toks) {
       if (sh.rows > 100000 && n_tok > 64) continue;  // 151936 x 512 outputs: 300 MB each
+      if (quick() && (sh.rows > 5000 || n_tok != 64)) continue;
       HostActs acts = make_acts(sh.type, n_tok, sh.cols, ++seed);
       DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols));
       const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols);
       upload_acts(acts, a);
       DevArray<float> dq(static_cast<size_t>(n_tok) * sh.rows), dm(dq.size());
       const BatchOrder order{n_tok, 0};
-      const int iters = sh.rows > 100000 ? 5 : 20;
+      const int iters = quick() ? 1 : (sh.rows > 100000 ? 5 : 10);
       const float tq = time_ms(
           [&] { kern::exact::qgemm(wv, a, n_tok, order, dq.get(), false, nullptr); }, iters);
       const float tn = time_ms(
