@@ -75,12 +75,14 @@ struct ExactSizes {
   size_t act_bytes = 0, attn_floats = 0;
 };
 
-ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
+ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact, bool kv_f32) {
   ExactSizes e;
   if (!exact) return e;
   const int widest = static_cast<int>(std::max({c.n_embd, c.n_head * c.head_dim, c.n_ff}));
   e.act_bytes = kern::exact::act_buffer_bytes(B, widest);
-  e.attn_floats = kern::exact::attention_scratch_floats(n_ctx, B, static_cast<int>(c.n_head));
+  const int nh = static_cast<int>(c.n_head);
+  e.attn_floats = kv_f32 ? kern::exact::attention_scratch_floats(n_ctx, B, nh)
+                         : kern::exact::attention_f16_scratch_floats(n_ctx, B, nh);
   return e;
 }
 
@@ -394,7 +396,6 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
             std::to_string(cfg_.head_dim) + ", n_rot " + std::to_string(cfg_.n_rot) + ")");
   }
   if (opt_.max_batch < 1) opt_.max_batch = 1;
-  if (opt_.exact) opt_.kv_cache_f32 = true;  // the CPU reference's cache
   if (opt_.upload_chunk_bytes < 4096) opt_.upload_chunk_bytes = 4096;
   n_ctx_ = resolve_ctx(cfg_, ctx_size);
 
@@ -427,7 +428,8 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
   kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
   kv_base_ = static_cast<uint8_t*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, 0, exact_sizes(cfg_, 1, n_ctx_, opt_.exact), "decode scratch");
+  dec_.allocate(cfg_, 1, 1, 0, exact_sizes(cfg_, 1, n_ctx_, opt_.exact, opt_.kv_cache_f32),
+                "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
   samp_.buf = DeviceBuffer(SampleRegion::bytes(V, n_ctx_, sort_bytes), "sampling scratch");
@@ -684,23 +686,38 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
     const LayerVecs& V = xvec_[il];
-    auto* kcache = static_cast<float*>(kc(il));
-    auto* vcache = static_cast<float*>(vc(il));
+    void* kcache = kc(il);
+    void* vcache = vc(il);
     ex::rmsnorm_act(s.x, V.attn_norm, s.xn, n, E, cfg_.norm_eps, L.wq.type, s.act, stream_);
     s.act_type = L.wq.type;
+    const kern::WeightView* qkv_w[3] = {&L.wq, &L.wk, &L.wv};
+    float* qkv_y[3] = {s.q, s.k, s.v};
     if (n == 1 && L.wq.type == L.wk.type && L.wq.type == L.wv.type &&
         ex::matvec1_float_takes(L.wq.type, L.wq.cols)) {
-      const kern::WeightView* ws[3] = {&L.wq, &L.wk, &L.wv};
-      float* ys[3] = {s.q, s.k, s.v};
-      ex::matvec1_float_multi(ws, ys, 3, s.act, false, stream_);  // one launch
+      ex::matvec1_float_multi(qkv_w, qkv_y, 3, s.act, false, stream_);  // one launch
+    } else if (n == 1 && ex::matvec1_quant_multi_takes(qkv_w, 3)) {
+      // one launch; the types may differ where they share the activation rounding
+      ex::matvec1_quant_multi(qkv_w, qkv_y, 3, s.act, false, stream_);
     } else {
       mm_exact(s, L.wq, s.xn, E, n, s.q, false, true);
       mm_exact(s, L.wk, s.xn, E, n, s.k, false, true);
       mm_exact(s, L.wv, s.xn, E, n, s.v, false, true);
     }
-    // bias + RoPE + KV store + attention + rounding for Wo: one launch at decode
-    ex::rope_attention_act(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io, kcache,
-                           vcache, s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
+    if (opt_.kv_cache_f32) {
+      // bias + RoPE + KV store + attention + rounding for Wo: one launch at decode
+      ex::rope_attention_act(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
+                             static_cast<float*>(kcache), static_cast<float*>(vcache), s.att,
+                             n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
+    } else {
+      // llama.cpp's default FP16 cache, as the CPU reference's kv_f16 mode computes it
+      ex::bias_rope_store_f16(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
+                              static_cast<uint16_t*>(kcache), static_cast<uint16_t*>(vcache),
+                              stream_);
+      ex::attention_f16(s.q, static_cast<const uint16_t*>(kcache),
+                        static_cast<const uint16_t*>(vcache), s.att, n, shape_, n_ctx_, s.io,
+                        s.attn_scr, stream_);
+      ex::quantize_act(L.wo.type, s.att, n, QD, s.act, stream_);
+    }
     s.act_type = L.wo.type;
     mm_exact(s, L.wo, s.att, QD, n, s.x, true, true);  // x += Wo att
     const int r0 = (last_only && il + 1 == layers_.size()) ? n - 1 : 0;
@@ -719,6 +736,9 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
       } else {
         mm_exact(s, L.down, s.g, F, nr, xr, true, false);
       }
+    } else if (nr == 1 && ex::matvec1_quant_swiglu_takes(L.gate, L.up)) {
+      ex::matvec1_quant_swiglu(L.gate, L.up, s.act, s.g, stream_);  // one launch
+      mm_exact(s, L.down, s.g, F, nr, xr, true, false);             // rounds g for the down weight
     } else {
       mm_exact(s, L.gate, s.xn, E, nr, s.g, false, true);
       mm_exact(s, L.up, s.xn, E, nr, s.u, false, true);
@@ -819,7 +839,7 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     batch_.allocate(
         cfg_, B, std::min(B, kLogitRows),
         !opt_.exact && B >= opt_.gemm_min_tokens ? max_quant_matrix(model_->weights) : 0,
-        exact_sizes(cfg_, B, n_ctx_, opt_.exact), "prefill scratch");
+        exact_sizes(cfg_, B, n_ctx_, opt_.exact, opt_.kv_cache_f32), "prefill scratch");
     std::string why;
     if (!cuda::is_device_resident(batch_.buf.data(), device_, &why)) {
       throw WorkerError(ErrorCode::CudaError, "prefill scratch not in VRAM: " + why);
@@ -934,12 +954,12 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   VramUsage u;
   const bool ex = options.exact;
   u.weights = weights_bytes(model.weights);
-  u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32 || ex);
+  u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
   u.scratch =
-      Scratch::bytes(c, 1, 1, 0, exact_sizes(c, 1, n_ctx, ex)) +
+      Scratch::bytes(c, 1, 1, 0, exact_sizes(c, 1, n_ctx, ex, options.kv_cache_f32)) +
       Scratch::bytes(c, B, std::min(B, kLogitRows),
                      !ex && B >= options.gemm_min_tokens ? max_quant_matrix(model.weights) : 0,
-                     exact_sizes(c, B, n_ctx, ex)) +
+                     exact_sizes(c, B, n_ctx, ex, options.kv_cache_f32)) +
       SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
       (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
   return u;

@@ -16,16 +16,15 @@ struct CudaEngineOptions {
   bool use_graph = true;                    // replay the decode step as a captured CUDA graph
   int gemm_min_tokens = 16;  // prefill batches from this size use cuBLAS (float weights)
   int max_batch = 512;       // prefill chunk size (bounds the activation scratch)
-  // FP32 instead of FP16 KV cache. The product uses FP16 (M0-W-1201); the parity tests
-  // use FP32 to compare the kernels with the CPU reference (FP32 cache) without the cache
-  // rounding, which activation quantization (Q8_0/Q8_K, as llama.cpp) amplifies.
+  // FP32 instead of FP16 KV cache. The product uses FP16 (M0-W-1201, llama.cpp's default);
+  // with exact numerics the CPU reference's matching mode is CpuEngineOptions::kv_f16.
   bool kv_cache_f32 = false;
   // Exact numerics (the default): every op computes bit for bit the floats of the CPU
-  // reference (and so of llama.cpp's CPU backend) with the kernels of kernels/exact.cuh, over
-  // an FP32 KV cache (the reference's); logits and greedy continuations equal the CPU
-  // backend's. false: the fast kernels (FP16 KV cache unless kv_cache_f32, cuBLAS prefill),
-  // whose sums run in other orders, so their logits differ from the reference in the last
-  // bits (bounds in worker/cuda/tests/cuda_engine_test.cpp).
+  // reference (and so of llama.cpp's CPU backend) with the kernels of kernels/exact.cuh: the
+  // CPU reference with kv_f16 for the FP16 cache, without for kv_cache_f32. Logits and greedy
+  // continuations equal the CPU backend's. false: the fast kernels (cuBLAS prefill, other
+  // summation orders), whose logits differ from the reference in the last bits (bounds in
+  // worker/cuda/tests/cuda_engine_test.cpp).
   bool exact = true;
 };
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,

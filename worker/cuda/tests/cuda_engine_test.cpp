@@ -209,12 +209,12 @@ size_t count_bit_differences(std::span<const float> a, std::span<const float> b,
 // The product's default numerics (CudaEngineOptions::exact): on every generated fixture (all
 // eight weight types, qwen2 and llama, GQA 1/2/7) and on stories260K, the logits of every
 // prompt position and of every one of 64 greedy decode steps are the CPU reference's bit for
-// bit, so the greedy continuations are identical. The 27-token prompt takes the batch orders
+// bit, so the greedy continuations are identical: with the product's FP16 KV cache against
+// the reference's F16-KV mode (itself bit-identical with llama.cpp's default cache), and with
+// an FP32 cache against the reference's default. The 27-token prompt takes the batch orders
 // (tinyBLAS, repack gemm for 24 tokens and gemv for the last 3); decode the one-token orders
 // and the CUDA graph.
-// REQ: M0-W-1201 M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2 WRK-D15
-TEST(CudaEngine, ExactParityWithCpuReferenceBitForBit) {
-  REQUIRE_GPU();
+void run_exact_parity(bool kv_f32) {
   auto models = generated_models();
   ASSERT_FALSE(models.empty()) << "no generated fixtures in " << generated_fixtures()
                                << " (run fixtures/generate_all.sh)";
@@ -224,8 +224,12 @@ TEST(CudaEngine, ExactParityWithCpuReferenceBitForBit) {
     SCOPED_TRACE(path);
     const std::string name = fs::path(path).filename().string();
     auto model = load_model(path);
-    auto cpu = make_cpu_engine(model, 256);
-    auto gpu = make_cuda_engine(model, 256, 0);  // defaults: exact
+    CpuEngineOptions copt;
+    copt.kv_f16 = !kv_f32;
+    auto cpu = make_cpu_engine(model, 256, nullptr, copt);
+    CudaEngineOptions gopt;  // defaults: exact numerics, FP16 cache
+    gopt.kv_cache_f32 = kv_f32;
+    auto gpu = make_cuda_engine(model, 256, 0, gopt);
     const auto prompt = random_prompt(27, model->config.vocab_size, 42);
     cpu->eval(prompt, true);
     gpu->eval(prompt, true);
@@ -266,12 +270,26 @@ TEST(CudaEngine, ExactParityWithCpuReferenceBitForBit) {
     EXPECT_EQ(hc, hg) << "greedy continuations differ";
     EXPECT_EQ(diff, 0u) << "first difference at " << where << ": " << first;
     if (diff != 0 || hc != hg) ++failed;
-    std::printf("[exact] %-26s %zu logits compared, %zu differ%s%s; greedy %s\n", name.c_str(),
-                compared, diff, first.empty() ? "" : " (first at ",
+    std::printf("[exact] kv=%s %-26s %zu logits compared, %zu differ%s%s; greedy %s\n",
+                kv_f32 ? "f32" : "f16", name.c_str(), compared, diff,
+                first.empty() ? "" : " (first at ",
                 first.empty() ? "" : (where + ": " + first + ")").c_str(),
                 hc == hg ? "identical" : "DIVERGED");
   }
-  std::printf("[exact] %zu models, %d not bit-identical\n", models.size(), failed);
+  std::printf("[exact] kv=%s %zu models, %d not bit-identical\n", kv_f32 ? "f32" : "f16",
+              models.size(), failed);
+}
+
+// REQ: M0-W-1201 M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2 WRK-D15
+TEST(CudaEngine, ExactParityWithCpuReferenceBitForBitFp16Kv) {
+  REQUIRE_GPU();
+  run_exact_parity(false);
+}
+
+// REQ: M0-W-1214 M0-W-1420 M0-W-1430 WRK-D1 WRK-D2 WRK-D15
+TEST(CudaEngine, ExactParityWithCpuReferenceBitForBitFp32Kv) {
+  REQUIRE_GPU();
+  run_exact_parity(true);
 }
 
 // The fast kernels (CudaEngineOptions::exact = false) against the CPU reference on every
@@ -474,13 +492,15 @@ TEST(CudaEngine, ChunkedUploadAndVramAccounting) {
       add(t);
   EXPECT_EQ(u.weights, want_w);
   const auto& c = model->config;
-  // exact numerics (the default) keep the reference's FP32 cache; the fast kernels FP16
-  EXPECT_EQ(u.kv_cache, cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 4));
+  // FP16 cache (M0-W-1201) in both numerics modes; FP32 when asked for
+  EXPECT_EQ(u.kv_cache, cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 2));
   {
-    CudaEngineOptions fast;
+    CudaEngineOptions fast, f32;
     fast.exact = false;
-    EXPECT_EQ(cuda_engine_vram_estimate(*model, 128, fast).kv_cache,
-              cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 2));
+    f32.kv_cache_f32 = true;
+    EXPECT_EQ(cuda_engine_vram_estimate(*model, 128, fast).kv_cache, u.kv_cache);
+    EXPECT_EQ(cuda_engine_vram_estimate(*model, 128, f32).kv_cache,
+              cuda::align_up(2ull * c.n_layer * 128 * c.n_head_kv * c.head_dim * 4));
   }
   EXPECT_GT(u.scratch, 0u);
   // The device really lost at least what the engine reports; cuBLAS's handle and module
@@ -544,8 +564,7 @@ TEST(CudaEngine, InsufficientVramFailsFastWithBytes) {
 // load, generate, and the VRAM the engine reports (what /health shows as vram_bytes_used)
 // is within 5% of an expected total computed here independently of the engine:
 //   weights: the sum of the GGUF's tensor sizes (stored format, no FP32 copy);
-//   KV cache: 2 (K,V) x n_layer x n_ctx x n_head_kv x head_dim x 4 bytes (FP32, exact
-//   numerics) or 2 bytes (FP16, the fast kernels);
+//   KV cache: 2 (K,V) x n_layer x n_ctx x n_head_kv x head_dim x 2 bytes (FP16);
 //   scratch: FP32 activations of one 512-token prefill chunk (x, normed x, q, attention
 //   out, k, v, gate, up and one low-precision copy of the widest row), 32 rows of FP32
 //   logits, the sampling buffers (4 arrays of n_vocab 4-byte values); exact: the rounded
@@ -597,12 +616,12 @@ TEST(CudaEngine, Qwen05BShapedFixturesLoadGenerateAndReportVram) {
       }
       const double E = c.n_embd, QD = c.n_head * c.head_dim, KD = c.n_head_kv * c.head_dim,
                    F = c.n_ff, V = static_cast<double>(c.vocab_size);
-      const double kv = 2.0 * c.n_layer * kCtx * KD * (exact ? 4 : 2);
+      const double kv = 2.0 * c.n_layer * kCtx * KD * 2;
       const double widest = std::max({E, QD, F});
       double scratch = 4.0 * (512 * (2 * E + 2 * QD + 2 * KD + 2 * F + widest) + 32 * V + 4 * V);
       if (exact) {
         scratch += 512 * widest * (4 + 1 + 4.0 / 32 + 4.0 / 16) +
-                   4.0 * static_cast<double>(kern::exact::attention_scratch_floats(
+                   4.0 * static_cast<double>(kern::exact::attention_f16_scratch_floats(
                              kCtx, 512, static_cast<int>(c.n_head))) +
                    4.0 * kCtx * static_cast<double>(c.n_rot);
       } else {
