@@ -143,7 +143,11 @@ EXQ_HD uint32_t sub16_bytes(uint32_t v) {
 template <GgmlType T, Flavor FL, int TT>
 struct Stage {
   using G = Geo<FL, TT>;
-  static constexpr int kW = T == GgmlType::Q6_K ? 18 : (T == GgmlType::Q4_K ? 12 : 9);
+  static constexpr int kW = T == GgmlType::Q6_K   ? 18
+                            : T == GgmlType::Q4_K ? 12
+                            : T == GgmlType::Q8_0 ? 9
+                            : T == GgmlType::Q5_0 ? 6
+                                                  : 5;  // Q4_0: only the block's own bytes
   static constexpr int kY = (G::BT * 16 + kThreads - 1) / kThreads;  // 16-byte quant vectors
   static constexpr int kD = is_k<T>() ? kY : (G::BT * 8 + kThreads - 1) / kThreads;
   uint32_t w[kW];
