@@ -28,9 +28,12 @@
 // Work split: a CTA (256 threads) owns 32 weight rows x BT tokens; per step of 256 elements
 // the CTA unpacks the rows' weights (each weight block read once per tile) and copies the
 // tokens' activation quants into shared memory, then each thread steps its chains, which stay
-// in registers for the whole row. The result tile goes through shared memory to coalesced
-// stores. The file is compiled with -fmad=false: every fma is explicit. Weights are read
-// before griddep_wait() (never written by a kernel); activations and y after. No atomics.
+// in registers for the whole row (the next step's global loads are issued into registers
+// before this step's chains run, and written to shared memory after the next barrier). BT is
+// 8..32 (lane flavours) or 16..64 (repack flavours), the largest that still gives ~2 CTAs
+// per SM. The result tile goes through shared memory to coalesced stores. The file is compiled with
+// -fmad=false: every fma is explicit. Weights are read before griddep_wait() (never written by a
+// kernel); activations and y after. No atomics.
 #include <string>
 
 #include "common.cuh"
