@@ -64,7 +64,7 @@ run_gtest() {  # run_gtest NAME [extra args]
   say "$name: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$results/$name.log" | tr '\n' ' ')"
 }
 run_gtest kernel_tests
-for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests exact_attn16_tests exact_decode_tests exact_qdecode_tests; do run_gtest $t; done  # bit for bit vs the CPU
+for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests exact_attn16_tests exact_decode_tests exact_qdecode_tests exact_attn16_fused_tests; do run_gtest $t; done  # bit for bit vs the CPU
 run_gtest cuda_error_tests  # error mapping + the context teardown (M0-W-1401, 1501)
 # The startup test of cuda_engine_tests runs the real worker: the copy beside the tests.
 [ -x "$bin/worker-orcd" ] && export WORKER_ORCD_BIN="$bin/worker-orcd"
@@ -81,7 +81,7 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
       "$bin/kernel_tests" --gtest_filter="$filter" > "$results/sanitizer-$tool.log" 2>&1
     rc=$?
     # the exact kernels, every test (their shapes are small)
-    for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests exact_attn16_tests exact_decode_tests exact_qdecode_tests; do
+    for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests exact_attn16_tests exact_decode_tests exact_qdecode_tests exact_attn16_fused_tests; do
       [ -x "$bin/$t" ] || continue
       timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 3 \
         "$bin/$t" >> "$results/sanitizer-$tool.log" 2>&1 || rc=$?
