@@ -329,6 +329,8 @@ size_t run_case(const RopeCase& c, int n_past, int n_tok, GgmlType t, std::mt199
 TEST(ExactAttn16FusedGpu, RopeAttentionActF16MatchesUnfusedAndCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(916);
+  // WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh's compute-sanitizer racecheck run): n_past 1, 37.
+  const bool quick = std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
   size_t bad = 0, cases = 0;
   for (const RopeCase c : {RopeCase{64, 7, 64, true, true}, RopeCase{64, 1, 64, false, false},
                            RopeCase{64, 2, 32, true, true}, RopeCase{128, 2, 64, false, true},
@@ -338,6 +340,7 @@ TEST(ExactAttn16FusedGpu, RopeAttentionActF16MatchesUnfusedAndCpu) {
                        GgmlType::Q6_K}) {
       if (!type_fits(t, 2 * c.group * c.hd)) continue;
       for (int n_past : {0, 1, 37, 1000}) {
+        if (quick && (n_past == 0 || n_past == 1000)) continue;
         bad += run_case(c, n_past, 1, t, rng);
         ++cases;
       }
