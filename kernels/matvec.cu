@@ -740,51 +740,6 @@ __global__ void to_lowp_kernel(const float* __restrict__ x, T* __restrict__ out,
   if (i < n) out[i] = to_lowp<T>(x[i]);
 }
 
-template <GgmlType T>
-__global__ void round_act_kernel(const float* __restrict__ x, float* __restrict__ out, int cols) {
-  griddep_wait();
-  const int lane = threadIdx.x;
-  const int nsb = cols / 32;
-  const int sb = blockIdx.y * kWarp + lane;
-  const bool active = sb < nsb;
-  const float* xr = x + static_cast<size_t>(blockIdx.x) * cols;
-  float xv[32];
-  load_x32<T>(xr, sb, active, xv);
-  if (active) {
-    float4* o = reinterpret_cast<float4*>(out + static_cast<size_t>(blockIdx.x) * cols + sb * 32);
-#pragma unroll
-    for (int k = 0; k < 8; ++k)
-      o[k] = make_float4(xv[4 * k], xv[4 * k + 1], xv[4 * k + 2], xv[4 * k + 3]);
-  }
-}
-
-template <GgmlType T>
-__global__ void dequant_kernel(const uint8_t* __restrict__ w, size_t row_bytes, int cols,
-                               int64_t n_sub, float* __restrict__ out) {
-  griddep_wait();
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n_sub) return;
-  const int per_row = cols / 32;
-  const int64_t r = i / per_row;
-  const int sb = static_cast<int>(i % per_row);
-  float v[32];
-  deq32<T>(w + static_cast<size_t>(r) * row_bytes, sb, v);
-  float4* o = reinterpret_cast<float4*>(out + r * cols + sb * 32);
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    o[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-}
-
-template <GgmlType T>
-void launch_dequant(const WeightView& w, float* out, cudaStream_t s) {
-  if (w.cols % 32 != 0) throw WorkerError(ErrorCode::Internal, "dequantize_to_f32: bad row length");
-  const int64_t n_sub = w.rows * (w.cols / 32);
-  launch_pdl("dequant_kernel", dequant_kernel<T>, dim3(static_cast<unsigned>((n_sub + 127) / 128)),
-             dim3(128), s, static_cast<const uint8_t*>(w.data), w.row_bytes,
-             static_cast<int>(w.cols), n_sub, out);
-  CUDA_CHECK_LAUNCH("dequant_kernel");
-}
-
 // ---- decode-only fused launches: Q/K/V in one grid; gate+up+SwiGLU in one grid ----
 
 // One warp's dot product of a weight row with x (n_tok = 1), summed over the warp.
@@ -908,27 +863,6 @@ bool same_layout(const WeightView& a, const WeightView& b) {
 }
 }  // namespace
 
-void round_activations(uint32_t weight_type, const float* x, float* out, int n_tok, int cols,
-                       cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(n_tok),
-                  static_cast<unsigned>((cols / 32 + kWarp - 1) / kWarp));
-  switch (static_cast<GgmlType>(weight_type)) {
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0:
-      launch_pdl("round_act_kernel", round_act_kernel<GgmlType::Q8_0>, dim3(grid), dim3(kWarp),
-                 stream, x, out, cols);
-      break;
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K:
-      launch_pdl("round_act_kernel", round_act_kernel<GgmlType::Q4_K>, dim3(grid), dim3(kWarp),
-                 stream, x, out, cols);
-      break;
-    default: throw WorkerError(ErrorCode::Internal, "round_activations: not a quantized type");
-  }
-  CUDA_CHECK_LAUNCH("round_act_kernel");
-}
-
 void matvec_qkv(const WeightView& q, const WeightView& k, const WeightView& v, const float* x,
                 float* yq, float* yk, float* yv, cudaStream_t stream) {
   if (!same_layout(q, k) || !same_layout(q, v)) {
@@ -980,19 +914,6 @@ void matvec_swiglu(const WeightView& gate, const WeightView& up, const float* x,
                   1};
   dispatch_multi<true>(gate.type, segs, static_cast<const uint8_t*>(up.data),
                        static_cast<int>(gate.cols), gate.row_bytes, x, stream);
-}
-
-void dequantize_to_f32(const WeightView& w, float* out, cudaStream_t stream) {
-  switch (static_cast<GgmlType>(w.type)) {
-    case GgmlType::Q8_0: return launch_dequant<GgmlType::Q8_0>(w, out, stream);
-    case GgmlType::Q4_0: return launch_dequant<GgmlType::Q4_0>(w, out, stream);
-    case GgmlType::Q5_0: return launch_dequant<GgmlType::Q5_0>(w, out, stream);
-    case GgmlType::Q4_K: return launch_dequant<GgmlType::Q4_K>(w, out, stream);
-    case GgmlType::Q6_K: return launch_dequant<GgmlType::Q6_K>(w, out, stream);
-    default:
-      throw WorkerError(ErrorCode::Internal, "dequantize_to_f32: not a quantized type: " +
-                                                 std::string(ggml_type_name(w.type)));
-  }
 }
 
 void matvec(const WeightView& w, const float* x, float* y, int n_tok, bool accumulate,

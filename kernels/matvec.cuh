@@ -41,14 +41,4 @@ void matvec_qkv(const WeightView& q, const WeightView& k, const WeightView& v, c
 void matvec_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* y,
                    float* u_scratch, cudaStream_t stream);
 
-// out = x rounded through Q8_0 / Q8_K for a quantized weight type (the cuBLAS prefill of
-// quantized weights multiplies these values).
-void round_activations(uint32_t weight_type, const float* x, float* out, int n_tok, int cols,
-                       cudaStream_t stream);
-
-// Dequantizes a whole weight matrix into FP32 scratch (rows x cols), bit-exact with
-// dequantize_row: the prefill of quantized weights multiplies this transient copy of one
-// matrix with cuBLAS (FP32, pedantic) instead of re-reading the blocks per token tile.
-void dequantize_to_f32(const WeightView& w, float* out, cudaStream_t stream);
-
 }  // namespace worker::kern

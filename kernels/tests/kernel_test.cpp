@@ -305,37 +305,6 @@ TEST(KernelGemm, CublasFloatTypesMatchReference) {
   cublasDestroy(h);
 }
 
-// The prefill path of quantized weights: whole-matrix dequantization, bit-exact.
-// REQ: M0-W-1201 M0-W-1430 WRK-D2
-TEST(KernelDequant, QuantTypesToF32BitExact) {
-  REQUIRE_GPU();
-  std::mt19937 rng(17);
-  for (GgmlType type :
-       {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
-    const int64_t rows = 77, cols = 1024;
-    auto w = random_rows(type, rows, cols, rng);
-    const auto ref = dequant_all(type, w, rows, cols);
-    DevArray<uint8_t> dw(w);
-    DevArray<float> out(ref.size());
-    kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols,
-                       ggml_row_bytes(type, cols)};
-    kern::dequantize_to_f32(v, out.get(), nullptr);
-    const auto got = out.download();
-    ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * 4)) << tname(type);
-    // activation rounding (Q8_0 / Q8_K) equals the CPU reference's, value for value
-    const int n_tok = 3;
-    auto x = randn(static_cast<size_t>(n_tok * cols), rng);
-    x[5] = -x[200];  // ties in magnitude inside a block
-    const auto want = rounded_rows(type, x, n_tok, cols);
-    DevArray<float> dx(x), dr(x.size());
-    kern::round_activations(static_cast<uint32_t>(type), dx.get(), dr.get(), n_tok,
-                            static_cast<int>(cols), nullptr);
-    const auto gotr = dr.download();
-    for (size_t i = 0; i < want.size(); ++i)
-      ASSERT_EQ(gotr[i], want[i]) << tname(type) << " i=" << i;
-  }
-}
-
 // REQ: M0-W-1201 M0-W-1430 M0-W-1810 WRK-D2
 TEST(KernelEmbed, AllTypesGatherDequantizedRows) {
   REQUIRE_GPU();

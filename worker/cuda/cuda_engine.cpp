@@ -69,17 +69,18 @@ class Layout {
   size_t used_ = 0;
 };
 
-// Extra scratch of the exact kernels (zero for the fast ones): the rounded / quantized
-// matmul input and the attention's probabilities.
+// Scratch of the exact kernels: the rounded / quantized matmul input (also used by the fast
+// mode's quantized prompt GEMM) and, in exact mode, the attention's probabilities.
 struct ExactSizes {
   size_t act_bytes = 0, attn_floats = 0;
 };
 
 ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact, bool kv_f32) {
   ExactSizes e;
-  if (!exact) return e;
+  // the rounded matmul input: both modes (the fast one for its quantized prompt GEMM)
   const int widest = static_cast<int>(std::max({c.n_embd, c.n_head * c.head_dim, c.n_ff}));
   e.act_bytes = kern::exact::act_buffer_bytes(B, widest);
+  if (!exact) return e;
   const int nh = static_cast<int>(c.n_head);
   e.attn_floats = kv_f32 ? kern::exact::attention_scratch_floats(n_ctx, B, nh)
                          : kern::exact::attention_f16_scratch_floats(n_ctx, B, nh);
@@ -94,14 +95,13 @@ struct Scratch {
         *g = nullptr, *u = nullptr, *logits = nullptr;
   void* lowp = nullptr;
   float* attn_part = nullptr;  // split-KV attention partials (few-token batches)
-  float* wdeq = nullptr;       // one dequantized weight matrix (quantized prefill); may be null
   int32_t* io = nullptr;       // [0] = n_past, [1..B] = token ids
   kern::exact::ActBuf act;     // exact kernels: the current matmul input
   uint32_t act_type = 0;       // weight type `act` was last rounded for
   float* attn_scr = nullptr;   // exact attention's probabilities
 
-  static void lay(Layout& L, const ModelConfig& c, int B, int rows, size_t wdeq_floats,
-                  const ExactSizes& ex, Scratch* s) {
+  static void lay(Layout& L, const ModelConfig& c, int B, int rows, const ExactSizes& ex,
+                  Scratch* s) {
     const size_t E = static_cast<size_t>(c.n_embd), QD = static_cast<size_t>(c.n_head * c.head_dim),
                  KD = static_cast<size_t>(c.n_head_kv * c.head_dim),
                  F = static_cast<size_t>(c.n_ff), V = static_cast<size_t>(c.vocab_size),
@@ -122,7 +122,6 @@ struct Scratch {
                                                            static_cast<int>(c.head_dim)));
     }
     float* attn_part = L.take<float>(std::max<size_t>(part, 1));
-    float* wdeq = wdeq_floats ? L.take<float>(wdeq_floats) : nullptr;
     int32_t* io = L.take<int32_t>(b + 1);
     void* act = ex.act_bytes ? L.take<uint8_t>(ex.act_bytes) : nullptr;
     float* attn_scr = ex.attn_floats ? L.take<float>(ex.attn_floats) : nullptr;
@@ -133,7 +132,6 @@ struct Scratch {
       }
       s->attn_scr = attn_scr;
       s->attn_part = attn_part;
-      s->wdeq = wdeq;
       s->B = B;
       s->logit_rows = rows;
       s->x = x;
@@ -149,17 +147,15 @@ struct Scratch {
       s->io = io;
     }
   }
-  static size_t bytes(const ModelConfig& c, int B, int rows, size_t wdeq_floats,
-                      const ExactSizes& ex) {
+  static size_t bytes(const ModelConfig& c, int B, int rows, const ExactSizes& ex) {
     Layout L(nullptr);
-    lay(L, c, B, rows, wdeq_floats, ex, nullptr);
+    lay(L, c, B, rows, ex, nullptr);
     return L.used();
   }
-  void allocate(const ModelConfig& c, int B_, int rows, size_t wdeq_floats, const ExactSizes& ex,
-                const char* what) {
-    buf = DeviceBuffer(bytes(c, B_, rows, wdeq_floats, ex), what);
+  void allocate(const ModelConfig& c, int B_, int rows, const ExactSizes& ex, const char* what) {
+    buf = DeviceBuffer(bytes(c, B_, rows, ex), what);
     Layout L(static_cast<uint8_t*>(buf.data()));
-    lay(L, c, B_, rows, wdeq_floats, ex, this);
+    lay(L, c, B_, rows, ex, this);
   }
 };
 
@@ -223,19 +219,6 @@ size_t weights_bytes(const ModelWeights& w) {
   size_t total = 0;
   for (const TensorInfo* t : unique_weights(w)) total += align_up(t->nbytes);
   return total;
-}
-
-// Largest quantized layer matrix (elements): the FP32 scratch of the quantized prefill.
-size_t max_quant_matrix(const ModelWeights& w) {
-  size_t m = 0;
-  for (const auto& l : w.layers) {
-    for (const TensorInfo* t : {l.wq, l.wk, l.wv, l.wo, l.w_gate, l.w_up, l.w_down}) {
-      if (t != nullptr && !kern::gemm_supported(static_cast<uint32_t>(t->type))) {
-        m = std::max(m, static_cast<size_t>(t->n_elements()));
-      }
-    }
-  }
-  return m;
 }
 
 // Exact mode: the norm weights and biases converted to F32 once (the vectors the CPU
@@ -428,7 +411,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
   kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
   kv_base_ = static_cast<uint8_t*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, 0, exact_sizes(cfg_, 1, n_ctx_, opt_.exact, opt_.kv_cache_f32),
+  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact, opt_.kv_cache_f32),
                 "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
@@ -554,18 +537,11 @@ void CudaEngine::mm(Scratch& s, const kern::WeightView& w, const float* x, float
                     bool acc) {
   if (n >= opt_.gemm_min_tokens && kern::gemm_supported(w.type)) {
     kern::gemm_cublas(cublas_, w, x, s.lowp, y, n, acc, stream_);
-  } else if (n >= opt_.gemm_min_tokens && s.wdeq != nullptr) {
-    // Quantized weights, many tokens: dequantize this one matrix to FP32 scratch (exactly
-    // the values the matvec uses) and let cuBLAS do the product.
-    // The activations are rounded through Q8_0/Q8_K first, as on the CPU.
-    auto* xr = static_cast<float*>(s.lowp);
-    kern::round_activations(w.type, x, xr, n, static_cast<int>(w.cols), stream_);
-    kern::dequantize_to_f32(w, s.wdeq, stream_);
-    kern::WeightView f = w;
-    f.data = s.wdeq;
-    f.type = static_cast<uint32_t>(GgmlType::F32);
-    f.row_bytes = static_cast<size_t>(w.cols) * sizeof(float);
-    kern::gemm_cublas(cublas_, f, xr, nullptr, y, n, acc, stream_);
+  } else if (kern::exact::qgemm_takes(w.type, n)) {
+    // Quantized weights, many tokens: the exact kernels' quantized GEMM (weights read in
+    // their blocks, no FP32 copy of any matrix; M0-W-1201).
+    kern::exact::quantize_act(w.type, x, n, static_cast<int>(w.cols), s.act, stream_);
+    kern::exact::qgemm(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
   } else {
     kern::matvec(w, x, y, n, acc, stream_);
   }
@@ -709,14 +685,11 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
                              static_cast<float*>(kcache), static_cast<float*>(vcache), s.att,
                              n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
     } else {
-      // llama.cpp's default FP16 cache, as the CPU reference's kv_f16 mode computes it
-      ex::bias_rope_store_f16(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
-                              static_cast<uint16_t*>(kcache), static_cast<uint16_t*>(vcache),
-                              stream_);
-      ex::attention_f16(s.q, static_cast<const uint16_t*>(kcache),
-                        static_cast<const uint16_t*>(vcache), s.att, n, shape_, n_ctx_, s.io,
-                        s.attn_scr, stream_);
-      ex::quantize_act(L.wo.type, s.att, n, QD, s.act, stream_);
+      // llama.cpp's default FP16 cache, as the CPU reference's kv_f16 mode computes it: bias
+      // + RoPE + KV store + attention + rounding for Wo, one launch at decode
+      ex::rope_attention_act_f16(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
+                                 static_cast<uint16_t*>(kcache), static_cast<uint16_t*>(vcache),
+                                 s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
     }
     s.act_type = L.wo.type;
     mm_exact(s, L.wo, s.att, QD, n, s.x, true, true);  // x += Wo att
@@ -836,10 +809,8 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     const int B = std::max(1, std::min(opt_.max_batch, n_ctx_));
     batch_.buf.reset();
     batch_.B = 0;
-    batch_.allocate(
-        cfg_, B, std::min(B, kLogitRows),
-        !opt_.exact && B >= opt_.gemm_min_tokens ? max_quant_matrix(model_->weights) : 0,
-        exact_sizes(cfg_, B, n_ctx_, opt_.exact, opt_.kv_cache_f32), "prefill scratch");
+    batch_.allocate(cfg_, B, std::min(B, kLogitRows),
+                    exact_sizes(cfg_, B, n_ctx_, opt_.exact, opt_.kv_cache_f32), "prefill scratch");
     std::string why;
     if (!cuda::is_device_resident(batch_.buf.data(), device_, &why)) {
       throw WorkerError(ErrorCode::CudaError, "prefill scratch not in VRAM: " + why);
@@ -955,13 +926,11 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   const bool ex = options.exact;
   u.weights = weights_bytes(model.weights);
   u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
-  u.scratch =
-      Scratch::bytes(c, 1, 1, 0, exact_sizes(c, 1, n_ctx, ex, options.kv_cache_f32)) +
-      Scratch::bytes(c, B, std::min(B, kLogitRows),
-                     !ex && B >= options.gemm_min_tokens ? max_quant_matrix(model.weights) : 0,
-                     exact_sizes(c, B, n_ctx, ex, options.kv_cache_f32)) +
-      SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
-      (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
+  u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, ex, options.kv_cache_f32)) +
+              Scratch::bytes(c, B, std::min(B, kLogitRows),
+                             exact_sizes(c, B, n_ctx, ex, options.kv_cache_f32)) +
+              SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
+              (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
   return u;
 }
 
