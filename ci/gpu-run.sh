@@ -80,11 +80,11 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
     timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 3 \
       "$bin/kernel_tests" --gtest_filter="$filter" > "$results/sanitizer-$tool.log" 2>&1
     rc=$?
-    # the exact kernels, every test (their shapes are small)
+    # the exact kernels, every test, at their quick sizes (WORKER_KERNEL_TEST_QUICK)
     for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests exact_attn16_tests exact_decode_tests exact_qdecode_tests exact_attn16_fused_tests; do
       [ -x "$bin/$t" ] || continue
-      timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 3 \
-        "$bin/$t" >> "$results/sanitizer-$tool.log" 2>&1 || rc=$?
+      WORKER_KERNEL_TEST_QUICK=1 timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool \
+        --error-exitcode 3 "$bin/$t" >> "$results/sanitizer-$tool.log" 2>&1 || rc=$?
     done
     unset WORKER_KERNEL_TEST_QUICK
     [ $rc = 0 ] || status=1
