@@ -136,16 +136,35 @@ __device__ __forceinline__ void tile_dots(RowPtr rowp, int nr, int units,
   }
 }
 
-// Issues the cp.async copies of `bytes` bytes at `start` into dst (16-byte aligned down);
-// returns the offset of `start` in dst.
-__device__ __forceinline__ int tile_load(int4* dst, const uint8_t* start, size_t bytes) {
-  const uintptr_t base = reinterpret_cast<uintptr_t>(start) & ~uintptr_t{15};
-  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(start) - base);
-  const int n16 = static_cast<int>((static_cast<size_t>(off) + bytes + 15) / 16);
+// Copies the `bytes` bytes at `start` (2-byte aligned, bytes even: every block format here)
+// into dst at the same offset from a 16-byte boundary; returns that offset. Whole 16-byte
+// chunks go by cp.async; the partial first and last chunks by 2-byte loads of their bytes
+// inside the range only (never a byte before `start` or past its end: compute-sanitizer's
+// memcheck found the aligned-down/rounded-up copies reading outside the allocation).
+__device__ __forceinline__ int tile_copy(int4* dst, const uint8_t* start, size_t bytes) {
+  const uintptr_t s0 = reinterpret_cast<uintptr_t>(start);
+  const uintptr_t base = s0 & ~uintptr_t{15};
+  const uintptr_t end = s0 + bytes;
+  const int off = static_cast<int>(s0 - base);
+  const int n16 = static_cast<int>((end - base + 15) / 16);
   const int4* src = reinterpret_cast<const int4*>(base);
-  for (int i = static_cast<int>(threadIdx.x); i < n16; i += kQdThreads)
-    cp_async16(dst + i, src + i);
+  for (int i = static_cast<int>(threadIdx.x); i < n16; i += kQdThreads) {
+    const uintptr_t c0 = base + 16 * static_cast<uintptr_t>(i);
+    if (c0 >= s0 && c0 + 16 <= end) {
+      cp_async16(dst + i, src + i);
+    } else {
+      auto* d16 = reinterpret_cast<uint16_t*>(dst + i);
+      for (int h = 0; h < 8; ++h) {
+        const uintptr_t a = c0 + 2 * static_cast<uintptr_t>(h);
+        if (a >= s0 && a + 2 <= end) d16[h] = __ldg(reinterpret_cast<const unsigned short*>(a));
+      }
+    }
+  }
   return off;
+}
+
+__device__ __forceinline__ int tile_load(int4* dst, const uint8_t* start, size_t bytes) {
+  return tile_copy(dst, start, bytes);
 }
 
 __device__ __forceinline__ int* warp_slots(uint8_t* smem, size_t slot_at) {
@@ -315,13 +334,7 @@ __global__ void __launch_bounds__(kQdThreads)
   const int r0 = static_cast<int>(blockIdx.x) * R;
   const int nr = min(R, rows - r0);
   const uint8_t* start = w + static_cast<size_t>(r0) * rb;
-  const uintptr_t base = reinterpret_cast<uintptr_t>(start) & ~uintptr_t{15};
-  const int off = static_cast<int>(reinterpret_cast<uintptr_t>(start) - base);
-  const int n16 =
-      static_cast<int>((static_cast<size_t>(off) + static_cast<size_t>(nr) * rb + 15) / 16);
-  const int4* src = reinterpret_cast<const int4*>(base);
-  for (int i = static_cast<int>(threadIdx.x); i < n16; i += kQdThreads)
-    cp_async16(s_raw + i, src + i);
+  const int off = tile_copy(s_raw, start, static_cast<size_t>(nr) * rb);
   griddep_wait();
   cp_async_wait_all();
   __syncthreads();
