@@ -34,6 +34,7 @@
 // gpu_test_util.h's rel_err promotes floats to double on purpose (not used here)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "exact_test_blocks.h"
 #include "gpu_test_util.h"
 #pragma GCC diagnostic pop
 
@@ -48,63 +49,9 @@ using kern::exact::BatchOrder;
 const GgmlType kQuantTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q4_K,
                                 GgmlType::Q6_K};
 
-// Fast deterministic random bytes (weights are megabytes).
-struct XorShift {
-  uint64_t s;
-  explicit XorShift(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  }
-  float uniform(float lo, float hi) {
-    return lo + (hi - lo) * static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
-  }
-};
-
-void put_half(uint8_t* p, float f) {
-  const uint16_t h = fp32_to_fp16(f);
-  std::memcpy(p, &h, 2);
-}
-
-// Random valid blocks: random quants, fp16 scales in a sane range (random bytes there would
-// be NaN / Inf / huge), Q4_K random 6-bit scales and mins (any 12 bytes are valid).
-std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t cols, uint64_t seed) {
-  XorShift rng(seed);
-  const size_t rb = ggml_row_bytes(type, cols);
-  std::vector<uint8_t> data(rb * static_cast<size_t>(rows));
-  for (size_t i = 0; i < data.size(); i += 8) {
-    const uint64_t v = rng.next();
-    std::memcpy(data.data() + i, &v, std::min<size_t>(8, data.size() - i));
-  }
-  const size_t bb = *ggml_type_block_bytes(static_cast<uint32_t>(type));
-  const size_t nblk = data.size() / bb;
-  for (size_t k = 0; k < nblk; ++k) {
-    uint8_t* b = data.data() + k * bb;
-    const float sign = (rng.next() & 7) == 0 ? -1.0f : 1.0f;  // a few negative scales
-    switch (type) {
-      case GgmlType::Q8_0:
-        put_half(b, sign * rng.uniform(0.002f, 0.02f));
-        for (int j = 0; j < 32; ++j)
-          if (b[2 + j] == 0x80) b[2 + j] = 0x81;  // quants in [-127, 127] as ggml writes them
-        break;
-      case GgmlType::Q4_0:
-      case GgmlType::Q5_0: put_half(b, sign * rng.uniform(0.002f, 0.05f)); break;
-      case GgmlType::Q4_K:
-        put_half(b, rng.uniform(0.0005f, 0.01f));
-        put_half(b + 2, rng.uniform(0.0005f, 0.01f));
-        break;
-      case GgmlType::Q6_K:
-        for (int j = 0; j < 16; ++j)
-          if (b[192 + j] == 0x80) b[192 + j] = 0x81;
-        put_half(b + 208, sign * rng.uniform(0.0002f, 0.002f));
-        break;
-      default: break;
-    }
-  }
-  return data;
-}
+using exacttest::put_half;
+using exacttest::random_weights;
+using exacttest::XorShift;
 
 // Activations: normal values with a random magnitude per row; one 256-element block with
 // a tie of magnitudes (x and -x, the first must win) when the row is long enough.
