@@ -3,6 +3,7 @@
 
 #include "common.cuh"
 #include "cuda_check.h"
+#include "engine/sampler_math.h"
 #include "launch.cuh"
 #include "sampling.cuh"
 
@@ -19,10 +20,46 @@ __global__ void iota_kernel(int32_t* ids, int32_t* seen, int n) {
   }
 }
 
-__global__ void copy_kernel(const float* __restrict__ in, float* __restrict__ out, int n) {
+namespace sm = worker::sampler_math;
+
+// Sum of a uint64 over the block (exact, any order). Every thread gets the total.
+__device__ uint64_t block_sum_u64(uint64_t v, uint64_t* sh /* [32] */) {
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  uint64_t r = lane < static_cast<int>(blockDim.x / kWarp) ? sh[lane] : 0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+
+// The chunk [b, e) of block `blk` of `nb` over n values: the layout shared by the partial
+// kernels, so each writes one hash partial per block.
+__device__ __forceinline__ void chunk_of(int n, int nb, int blk, int& b, int& e) {
+  const int chunk = (n + nb - 1) / nb;
+  b = min(n, blk * chunk);
+  e = min(n, b + chunk);
+}
+
+// work = logits + 0 (-0 becomes +0: the radix sort orders bit patterns, the CPU compares
+// values) and the block's partial of the logits hash.
+__global__ void prep_kernel(const float* __restrict__ in, float* __restrict__ out, int n,
+                            uint64_t* __restrict__ part_h) {
   griddep_wait();
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = in[i];
+  __shared__ uint64_t sh[32];
+  int b, e;
+  chunk_of(n, gridDim.x, blockIdx.x, b, e);
+  uint64_t h = 0;
+  for (int i = b + threadIdx.x; i < e; i += blockDim.x) {
+    const float v = in[i];
+    h += sm::logit_term(static_cast<uint32_t>(i), v);
+    out[i] = v + 0.0f;
+  }
+  h = block_sum_u64(h, sh);
+  if (threadIdx.x == 0) part_h[blockIdx.x] = h;
 }
 
 // Each distinct history id is penalised exactly once: the atomicExch decides which of the
@@ -73,18 +110,25 @@ __device__ void block_argmax(float v, int i, int none, float* sv, int* si) {
 
 constexpr int kArgmaxThreads = 256;
 
+// hash_of: the raw logits when this kernel is the first to read them (no penalty), else
+// nullptr (prep_kernel wrote the hash partials).
 __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float* __restrict__ pv,
-                                      int32_t* __restrict__ pi) {
+                                      int32_t* __restrict__ pi, bool hash_here,
+                                      uint64_t* __restrict__ part_h) {
   griddep_wait();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
-  const int chunk = (n + gridDim.x - 1) / gridDim.x;
-  const int b = blockIdx.x * chunk, e = min(n, b + chunk);
+  __shared__ uint64_t sh[32];
+  int b, e;
+  chunk_of(n, gridDim.x, blockIdx.x, b, e);
   float best = -INFINITY;
   int bi = n;  // "none"
+  uint64_t h = 0;
   for (int i = b + threadIdx.x; i < e; i += blockDim.x) {
-    if (bi == n || v[i] > best) {  // increasing i per thread: the first maximum stays
-      best = v[i];
+    const float x = v[i];
+    if (hash_here) h += sm::logit_term(static_cast<uint32_t>(i), x);
+    if (bi == n || x > best) {  // increasing i per thread: the first maximum stays
+      best = x;
       bi = i;
     }
   }
@@ -93,13 +137,20 @@ __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float*
     pv[blockIdx.x] = sv[0];
     pi[blockIdx.x] = si[0];
   }
+  if (hash_here) {
+    h = block_sum_u64(h, sh);
+    if (threadIdx.x == 0) part_h[blockIdx.x] = h;
+  }
 }
 
 __global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t* __restrict__ pi,
-                                    int nb, int n, int32_t* __restrict__ out) {
+                                    const uint64_t* __restrict__ part_h, int nb, int n,
+                                    SampleOut* __restrict__ out) {
   griddep_wait();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
+  __shared__ uint64_t sh[32];
+  const uint64_t h = block_sum_u64(threadIdx.x < nb ? part_h[threadIdx.x] : 0, sh);
   float best = -INFINITY;
   int bi = n;
   for (int i = threadIdx.x; i < nb; i += blockDim.x) {
@@ -109,103 +160,101 @@ __global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t*
     }
   }
   block_argmax(best, bi, n, sv, si);
-  if (threadIdx.x == 0) *out = si[0] == n ? 0 : si[0];
-}
-
-__device__ double block_sum_d(double v, double* sh) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  double r = lane < (blockDim.x / kWarp) ? sh[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-  return r;
-}
-
-// Index of the first i in [0, n) with prefix(p[0..i]) `pred` target, where prefix is a
-// sum in a fixed order: each thread owns one contiguous chunk; chunk totals are scanned by
-// thread 0. Returns n when no such i exists. mode 0: cum >= target; mode 1: target < cum.
-__device__ int first_cum(const double* __restrict__ p, int n, double target, int mode,
-                         double* sh_tot, int* sh_idx) {
-  const int chunk = (n + blockDim.x - 1) / blockDim.x;
-  const int b = min(n, static_cast<int>(threadIdx.x) * chunk), e = min(n, b + chunk);
-  double local = 0.0;
-  for (int i = b; i < e; ++i) local += p[i];
-  sh_tot[threadIdx.x] = local;
-  __syncthreads();
   if (threadIdx.x == 0) {
-    double run = 0.0;
-    for (int t = 0; t < static_cast<int>(blockDim.x); ++t) {
-      const double x = sh_tot[t];
-      sh_tot[t] = run;  // exclusive prefix
-      run += x;
-    }
-    *sh_idx = n;
+    out->id = si[0] == n ? 0 : si[0];
+    out->logits_hash = sm::logits_hash_final(h, static_cast<uint64_t>(n));
   }
+}
+
+// First index i in [0, n) whose inclusive prefix sum of w (each thread owns one contiguous
+// chunk starting at prefix `before`) satisfies pred(prefix, i); n when none. Integer sums:
+// the same prefixes as the CPU's sequential loop.
+template <typename Pred>
+__device__ int first_prefix(const uint64_t* __restrict__ w, int b, int e, uint64_t before, int n,
+                            Pred pred, int* sh_idx) {
+  if (threadIdx.x == 0) *sh_idx = n;
   __syncthreads();
-  double cum = sh_tot[threadIdx.x];
-  int found = n;
+  uint64_t cum = before;
   for (int i = b; i < e; ++i) {
-    cum += p[i];
-    if (mode == 0 ? cum >= target : target < cum) {
-      found = i;
+    cum += w[i];
+    if (pred(cum, i)) {
+      atomicMin(sh_idx, i);  // min is order-independent
       break;
     }
   }
-  if (found < n) atomicMin(sh_idx, found);  // min is order-independent
   __syncthreads();
   const int r = *sh_idx;
   __syncthreads();
   return r;
 }
 
+// Steps 4-7 of the sampler (sampler.h) over the sorted candidates, one block.
 __global__ void __launch_bounds__(kThreads)
     finalize_kernel(const float* __restrict__ keys, const int32_t* __restrict__ ids, int n_vocab,
-                    const SampleParams* __restrict__ prm, double* __restrict__ probs,
-                    int32_t* __restrict__ out) {
+                    const SampleParams* __restrict__ prm, const uint64_t* __restrict__ part_h,
+                    int nb, uint64_t* __restrict__ w, SampleOut* __restrict__ out) {
   griddep_wait();
-  __shared__ double sh[32];
-  __shared__ double sh_tot[kThreads];
+  __shared__ uint64_t sh[32];
+  __shared__ uint64_t sh_before[kThreads];
   __shared__ int sh_idx;
   const SampleParams p = *prm;
+  const uint64_t hash = block_sum_u64(threadIdx.x < nb ? part_h[threadIdx.x] : 0, sh);
   int n = n_vocab;
   if (p.top_k > 0 && p.top_k < n) n = p.top_k;
-  const float s0 = keys[0] / p.temperature;
-  double local = 0.0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    const double e = exp(static_cast<double>(keys[i] / p.temperature - s0));
-    probs[i] = e;
-    local += e;
+  const int chunk = (n + blockDim.x - 1) / blockDim.x;
+  const int b = min(n, static_cast<int>(threadIdx.x) * chunk), e = min(n, b + chunk);
+
+  const float s0 = __fdiv_rn(keys[0], p.temperature);
+  uint64_t local = 0;
+  for (int i = b; i < e; ++i) {
+    const uint64_t wi = i == 0 ? static_cast<uint64_t>(sm::kWeightOne)
+                               : sm::weight(__fsub_rn(__fdiv_rn(keys[i], p.temperature), s0));
+    w[i] = wi;
+    local += wi;
   }
-  const double sum = block_sum_d(local, sh);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) probs[i] /= sum;
+  __shared__ uint64_t sh_all;
+  sh_before[threadIdx.x] = local;
   __syncthreads();
+  if (threadIdx.x == 0) {  // exclusive prefix of the chunk sums
+    uint64_t run = 0;
+    for (int t = 0; t < static_cast<int>(blockDim.x); ++t) {
+      const uint64_t x = sh_before[t];
+      sh_before[t] = run;
+      run += x;
+    }
+    sh_all = run;
+  }
+  __syncthreads();
+  const uint64_t before = sh_before[threadIdx.x];
+  const uint64_t all = sh_all;
+
   int keep = n;
   if (p.top_p < 1.0f) {
-    const int i = first_cum(probs, n, static_cast<double>(p.top_p), 0, sh_tot, &sh_idx);
+    const double thr = sm::top_p_threshold(p.top_p, all);
+    const int i = first_prefix(
+        w, b, e, before, n, [thr](uint64_t cum, int) { return static_cast<double>(cum) >= thr; },
+        &sh_idx);
     keep = i < n ? i + 1 : n;
   }
   if (p.min_p > 0.0f) {
-    // probs are non-increasing, so the kept set is a prefix: find the first miss.
-    const double threshold = static_cast<double>(p.min_p) * probs[0];
-    if (threadIdx.x == 0) sh_idx = keep;
-    __syncthreads();
-    for (int i = 1 + threadIdx.x; i < keep; i += blockDim.x) {
-      if (!(probs[i] >= threshold)) atomicMin(&sh_idx, i);
-    }
-    __syncthreads();
-    keep = sh_idx;
-    __syncthreads();
+    const double thr = sm::min_p_threshold(p.min_p);
+    const int i = first_prefix(
+        w, b, e, before, n,
+        [thr, w](uint64_t, int j) { return j >= 1 && !(static_cast<double>(w[j]) >= thr); },
+        &sh_idx);
+    keep = min(keep, i);
   }
-  double tl = 0.0;
-  for (int i = threadIdx.x; i < keep; i += blockDim.x) tl += probs[i];
-  // The CPU sums the kept probabilities sequentially; a tree sum differs by rounding only.
-  const double total = block_sum_d(tl, sh);
-  const int pick = first_cum(probs, keep, p.u * total, 1, sh_tot, &sh_idx);
-  if (threadIdx.x == 0) *out = ids[pick < keep ? pick : keep - 1];
+  uint64_t kl = 0;
+  for (int i = b; i < min(e, keep); ++i) kl += w[i];
+  const uint64_t kept_total = block_sum_u64(kl, sh);
+  const uint64_t target = sm::scale_draw(p.draw, kept_total);
+  const int pick = first_prefix(
+      w, b, min(e, keep), before, keep, [target](uint64_t cum, int) { return target < cum; },
+      &sh_idx);
+  if (threadIdx.x == 0) {
+    out->id = ids[pick < keep ? pick : keep - 1];
+    out->logits_hash = sm::logits_hash_final(hash, static_cast<uint64_t>(n_vocab));
+  }
 }
 }  // namespace
 
@@ -224,35 +273,37 @@ void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream) {
 }
 
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
-            bool apply_penalty, const int32_t* d_history, const SampleScratch& s, int32_t* d_out,
+            bool apply_penalty, const int32_t* d_history, const SampleScratch& s, SampleOut* d_out,
             cudaStream_t stream) {
+  const int nb = std::min(kArgmaxBlocks, (n_vocab + kArgmaxThreads - 1) / kArgmaxThreads);
   const float* work = logits;
+  if (apply_penalty || !greedy) {
+    launch_pdl("prep_kernel", prep_kernel, dim3(nb), dim3(kArgmaxThreads), stream, logits, s.work,
+               n_vocab, s.part_h);
+    CUDA_CHECK_LAUNCH("prep_kernel");
+    work = s.work;
+  }
   if (apply_penalty) {
-    launch_pdl("copy_kernel", copy_kernel, dim3((n_vocab + 255) / 256), dim3(256), stream, logits,
-               s.work, n_vocab);
-    CUDA_CHECK_LAUNCH("copy_kernel");
     launch_pdl("penalty_kernel", penalty_kernel, dim3(1), dim3(kThreads), stream, s.work, n_vocab,
                d_params, d_history, s.seen);
     CUDA_CHECK_LAUNCH("penalty_kernel");
-    work = s.work;
   }
   if (greedy) {
-    const int nb = std::min(kArgmaxBlocks, (n_vocab + kArgmaxThreads - 1) / kArgmaxThreads);
     launch_pdl("argmax_partial_kernel", argmax_partial_kernel, dim3(nb), dim3(kArgmaxThreads),
-               stream, work, n_vocab, s.part_v, s.part_i);
+               stream, work, n_vocab, s.part_v, s.part_i, work == logits, s.part_h);
     CUDA_CHECK_LAUNCH("argmax_partial_kernel");
     launch_pdl("argmax_final_kernel", argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), stream,
-               s.part_v, s.part_i, nb, n_vocab, d_out);
+               s.part_v, s.part_i, s.part_h, nb, n_vocab, d_out);
     CUDA_CHECK_LAUNCH("argmax_final_kernel");
     return;
   }
   size_t bytes = s.sort_temp_bytes;
   // Stable radix sort: equal logits keep ascending ids, the CPU's (logit desc, id asc).
   CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
-      s.sort_temp, bytes, work, s.keys_sorted, s.ids, s.ids_sorted, n_vocab, 0,
+      s.sort_temp, bytes, s.work, s.keys_sorted, s.ids, s.ids_sorted, n_vocab, 0,
       static_cast<int>(sizeof(float) * 8), stream));
   launch_pdl("finalize_kernel", finalize_kernel, dim3(1), dim3(kThreads), stream, s.keys_sorted,
-             s.ids_sorted, n_vocab, d_params, s.probs, d_out);
+             s.ids_sorted, n_vocab, d_params, s.part_h, nb, s.weights, d_out);
   CUDA_CHECK_LAUNCH("finalize_kernel");
 }
 }  // namespace worker::kern

@@ -541,21 +541,23 @@ struct SampleBufs {
         keys(V),
         ids(V),
         ids_sorted(V),
-        probs(V),
+        weights(V),
         seen(V),
         temp(kern::sampling_sort_temp_bytes(V)),
         params(1),
         history(hist_cap),
         out(1),
         part_v(kern::kArgmaxBlocks),
-        part_i(kern::kArgmaxBlocks) {
+        part_i(kern::kArgmaxBlocks),
+        part_h(kern::kArgmaxBlocks) {
     s.work = work.get();
     s.keys_sorted = keys.get();
     s.ids = ids.get();
     s.ids_sorted = ids_sorted.get();
     s.part_v = part_v.get();
     s.part_i = part_i.get();
-    s.probs = probs.get();
+    s.part_h = part_h.get();
+    s.weights = weights.get();
     s.seen = seen.get();
     s.sort_temp = temp.get();
     s.sort_temp_bytes = temp.size();
@@ -563,18 +565,21 @@ struct SampleBufs {
   }
   DevArray<float> work, keys;
   DevArray<int32_t> ids, ids_sorted;
-  DevArray<double> probs;
+  DevArray<uint64_t> weights;
   DevArray<int32_t> seen;
   DevArray<uint8_t> temp;
   DevArray<kern::SampleParams> params;
-  DevArray<int32_t> history, out;
+  DevArray<int32_t> history;
+  DevArray<kern::SampleOut> out;
   DevArray<float> part_v;
   DevArray<int32_t> part_i;
+  DevArray<uint64_t> part_h;
   kern::SampleScratch s;
 };
 
-int32_t gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V, const SamplingParams& sp,
-                   const std::vector<int32_t>& hist, std::mt19937_64& rng) {
+kern::SampleOut gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V,
+                           const SamplingParams& sp, const std::vector<int32_t>& hist,
+                           std::mt19937_64& rng) {
   kern::SampleParams p;
   p.temperature = sp.temperature;
   p.top_p = sp.top_p;
@@ -583,7 +588,7 @@ int32_t gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V, const Sa
   p.top_k = sp.top_k;
   p.n_history = static_cast<int32_t>(hist.size());
   const bool greedy = !(sp.temperature > 0.0f);
-  p.u = greedy ? 0.0 : sampler_uniform(rng);
+  p.draw = greedy ? 0 : sampler_draw(rng);
   b.params.upload({p});
   if (!hist.empty()) b.history.upload(hist);
   b.out.poison();
@@ -593,42 +598,76 @@ int32_t gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V, const Sa
   return b.out.download()[0];
 }
 
+// Logits that stress every place where two samplers could part: exact ties at the top and
+// inside the kept set, -0 beside +0, values one ulp apart, a long flat tail, huge spreads.
+std::vector<float> adversarial_logits(int V, std::mt19937& rng, int trial) {
+  auto l = randn(static_cast<size_t>(V), rng, 3.0f);
+  std::uniform_int_distribution<int> pick(0, V - 1);
+  switch (trial % 6) {
+    case 0:  // an exact tie at the top
+      l[static_cast<size_t>(V / 2)] = l[static_cast<size_t>(V / 3)] = 40.0f;
+      break;
+    case 1:  // many exact ties and signed zeros
+      for (int i = 0; i < V / 4; ++i) l[static_cast<size_t>(pick(rng))] = (i % 2) ? 0.0f : -0.0f;
+      for (int i = 0; i < V / 8; ++i) l[static_cast<size_t>(pick(rng))] = 1.5f;
+      break;
+    case 2:  // neighbours one ulp apart
+      for (int i = 0; i + 1 < V; i += 2)
+        l[static_cast<size_t>(i + 1)] = std::nextafter(l[static_cast<size_t>(i)], 100.0f);
+      break;
+    case 3:  // quantized logits: few distinct values
+      for (auto& x : l) x = std::round(x * 4.0f) / 4.0f;
+      break;
+    case 4:  // a wide spread: most weights underflow to 0
+      for (auto& x : l) x *= 20.0f;
+      break;
+    default: break;
+  }
+  return l;
+}
+
 // The GPU sampler picks exactly the CPU sampler's id for the same logits and the same
-// random stream, over every stage of the pipeline.
-// REQ: M0-W-1421 M0-W-1430 M0-W-1031 M0-W-1810 WRK-D15
+// random stream, over every stage of the pipeline, and reports the CPU's logits hash.
+// REQ: M0-W-1421 M0-W-1430 M0-W-1031 M0-W-1810 WRK-D15 WRK-D18
 TEST(KernelSampling, MatchesCpuSamplerIdForId) {
   REQUIRE_GPU();
   std::mt19937 rng(51);
   const SamplingParams configs[] = {
-      {0.0f, 1.0f, 0, 0.0f, 1.0f, 0},  {0.0f, 1.0f, 0, 0.0f, 1.3f, 0},
-      {0.7f, 1.0f, 0, 0.0f, 1.0f, 0},  {0.7f, 0.9f, 40, 0.05f, 1.1f, 0},
-      {1.5f, 0.5f, 0, 0.0f, 0.8f, 0},  {1.0f, 1.0f, 5, 0.0f, 1.0f, 0},
-      {0.3f, 0.95f, 0, 0.1f, 1.2f, 0}, {2.0f, 1.0f, 1, 0.0f, 1.0f, 0}};
+      {0.0f, 1.0f, 0, 0.0f, 1.0f, 0},   {0.0f, 1.0f, 0, 0.0f, 1.3f, 0},
+      {0.7f, 1.0f, 0, 0.0f, 1.0f, 0},   {0.7f, 0.9f, 40, 0.05f, 1.1f, 0},
+      {1.5f, 0.5f, 0, 0.0f, 0.8f, 0},   {1.0f, 1.0f, 5, 0.0f, 1.0f, 0},
+      {0.3f, 0.95f, 0, 0.1f, 1.2f, 0},  {2.0f, 1.0f, 1, 0.0f, 1.0f, 0},
+      {0.05f, 0.99f, 0, 0.0f, 1.0f, 0}, {1.0f, 0.999f, 1000, 0.001f, 1.05f, 0}};
   // WORKER_KERNEL_TEST_QUICK (set under compute-sanitizer racecheck): smaller vocabularies.
   const bool quick = std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
   const std::vector<int> vocabs =
       quick ? std::vector<int>{512, 5000} : std::vector<int>{512, 32000, 151936};
+  int draws = 0;
   for (int V : vocabs) {
     SampleBufs b(V, 256);
     DevArray<float> dl(static_cast<size_t>(V));
     for (const auto& sp : configs) {
       std::mt19937_64 cpu_rng(777), gpu_rng(777);
-      for (int trial = 0; trial < (quick ? 3 : 12); ++trial) {
-        auto logits = randn(static_cast<size_t>(V), rng, 3.0f);
-        if (trial % 3 == 0) logits[V / 2] = logits[V / 3] = 40.0f;  // an exact tie at the top
+      for (int trial = 0; trial < (quick ? 6 : 24); ++trial) {
+        const auto logits = adversarial_logits(V, rng, trial);
         std::vector<int32_t> hist;
         std::uniform_int_distribution<int> id(0, V - 1);
         for (int i = 0; i < 50; ++i) hist.push_back(id(rng));
         hist.push_back(hist[0]);  // duplicates are penalised once
         dl.upload(logits);
         const int32_t want = sample_logits(logits, sp, hist, cpu_rng);
-        const int32_t got = gpu_sample(b, dl, V, sp, hist, gpu_rng);
-        ASSERT_EQ(got, want) << "V=" << V << " T=" << sp.temperature << " top_p=" << sp.top_p
-                             << " top_k=" << sp.top_k << " min_p=" << sp.min_p
-                             << " pen=" << sp.repetition_penalty << " trial=" << trial;
+        const kern::SampleOut got = gpu_sample(b, dl, V, sp, hist, gpu_rng);
+        ASSERT_EQ(got.id, want) << "V=" << V << " T=" << sp.temperature << " top_p=" << sp.top_p
+                                << " top_k=" << sp.top_k << " min_p=" << sp.min_p
+                                << " pen=" << sp.repetition_penalty << " trial=" << trial;
+        ASSERT_EQ(got.logits_hash, logits_hash(logits)) << "V=" << V << " trial=" << trial;
+        ++draws;
       }
+      EXPECT_EQ(cpu_rng, gpu_rng) << "both samplers consume the same random stream";
     }
   }
+  std::printf("sampler: %d GPU draws identical to the CPU sampler's (ids and logits hashes)\n",
+              draws);
 }
 
 // REQ: M0-W-1421 M0-W-1032
@@ -642,7 +681,7 @@ TEST(KernelSampling, GreedyLowestIdWinsTies) {
   SampleBufs b(V, 8);
   DevArray<float> dl(logits);
   std::mt19937_64 rng(1);
-  EXPECT_EQ(gpu_sample(b, dl, V, SamplingParams{0.0f, 1.0f, 0, 0.0f, 1.0f, 0}, {}, rng), 77);
+  EXPECT_EQ(gpu_sample(b, dl, V, SamplingParams{0.0f, 1.0f, 0, 0.0f, 1.0f, 0}, {}, rng).id, 77);
 }
 
 }  // namespace

@@ -164,7 +164,7 @@ struct SampleRegion {
   kern::SampleScratch s;
   kern::SampleParams* params = nullptr;  // followed by the history
   int32_t* history = nullptr;
-  int32_t* out = nullptr;
+  kern::SampleOut* out = nullptr;
 
   static void lay(Layout& L, int V, int n_ctx, size_t sort_bytes, SampleRegion* r) {
     const size_t v = static_cast<size_t>(V);
@@ -173,16 +173,17 @@ struct SampleRegion {
     s.keys_sorted = L.take<float>(v);
     s.ids = L.take<int32_t>(v);
     s.ids_sorted = L.take<int32_t>(v);
-    s.probs = L.take<double>(v);
+    s.weights = L.take<uint64_t>(v);
     s.seen = L.take<int32_t>(v);
     s.part_v = L.take<float>(kern::kArgmaxBlocks);
     s.part_i = L.take<int32_t>(kern::kArgmaxBlocks);
+    s.part_h = L.take<uint64_t>(kern::kArgmaxBlocks);
     s.sort_temp = L.take<uint8_t>(sort_bytes);
     s.sort_temp_bytes = sort_bytes;
     // params and history adjacent: one host->device copy per sampled token
     auto* params =
         L.take<uint8_t>(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx));
-    int32_t* out = L.take<int32_t>(1);
+    auto* out = L.take<kern::SampleOut>(1);
     if (r) {
       r->s = s;
       r->params = reinterpret_cast<kern::SampleParams*>(params);
@@ -274,6 +275,8 @@ class CudaEngine final : public Engine {
   BackendInfo info() const override {
     BackendInfo b;
     b.backend = "cuda";
+    b.numerics = opt_.exact ? "exact" : "fast";
+    b.kv_cache = opt_.kv_cache_f32 ? "f32" : "f16";
     b.resident = resident_.load();
     b.sm = ctx_->sm();
     b.cuda_runtime_version = ctx_->runtime_version();
@@ -295,7 +298,7 @@ class CudaEngine final : public Engine {
   std::span<const float> logits() const override;
   std::span<const float> logits_at(size_t i) const override;
   int32_t sample(const SamplingParams& params, std::span<const int32_t> history,
-                 std::mt19937_64& rng) override;
+                 std::mt19937_64& rng, uint64_t* logits_hash) override;
 
  private:
   void upload_weights();
@@ -352,7 +355,7 @@ class CudaEngine final : public Engine {
   SampleRegion samp_;
   PinnedBuffer pin_io_;      // [0] = n_past, [1..] = tokens
   PinnedBuffer pin_sample_;  // SampleParams + history
-  PinnedBuffer pin_out_;     // one sampled id
+  PinnedBuffer pin_out_;     // one SampleOut: the sampled id and the logits hash
   std::atomic<bool> resident_{false};
 
   const float* d_last_ = nullptr;  // device logits of the last evaluated position
@@ -424,7 +427,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   pin_io_ = PinnedBuffer(sizeof(int32_t) * (static_cast<size_t>(opt_.max_batch) + 1));
   pin_sample_ =
       PinnedBuffer(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx_));
-  pin_out_ = PinnedBuffer(sizeof(int32_t));
+  pin_out_ = PinnedBuffer(sizeof(kern::SampleOut));
   last_host_.resize(static_cast<size_t>(V));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 
@@ -882,7 +885,7 @@ std::span<const float> CudaEngine::logits_at(size_t i) const {
 }
 
 int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t> history,
-                           std::mt19937_64& rng) {
+                           std::mt19937_64& rng, uint64_t* logits_hash) {
   if (d_last_ == nullptr) throw WorkerError(ErrorCode::Internal, "sample() before any eval");
   if (!(params.repetition_penalty > 0.0f))
     throw WorkerError(ErrorCode::InvalidRequest, "repetition_penalty must be > 0");
@@ -897,8 +900,8 @@ int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t
   p->repetition_penalty = params.repetition_penalty;
   p->top_k = params.top_k;
   p->n_history = static_cast<int32_t>(history.size());
-  // Same stream of draws as the CPU sampler: one uniform per non-greedy token.
-  p->u = greedy ? 0.0 : sampler_uniform(rng);
+  // Same stream of draws as the CPU sampler: one per non-greedy token.
+  p->draw = greedy ? 0 : sampler_draw(rng);
   auto* h = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(pin_sample_.data()) +
                                        sizeof(kern::SampleParams));
   std::memcpy(h, history.data(), history.size_bytes());
@@ -908,10 +911,12 @@ int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t
   const bool penalize = params.repetition_penalty != 1.0f && !history.empty();
   kern::sample(d_last_, static_cast<int>(cfg_.vocab_size), samp_.params, greedy, penalize,
                samp_.history, samp_.s, samp_.out, stream_);
-  CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(int32_t), cudaMemcpyDeviceToHost,
-                             stream_));
+  CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(kern::SampleOut),
+                             cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  return *static_cast<const int32_t*>(pin_out_.data());
+  const auto* out = static_cast<const kern::SampleOut*>(pin_out_.data());
+  if (logits_hash) *logits_hash = out->logits_hash;
+  return out->id;
 }
 
 }  // namespace

@@ -8,7 +8,8 @@
 namespace worker {
 
 int32_t Engine::sample(const SamplingParams& params, std::span<const int32_t> history,
-                       std::mt19937_64& rng) {
+                       std::mt19937_64& rng, uint64_t* logits_hash) {
+  if (logits_hash) *logits_hash = worker::logits_hash(logits());
   return sample_logits(logits(), params, history, rng);
 }
 

@@ -31,6 +31,8 @@ struct VramUsage {
 
 struct BackendInfo {
   std::string backend;    // "cpu" | "cuda"
+  std::string numerics;   // "exact" (the CPU reference's floats) | "fast" (cuda only)
+  std::string kv_cache;   // "f16" | "f32"
   bool resident = false;  // weights verified in device memory (cuda)
   std::string sm;         // "9.0" (cuda)
   std::string cuda_runtime_version;
@@ -67,9 +69,11 @@ class Engine {
   // Picks the next token from the last logits. `history` is the tokens generated so far
   // (repetition penalty); `rng` is the job's seeded generator. The default runs the CPU
   // sampler on logits(); the cuda backend samples on the GPU and copies back one id,
-  // drawing from `rng` in the same way so both backends consume the same random stream.
+  // drawing from `rng` in the same way so both backends consume the same random stream and
+  // pick the same id (WRK-D18). logits_hash, when given, receives the receipt's hash of the
+  // logits sampled from (engine/sampler.h logits_hash()).
   virtual int32_t sample(const SamplingParams& params, std::span<const int32_t> history,
-                         std::mt19937_64& rng);
+                         std::mt19937_64& rng, uint64_t* logits_hash = nullptr);
 };
 
 // The checks every backend's eval() starts with: a non-empty batch that fits the context and
@@ -79,8 +83,9 @@ void check_eval_input(std::span<const int32_t> tokens, int32_t n_past, int32_t n
 
 // Backend factory. backend = "cpu" | "cuda"; throws WorkerError with a clear message
 // (no silent fallback, D4). ctx_size 0 = the model's training context (capped at 32768).
+// kv_cache: "f16" | "f32" | "" (the backend's default: f16 for cuda, f32 for cpu).
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<const Model> model,
                                     int32_t ctx_size, int gpu_device = 0,
-                                    bool fast_numerics = false);
+                                    bool fast_numerics = false, const std::string& kv_cache = "");
 
 }  // namespace worker

@@ -132,9 +132,11 @@ GenerationResult generate(Engine& engine, const Tokenizer& tok, const Generation
   try {
     cancelled = !forward(res.prompt_tokens, 0);
     for (int64_t i = 0; !cancelled && i < max_new; ++i) {
-      const int32_t id = engine.sample(req.sampling, res.tokens, rng);
+      uint64_t hash = 0;
+      const int32_t id = engine.sample(req.sampling, res.tokens, rng, &hash);
       if (i == 0) res.first_token_ms = ms_since(t0);
       res.tokens.push_back(id);
+      res.logits_hashes.push_back(hash);
       if (tok.is_eog(id)) {
         res.stop_reason = StopReason::Eos;
         break;

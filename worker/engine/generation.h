@@ -29,10 +29,11 @@ struct GenerationResult {
   StopReason stop_reason = StopReason::MaxTokens;
   std::string stop_sequence_matched;
   std::vector<int32_t> prompt_tokens;
-  std::vector<int32_t> tokens;  // generated ids
-  std::string text;             // concatenated text sent to the client
-  double first_token_ms = 0;    // generate() entry -> first token sampled (tokenize + prefill)
-  double decode_time_ms = 0;    // generate() entry -> generation ended (the whole job)
+  std::vector<int32_t> tokens;          // generated ids
+  std::vector<uint64_t> logits_hashes;  // per generated id: hash of the logits it came from
+  std::string text;                     // concatenated text sent to the client
+  double first_token_ms = 0;  // generate() entry -> first token sampled (tokenize + prefill)
+  double decode_time_ms = 0;  // generate() entry -> generation ended (the whole job)
 };
 
 struct GenerationCallbacks {

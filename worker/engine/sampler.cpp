@@ -7,13 +7,19 @@
 #include <unordered_set>
 
 #include "common/errors.h"
+#include "engine/sampler_math.h"
 
 namespace worker {
 
-double sampler_uniform(std::mt19937_64& rng) {
-  // 53 random bits -> a double in [0, 1); independent of the standard library's
-  // distribution implementations, so every build and backend agrees.
-  return static_cast<double>(rng() >> 11) * 0x1.0p-53;
+uint64_t sampler_draw(std::mt19937_64& rng) {
+  return rng() >> 11;
+}
+
+uint64_t logits_hash(std::span<const float> logits) {
+  uint64_t sum = 0;
+  for (size_t i = 0; i < logits.size(); ++i)
+    sum += sampler_math::logit_term(static_cast<uint32_t>(i), logits[i]);
+  return sampler_math::logits_hash_final(sum, logits.size());
 }
 
 int32_t argmax(std::span<const float> v) {
@@ -72,35 +78,43 @@ std::vector<SampleCandidate> sampler_candidates(std::span<const float> logits,
     std::sort(ids.begin(), ids.end(), before);
   }
 
+  // Steps 4-6 on integer weights (sampler_math.h); only the float division by the
+  // temperature and the subtraction round, each once and identically on the GPU.
   std::vector<SampleCandidate> cand(n);
-  std::vector<float> scaled(n);
-  for (size_t i = 0; i < n; ++i) scaled[i] = work[static_cast<size_t>(ids[i])] / params.temperature;
-  double sum = 0.0;
+  const float s0 = work[static_cast<size_t>(ids[0])] / params.temperature;
+  uint64_t total = 0;
   for (size_t i = 0; i < n; ++i) {
-    cand[i].id = ids[i];
-    cand[i].p = std::exp(static_cast<double>(scaled[i] - scaled[0]));
-    sum += cand[i].p;
+    const float scaled = work[static_cast<size_t>(ids[i])] / params.temperature;
+    cand[i] = {ids[i],
+               i == 0 ? static_cast<uint64_t>(sampler_math::kWeightOne)
+                      : sampler_math::weight(scaled - s0),
+               0.0};
+    total += cand[i].weight;
   }
-  for (auto& c : cand) c.p /= sum;
+  for (auto& c : cand) c.p = static_cast<double>(c.weight) / static_cast<double>(total);
 
+  size_t keep = n;
   if (params.top_p < 1.0f) {
-    double cum = 0.0;
-    size_t keep = n;
+    const double threshold = sampler_math::top_p_threshold(params.top_p, total);
+    uint64_t cum = 0;
     for (size_t i = 0; i < n; ++i) {
-      cum += cand[i].p;
-      if (cum >= static_cast<double>(params.top_p)) {
+      cum += cand[i].weight;
+      if (static_cast<double>(cum) >= threshold) {
         keep = i + 1;
         break;
       }
     }
-    cand.resize(std::max<size_t>(keep, 1));
   }
   if (params.min_p > 0.0f) {
-    const double threshold = static_cast<double>(params.min_p) * cand[0].p;
-    size_t keep = 1;
-    while (keep < cand.size() && cand[keep].p >= threshold) ++keep;
-    cand.resize(keep);
+    const double threshold = sampler_math::min_p_threshold(params.min_p);
+    for (size_t i = 1; i < keep; ++i) {
+      if (!(static_cast<double>(cand[i].weight) >= threshold)) {
+        keep = i;
+        break;
+      }
+    }
   }
+  cand.resize(keep);
   return cand;
 }
 
@@ -114,15 +128,15 @@ int32_t sample_logits(std::span<const float> logits, const SamplingParams& param
     return argmax(work);
   }
   const std::vector<SampleCandidate> cand = sampler_candidates(logits, params, history);
-  double total = 0.0;
-  for (const auto& c : cand) total += c.p;
-  const double u = sampler_uniform(rng) * total;
-  double cum = 0.0;
+  uint64_t total = 0;
+  for (const auto& c : cand) total += c.weight;
+  const uint64_t target = sampler_math::scale_draw(sampler_draw(rng), total);
+  uint64_t cum = 0;
   for (const auto& c : cand) {
-    cum += c.p;
-    if (u < cum) return c.id;
+    cum += c.weight;
+    if (target < cum) return c.id;
   }
-  return cand.back().id;
+  throw WorkerError(ErrorCode::Internal, "sampler: draw beyond the kept weights");
 }
 
 }  // namespace worker

@@ -3,16 +3,22 @@
 // llama.cpp: positive logits divided, negative multiplied) -> greedy if temperature == 0
 // -> top-k -> temperature -> softmax -> top-p -> min-p -> draw with the seeded RNG.
 //
-// The exact procedure, so that another backend can reproduce it id for id:
+// The exact procedure (WRK-D18), which the GPU sampler (kernels/sampling.cu) reproduces
+// pick for pick: every step is integer arithmetic or a fixed IEEE operation, see
+// engine/sampler_math.h.
 //  1. penalty: every distinct id of `history` (ids outside the vocabulary ignored) once:
 //     logit > 0 ? logit / penalty : logit * penalty (skipped when penalty == 1).
 //  2. temperature <= 0: return argmax (lowest id on ties); no random draw is made.
-//  3. candidates sorted by (logit descending, id ascending); top_k > 0 keeps the first k.
-//  4. scaled = logit / temperature (float); p_i = exp(double(scaled_i - scaled_0)) / sum.
-//  5. top_p < 1: keep the shortest prefix whose cumulative p >= top_p (at least 1).
-//  6. min_p > 0: keep the candidates with p >= min_p * p_0 (at least 1).
-//  7. u = sampler_uniform(rng) * (sum of kept p); return the first kept candidate whose
-//     running cumulative p exceeds u (the last one if rounding leaves none).
+//  3. candidates sorted by (logit descending, id ascending; -0 equals +0); top_k > 0 keeps
+//     the first k.
+//  4. scaled = logit / temperature (float); weight w_i = sampler_math::weight(scaled_i -
+//     scaled_0) = floor(2^32 e^(scaled_i - scaled_0)), an integer; total = sum of w_i.
+//  5. top_p < 1: keep the shortest prefix whose cumulative weight >= top_p * total
+//     (double product, at least 1 kept).
+//  6. min_p > 0: keep the prefix before the first candidate with w < min_p * 2^32 (the top
+//     candidate's weight is 2^32; at least 1 kept).
+//  7. draw = sampler_draw(rng) (53 bits); target = floor(draw * kept_total / 2^53); return
+//     the first kept candidate whose cumulative weight exceeds target.
 #include <cstdint>
 #include <random>
 #include <span>
@@ -22,16 +28,17 @@
 
 namespace worker {
 
-// One uniform draw in [0, 1) from the job's generator: the only way either backend
-// consumes randomness, so cpu and cuda draw identical streams. (rng() >> 11) * 2^-53.
-double sampler_uniform(std::mt19937_64& rng);
+// One draw of 53 random bits (rng() >> 11) from the job's generator: the only way either
+// backend consumes randomness, so cpu and cuda draw identical streams.
+uint64_t sampler_draw(std::mt19937_64& rng);
 
 int32_t sample_logits(std::span<const float> logits, const SamplingParams& params,
                       std::span<const int32_t> history, std::mt19937_64& rng);
 
 struct SampleCandidate {
   int32_t id;
-  double p;  // probability after steps 1..6, not yet renormalised over the kept set
+  uint64_t weight;  // step 4's integer weight (the top candidate's is 2^32)
+  double p;         // weight / total of step 4 (before top-p / min-p), for inspection
 };
 // Steps 1 and 3..6 above: the candidates the draw chooses from, in draw order.
 // Requires temperature > 0.
@@ -45,5 +52,9 @@ void apply_repetition_penalty(std::span<float> logits, float penalty,
 
 // argmax with lowest-id tie break
 int32_t argmax(std::span<const float> v);
+
+// The receipt's per-step logits hash (WRK-D18, sampler_math::logit_term); the GPU sampler
+// computes the same value in any summation order.
+uint64_t logits_hash(std::span<const float> logits);
 
 }  // namespace worker

@@ -45,6 +45,8 @@ options:
   --backend cuda|cpu         inference backend (default cuda; no fallback)
   --numerics exact|fast      cuda: exact = the CPU reference's logits bit for bit (default),
                              fast = other summation orders, FP16 KV cache
+  --kv-cache f16|f32         KV cache element type (default: f16 for cuda, f32 for cpu; the
+                             same type on both backends gives the same logits, exact numerics)
   --ctx-size N               KV cache context size (default: the model's, capped at 32768)
   --queue-depth N            waiting jobs admitted before 503 WORKER_BUSY (default 16)
   --inference-timeout-sec S  per-job limit in seconds (fractions allowed), then INFERENCE_TIMEOUT (default 300)
@@ -125,6 +127,10 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.numerics = value();
       if (o.numerics != "exact" && o.numerics != "fast")
         throw std::invalid_argument("--numerics must be exact or fast, got '" + o.numerics + "'");
+    } else if (a == "--kv-cache") {
+      o.kv_cache = value();
+      if (o.kv_cache != "f16" && o.kv_cache != "f32")
+        throw std::invalid_argument("--kv-cache must be f16 or f32, got '" + o.kv_cache + "'");
     } else if (a == "--ctx-size") {
       o.ctx_size = parse_int<int32_t>(a, value(), 0, 1 << 20);
     } else if (a == "--queue-depth") {

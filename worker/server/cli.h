@@ -18,6 +18,7 @@ struct CliOptions {
   // cuda backend: "exact" (the CPU reference's floats bit for bit) or "fast" (see
   // CudaEngineOptions::exact)
   std::string numerics = "exact";
+  std::string kv_cache;  // "f16" | "f32" | "" (the backend's default: cuda f16, cpu f32)
   int32_t ctx_size = 0;  // 0: the model's training context
   size_t queue_depth = 16;
   double inference_timeout_sec = 300;  // fractions allowed (tests use sub-second limits)

@@ -515,6 +515,7 @@ void HttpServer::handle_openai(const httplib::Request& req, httplib::Response& r
               const int64_t n = ev.data.value("tokens_out", int64_t{0});
               json fin = os.chunk(chat ? json::object() : json(""),
                                   openai_finish_reason(ev.data.value("stop_reason", "")));
+              if (ev.data.contains("receipt")) fin["receipt"] = ev.data["receipt"];  // WRK-D18
               std::string out;
               if (include_usage) {
                 out = sse_data(dump_json(fin)) + sse_data(dump_json(os.usage_chunk(prompt_n, n)));
@@ -551,9 +552,10 @@ void HttpServer::handle_openai(const httplib::Request& req, httplib::Response& r
     }
     if (ev->kind == JobEvent::Kind::Token) text += ev->data.value("t", "");
     if (ev->kind == JobEvent::Kind::End) {
-      return send_json(res, 200,
-                       os.full(text, openai_finish_reason(ev->data.value("stop_reason", "")),
-                               prompt_n, ev->data.value("tokens_out", int64_t{0})));
+      json full = os.full(text, openai_finish_reason(ev->data.value("stop_reason", "")), prompt_n,
+                          ev->data.value("tokens_out", int64_t{0}));
+      if (ev->data.contains("receipt")) full["receipt"] = ev->data["receipt"];  // WRK-D18
+      return send_json(res, 200, full);
     }
     if (ev->kind == JobEvent::Kind::Error) {
       const std::string code = ev->data.value("code", "INTERNAL");

@@ -243,9 +243,8 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
               {"seed", job->request.sampling.seed},
               {"prompt_tokens", job->prompt_token_count}}});
 
-  const auto deadline =
-      t0 + std::chrono::duration_cast<Clock::duration>(
-               std::chrono::duration<double>(opts_.inference_timeout_sec));
+  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(opts_.inference_timeout_sec));
   std::optional<Clock::time_point> last_token;
   GenerationCallbacks cb;
   cb.on_text = [&](const std::string& text, int32_t index, int32_t) {
@@ -317,6 +316,9 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
                      {"stop_reason", stop_reason_name(result->stop_reason)}};
     if (result->stop_reason == StopReason::StopSequence)
       terminal.data["stop_sequence_matched"] = result->stop_sequence_matched;
+    if (opts_.receipt)
+      terminal.data["receipt"] =
+          make_receipt(*opts_.receipt, job->request, job->prompt_is_template, *result);
     degraded_.store(false);
   }
   if (metrics_) {

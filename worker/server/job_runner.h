@@ -17,6 +17,7 @@
 
 #include "common/errors.h"
 #include "engine/generation.h"
+#include "engine/receipt.h"
 
 namespace worker::server {
 
@@ -80,6 +81,8 @@ struct JobRunnerOptions {
   double inference_timeout_sec = 300;
   // M0-W-1012: the engine's residency self-check, run on the inference thread between jobs.
   std::chrono::milliseconds residency_check_every{60000};
+  // When set, every `end` event carries the job's receipt (WRK-D18).
+  std::shared_ptr<const ReceiptContext> receipt;
 };
 
 class JobRunner {

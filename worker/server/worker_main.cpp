@@ -2,16 +2,20 @@
 
 #include <httplib.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <regex>
 #include <thread>
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "engine/engine.h"
 #include "gguf/model_config.h"
 #include "server/cli.h"
@@ -151,7 +155,8 @@ int worker_main(int argc, char** argv) {
     log::info("model_load_progress", {{"percent", 25}});
     tok = make_tokenizer(*model->file, opt.tokenizer);
     log::info("model_load_progress", {{"percent", 50}});
-    engine = make_engine(opt.backend, model, opt.ctx_size, opt.gpu_device, opt.numerics == "fast");
+    engine = make_engine(opt.backend, model, opt.ctx_size, opt.gpu_device, opt.numerics == "fast",
+                         opt.kv_cache);
     log::info("model_load_progress", {{"percent", 75}});
   } catch (const WorkerError& e) {
     http.stop();
@@ -191,10 +196,24 @@ int worker_main(int argc, char** argv) {
   if (model_name.empty()) model_name = std::filesystem::path(opt.model).stem().string();
   metrics.set_vram_bytes(vram);
 
-  JobRunner runner(
-      *engine, *tok,
-      {.queue_depth = opt.queue_depth, .inference_timeout_sec = opt.inference_timeout_sec},
-      &metrics, logits_log.get());
+  // Receipts (WRK-D18): the model's content hash is computed after `ready`, off the load's
+  // critical path, on a low-priority thread; a job that ends before it is done waits for it.
+  auto receipt_ctx = std::make_shared<ReceiptContext>();
+  std::promise<std::string> model_hash;
+  receipt_ctx->model_hash = model_hash.get_future().share();
+  receipt_ctx->model_name = model_name;
+  std::error_code size_ec;
+  receipt_ctx->model_bytes = std::filesystem::file_size(opt.model, size_ec);
+  receipt_ctx->backend = info;
+  receipt_ctx->tokenizer_kind = tok->kind();
+  receipt_ctx->n_ctx = engine->n_ctx();
+  receipt_ctx->worker_build = "unknown";
+
+  JobRunner runner(*engine, *tok,
+                   {.queue_depth = opt.queue_depth,
+                    .inference_timeout_sec = opt.inference_timeout_sec,
+                    .receipt = receipt_ctx},
+                   &metrics, logits_log.get());
   http.attach(runner, *tok, engine->n_ctx(), model_name,
               {{"backend", info.backend},
                {"model", model_name},
@@ -205,6 +224,8 @@ int worker_main(int argc, char** argv) {
                {"tokenizer_kind", tok->kind()},
                {"vocab_size", tok->vocab_size()},
                {"context_length", engine->n_ctx()},
+               {"numerics", info.numerics},
+               {"kv_cache", info.kv_cache},
                {"sm", info.sm},
                {"cuda_runtime_version", info.cuda_runtime_version},
                {"device_name", info.device_name},
@@ -221,6 +242,23 @@ int worker_main(int argc, char** argv) {
                       {"vram_bytes", vram},
                       {"port", http.port()},
                       {"backend", info.backend}});
+
+  std::atomic<bool> stop_hash{false};
+  std::thread hasher([path = opt.model, promise = std::move(model_hash), &stop_hash]() mutable {
+    setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 10);  // below the inference thread
+    const auto t0 = Clock::now();
+    try {
+      std::string h = file_content_hash(path, 0, [&](uint64_t, uint64_t) { return !stop_hash; });
+      log::info(
+          "model_hash",
+          {{"hash", h},
+           {"duration_ms", std::chrono::duration<double, std::milli>(Clock::now() - t0).count()}});
+      promise.set_value(std::move(h));
+    } catch (const std::exception& e) {
+      if (!stop_hash) log::warn("model_hash_failed", {{"message", e.what()}});
+      promise.set_exception(std::current_exception());
+    }
+  });
 
   std::thread callback;
   if (!opt.callback_url.empty()) {
@@ -251,7 +289,11 @@ int worker_main(int argc, char** argv) {
   watchdog.detach();
 
   http.begin_drain();
+  // An unfinished model hash is abandoned (a job ending now gets "unavailable" in its
+  // receipt) so that it cannot hold up the 5 s shutdown.
+  stop_hash.store(true);
   runner.stop(2500ms);  // running job: finish within 2.5 s or be cancelled
+  hasher.join();
   http.wait_streams_closed(1000ms);
   http.stop();
   if (callback.joinable()) callback.join();

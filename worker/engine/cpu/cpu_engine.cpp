@@ -231,6 +231,8 @@ class CpuEngine final : public Engine {
   BackendInfo info() const override {
     BackendInfo b;
     b.backend = "cpu";
+    b.numerics = "exact";
+    b.kv_cache = kv_f16_ ? "f16" : "f32";
     b.device_name = "cpu";
     return b;
   }

@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 #include <vector>
 
 #include "common/errors.h"
 #include "engine/sampler.h"
+#include "engine/sampler_math.h"
 
 namespace worker {
 namespace {
@@ -70,7 +72,8 @@ TEST(EngineSampler, TopKAndTemperature) {
   EXPECT_EQ(c[2].id, 4);
   // softmax of {6, 4, 4} (logits / 0.5)
   const auto ref = softmax({6.0, 4.0, 4.0});
-  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(c[i].p, ref[i], 1e-12);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(c[i].p, ref[i], 1e-9);  // 2^-32 weight steps
+  EXPECT_EQ(c[0].weight, 4294967296ull);
 }
 
 // REQ: M0-W-1421
@@ -183,15 +186,85 @@ TEST(EngineSampler, SameSeedSameIdsTenRuns) {
   EXPECT_NE(run(43), first);
 }
 
-TEST(EngineSampler, UniformIsIn01AndUses53Bits) {
+TEST(EngineSampler, DrawIs53BitsOfTheGenerator) {
   std::mt19937_64 rng(9);
   std::mt19937_64 ref(9);
   for (int i = 0; i < 1000; ++i) {
-    const double u = sampler_uniform(rng);
-    ASSERT_GE(u, 0.0);
-    ASSERT_LT(u, 1.0);
-    EXPECT_EQ(u, static_cast<double>(ref() >> 11) / 9007199254740992.0);
+    const uint64_t d = sampler_draw(rng);
+    ASSERT_LT(d, uint64_t{1} << 53);
+    EXPECT_EQ(d, ref() >> 11);
   }
+}
+
+// The integer weights follow e^d closely (within 2^-32 of the top weight), never increase as
+// d falls, are exactly 2^32 at 0 and 0 below about -22.2 (WRK-D18).
+// REQ: WRK-D18 M0-W-1421
+TEST(EngineSampler, WeightsAreFloorOfScaledExp) {
+  namespace sm = sampler_math;
+  EXPECT_EQ(sm::weight(0.0f), 4294967296ull);
+  EXPECT_EQ(sm::weight(-0.0f), 4294967296ull);
+  EXPECT_EQ(sm::weight(-23.0f), 0u);
+  EXPECT_EQ(sm::weight(std::nanf("")), 0u);
+  EXPECT_EQ(sm::weight(-std::numeric_limits<float>::infinity()), 0u);
+  uint64_t prev = sm::weight(0.0f);
+  int checked = 0;
+  for (float d = 0.0f; d > -23.0f; d = std::nextafter(d, -100.0f) - 1e-4f) {
+    const uint64_t w = sm::weight(d);
+    const double want = std::ldexp(std::exp(static_cast<double>(d)), 32);
+    ASSERT_LE(std::fabs(static_cast<double>(w) - want), 1.0 + want * 1e-15) << "d=" << d;
+    ASSERT_LE(w, prev) << "weights must not increase as d falls, d=" << d;
+    prev = w;
+    ++checked;
+  }
+  EXPECT_GT(checked, 200000);
+  // e^-22.18 * 2^32 < 1: the cut-off follows from the floor, not from a second rule
+  EXPECT_EQ(sm::weight(-22.25f), 0u);
+  EXPECT_EQ(sm::weight(-22.0f), 1u);
+}
+
+// The draw maps 53 random bits onto [0, total) exactly: floor(u * total / 2^53).
+// REQ: WRK-D18
+TEST(EngineSampler, ScaledDrawIsExact) {
+  namespace sm = sampler_math;
+  const uint64_t top = (uint64_t{1} << 53) - 1;
+  EXPECT_EQ(sm::scale_draw(0, 12345), 0u);
+  EXPECT_EQ(sm::scale_draw(top, 1), 0u);
+  EXPECT_EQ(sm::scale_draw(top, uint64_t{1} << 49), (uint64_t{1} << 49) - 1);
+  EXPECT_EQ(sm::scale_draw(uint64_t{1} << 52, 1000), 500u);
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 10000; ++i) {
+    const uint64_t u = rng() >> 11, t = (rng() >> 14) + 1;
+    __extension__ typedef unsigned __int128 u128;
+    const auto want = static_cast<uint64_t>((static_cast<u128>(u) * t) >> 53);
+    ASSERT_EQ(sm::scale_draw(u, t), want);
+    ASSERT_LT(sm::scale_draw(u, t), t);
+  }
+}
+
+// The receipt's logits hash sees every bit of every logit and the vector's length, and not
+// the order in which its terms are added.
+// REQ: WRK-D18
+TEST(EngineSampler, LogitsHashSeesEveryBit) {
+  std::vector<float> l(1000);
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (auto& x : l) x = nd(g);
+  const uint64_t h = logits_hash(l);
+  EXPECT_EQ(logits_hash(l), h);
+  for (size_t i : {size_t{0}, size_t{500}, size_t{999}}) {
+    auto m = l;
+    m[i] = std::nextafter(m[i], 100.0f);
+    EXPECT_NE(logits_hash(m), h) << i;
+  }
+  auto z = l;
+  z[3] = 0.0f;
+  auto nz = l;
+  nz[3] = -0.0f;
+  EXPECT_NE(logits_hash(z), logits_hash(nz));
+  auto sw = l;
+  std::swap(sw[1], sw[2]);
+  EXPECT_NE(logits_hash(sw), h);  // positions are part of each term
+  EXPECT_NE(logits_hash(std::span<const float>(l).first(999)), h);
 }
 
 TEST(EngineSampler, RejectsBadInput) {

@@ -87,9 +87,9 @@ class ControlledEngine final : public Engine {
   }
   std::span<const float> logits() const override { return inner_->logits(); }
   std::span<const float> logits_at(size_t i) const override { return inner_->logits_at(i); }
-  int32_t sample(const SamplingParams& p, std::span<const int32_t> h,
-                 std::mt19937_64& rng) override {
-    return inner_->sample(p, h, rng);
+  int32_t sample(const SamplingParams& p, std::span<const int32_t> h, std::mt19937_64& rng,
+                 uint64_t* logits_hash) override {
+    return inner_->sample(p, h, rng, logits_hash);
   }
 
  private:
