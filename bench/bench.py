@@ -190,22 +190,26 @@ class Worker:
 
 def calibrate(worker, target, word, tag):
     """A text the model's tokenizer turns into exactly `target` prompt tokens (or the nearest
-    found): ' word' repeated, the count fitted from two probes, then corrected."""
-    def count(k):
-        n, _, _, _ = worker.execute(word * k, 1, f"{tag}-cal-{k}-{time.monotonic_ns()}")
+    found): ' word' repeated (the count fitted from two probes) as far as it stays <= target,
+    then short pieces appended one by one."""
+    def count(text):
+        n, _, _, _ = worker.execute(text, 1, f"{tag}-cal-{time.monotonic_ns()}")
         return n
-    a, b = count(8), count(16)
+    a, b = count(word * 8), count(word * 16)
     slope = max((b - a) / 8.0, 1e-9)
     k = max(1, round(8 + (target - a) / slope))
-    best = None
-    for _ in range(6):
-        n = count(k)
-        if best is None or abs(n - target) < abs(best[1] - target):
-            best = (k, n)
-        if n == target:
+    n = count(word * k)
+    while n > target and k > 1:
+        k = max(1, k - max(1, round((n - target) / slope)))
+        n = count(word * k)
+    text = word * k
+    for piece in (" a", " b", " c", " d", " e", " f", " g", " h", " i", " j", " k", " l"):
+        if n >= target:
             break
-        k = max(1, k + (1 if n < target else -1) * max(1, round(abs(target - n) / slope)))
-    return word * best[0], best[1]
+        m = count(text + piece)
+        if m <= target:
+            text, n = text + piece, m
+    return text, n
 
 
 def http_level(binary, backend, path, numerics, c, logdir, tag):

@@ -139,6 +139,7 @@ class Bench {
   }
   uint64_t hash() const { return fnv1a(e_->logits()); }
   worker::VramUsage vram() const { return e_->vram(); }
+  int n_ctx() const { return e_->n_ctx(); }
 
  private:
   std::shared_ptr<const worker::Model> model_;
@@ -256,6 +257,11 @@ int main(int argc, char** argv) {
         }
         nlohmann::json dvc = nlohmann::json::array(), pvl = nlohmann::json::array();
         for (int d : ctx_sweep) {
+          if (d + sweep_decode > b.n_ctx()) {  // past the model's training context
+            std::fprintf(stderr, "  %s: depth %d skipped (context %d)\n", name.c_str(), d,
+                         b.n_ctx());
+            continue;
+          }
           const auto pd = b.prompt(d);
           const double ms =
               median_of(std::max(1, reps / 2), [&] { return b.decode_ms(pd, sweep_decode); });
