@@ -216,15 +216,18 @@ def http_level(binary, backend, path, numerics, c, logdir, tag):
     w = Worker(binary, path, backend, numerics, c["http_ctx"], logdir / f"worker-{tag}.log")
     try:
         res = {"load_to_ready_ms": w.load_ms, "cuda_runtime": w.health.get("cuda_runtime_version")}
+        prompts = {}
+        for n in {c["short"], c["long"], c["depth"]}:
+            prompts[n] = calibrate(w, n, c["word"], tag)
         for key, n in (("ttft32", c["short"]), ("ttft512", c["long"])):
-            text, got = calibrate(w, n, c["word"], tag)
+            text, got = prompts[n]
             ttft = []
             for i in range(c["http_warmup"] + c["ttft_reps"]):
                 _, t, _, _ = w.execute(text, 2, f"{tag}-ttft{n}-{i}")
                 if i >= c["http_warmup"] and t is not None:
                     ttft.append(t)
             res[key] = {"target": n, "prompt_tokens": got, "ms": ttft}
-        text, _ = calibrate(w, c["depth"], c["word"], tag)
+        text, _ = prompts[c["depth"]]
         itl, rates, counts = [], [], []
         for i in range(c["decode_reps"]):
             _, _, times, end = w.execute(text, c["decode"], f"{tag}-decode-{i}")
@@ -290,7 +293,10 @@ def write_markdown(doc, path, smoke):
     L.append(f"Commit {doc['commit']}, card {doc['card']}, driver {doc['driver'] or '-'}, "
              f"CUDA runtime {doc['cuda_runtime'] or '-'}, bandwidth {fmt(doc['bandwidth_gbs'])} GB/s "
              f"(floor = bandwidth / weight bytes per token). llama.cpp: {doc['llamacpp_source']}. "
-             f"Written by `bench/run.sh` (bench/bench.py); {doc['settings']}.")
+             f"Written by `bench/run.sh` (bench/bench.py); {doc['settings']}. HTTP times are the "
+             f"client's (python, loopback): TTFT from the request to the first `token` event, ITL "
+             f"between consecutive `token` events (events the server writes together arrive "
+             f"together), HTTP decode = tokens after the first / first-to-last token time.")
     L.append("")
     L.append("| type | numerics | decode tok/s | % of floor | llama.cpp decode | ratio | prompt 512 tok/s "
              "| llama.cpp prompt | ratio | TTFT 32 p50/p95 ms | TTFT 512 p50/p95 ms | ITL p50/p99 ms "
