@@ -4,16 +4,17 @@
 # bench/bench.py on them (engine level + HTTP, exact and fast) and, with --llamacpp,
 # llama.cpp's llama-bench on the same files; writes OUT/bench-<date>.json and .md.
 #
-#   bench/run.sh --out DIR [--llamacpp] [--build-dir build] [--numerics exact,fast]
+#   bench/run.sh --out DIR [--llamacpp] [--bin DIR | --build-dir build] [--numerics exact,fast]
 #   bench/run.sh --build-llamacpp        only build llama-bench (~5 min on 16 cores)
 #   bench/run.sh --out DIR --backend cpu --smoke    CI: a tiny model, small counts (~15 s)
 #
 # llama-bench: build-peer-bin/llama-bench (ignored, kept on a warm machine) or built first from
 # .carry/lcpp.tar.gz with .carry/peer/build-peer.sh (copies of ../shared/peer, see its README).
-# .carry/lib (if present) goes on LD_LIBRARY_PATH (libcpp-httplib.so.0.11 for worker-orcd).
+# --bin DIR: worker-orcd and decode_bench side by side (as ci/gpu-run.sh takes them); DIR and
+# .carry/lib (if present) go on LD_LIBRARY_PATH (libcpp-httplib.so.0.11 for worker-orcd).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out="" llama=0 build_llama_only=0 backend=cuda smoke=0 numerics=exact,fast
+out="" bin="" llama=0 build_llama_only=0 backend=cuda smoke=0 numerics=exact,fast
 build=$root/build
 while [ $# -gt 0 ]; do
   case $1 in
@@ -23,8 +24,9 @@ while [ $# -gt 0 ]; do
     --backend) backend=$2; shift ;;
     --smoke) smoke=1 ;;
     --build-dir) build=$2; shift ;;
+    --bin) bin=$2; shift ;;
     --numerics) numerics=$2; shift ;;
-    *) echo "usage: $0 --out DIR [--llamacpp] [--build-dir DIR] [--numerics exact,fast] [--backend cuda|cpu] [--smoke] | --build-llamacpp" >&2; exit 2 ;;
+    *) echo "usage: $0 --out DIR [--llamacpp] [--bin DIR | --build-dir DIR] [--numerics exact,fast] [--backend cuda|cpu] [--smoke] | --build-llamacpp" >&2; exit 2 ;;
   esac
   shift
 done
@@ -51,8 +53,13 @@ fi
 [ -n "$out" ] || { echo "run.sh: --out DIR is required" >&2; exit 2; }
 mkdir -p "$out"
 
-worker=${WORKER_ORCD_BIN:-$build/worker/server/worker-orcd}
-dbench=${DECODE_BENCH_BIN:-$build/bench/decode_bench}
+if [ -n "$bin" ]; then
+  bin=$(cd "$bin" && pwd)
+  worker=$bin/worker-orcd dbench=$bin/decode_bench
+  export LD_LIBRARY_PATH="$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  worker=$build/worker/server/worker-orcd dbench=$build/bench/decode_bench
+fi
 for b in "$worker" "$dbench"; do
   [ -x "$b" ] || { echo "run.sh: $b not built (cmake --build $build --target worker-orcd decode_bench)" >&2; exit 1; }
 done
