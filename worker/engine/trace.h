@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "engine/cpu/cpu_engine.h"
+#include "engine/trace_cli.h"
 
 namespace worker {
 
@@ -51,7 +52,5 @@ struct TraceResult {
 TraceResult run_trace(const TraceOptions& options);
 // One line per finding, as the CLI prints it.
 std::string describe(const TraceResult& r, const TraceOptions& options);
-
-int trace_cli_main(int argc, char** argv);
 
 }  // namespace worker

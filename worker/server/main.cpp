@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "engine/engine_cli.h"
-#include "engine/trace.h"
+#include "engine/trace_cli.h"
 #include "server/worker_main.h"
 #include "tokenizer/tokenize_cli.h"
 
