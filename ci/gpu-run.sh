@@ -6,7 +6,7 @@
 #
 #   ci/gpu-run.sh --bin DIR [--results DIR] [--report FILE] [--no-sanitize] [--skip-fixtures]
 #
-# DIR holds kernel_tests, exact_{float,quant,ops}_tests, cuda_error_tests, cuda_engine_tests and optionally decode_bench, worker-orcd and
+# DIR holds kernel_tests, exact_{float,quant,ops}_tests, cuda_error_tests, cuda_engine_tests, cuda_trace_tests and optionally decode_bench, worker-orcd and
 # conformance runners (any executable named conformance_*; each runs with
 # WORKER_BACKEND=cuda against $DIR/worker-orcd). BENCH_MODELS names the benchmark models. gtest XML goes to --results
 # (default reports/gpu-results). Fixtures: $WORKER_SHARED_FIXTURES (stories260K) and
@@ -69,6 +69,7 @@ run_gtest cuda_error_tests  # error mapping + the context teardown (M0-W-1401, 1
 # The startup test of cuda_engine_tests runs the real worker: the copy beside the tests.
 [ -x "$bin/worker-orcd" ] && export WORKER_ORCD_BIN="$bin/worker-orcd"
 run_gtest cuda_engine_tests
+run_gtest cuda_trace_tests  # worker-orcd trace: cpu vs cuda:exact identical op by op
 if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
   for tool in memcheck racecheck; do
     t0=$(date +%s)

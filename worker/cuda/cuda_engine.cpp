@@ -266,7 +266,7 @@ class Event {
 class CudaEngine final : public Engine {
  public:
   CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int device,
-             const CudaEngineOptions& opt);
+             const CudaEngineOptions& opt, CheckpointSink sink);
   ~CudaEngine() override;
   CudaEngine(const CudaEngine&) = delete;
   CudaEngine& operator=(const CudaEngine&) = delete;
@@ -314,6 +314,8 @@ class CudaEngine final : public Engine {
   void final_logits_exact(Scratch& s, int first_row, int n_out, int rows_per_call, float* host_out);
   void decode_body();
   void decode_one(int32_t token);
+  void trace(const char* name, int layer, const void* dev, int pos_off, int rows, int width,
+             bool cache = false);
   void* kc(size_t l) const { return kv_base_ + (2 * l) * kv_layer_bytes_; }
   void* vc(size_t l) const { return kv_base_ + (2 * l + 1) * kv_layer_bytes_; }
 
@@ -321,6 +323,7 @@ class CudaEngine final : public Engine {
   std::shared_ptr<const Model> model_;
   const ModelConfig& cfg_;
   CudaEngineOptions opt_;
+  CheckpointSink sink_;  // tracing: ops copied to the host as they finish (no graph)
   int device_;
   int32_t n_ctx_ = 0;
   int32_t n_past_ = 0;
@@ -366,12 +369,14 @@ class CudaEngine final : public Engine {
 };
 
 CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int device,
-                       const CudaEngineOptions& opt)
+                       const CudaEngineOptions& opt, CheckpointSink sink)
     : ctx_(cuda::CudaContext::acquire(device)),
       model_(std::move(model)),
       cfg_(model_->config),
       opt_(opt),
+      sink_(std::move(sink)),
       device_(device) {
+  if (sink_) opt_.use_graph = false;  // a traced step copies between its kernels
   if (cfg_.n_head <= 0 || cfg_.n_head_kv <= 0 || cfg_.n_head % cfg_.n_head_kv != 0 ||
       cfg_.head_dim <= 0 || cfg_.head_dim > 256 || cfg_.n_rot % 2 != 0 ||
       cfg_.n_rot > cfg_.head_dim) {
@@ -551,12 +556,15 @@ void CudaEngine::mm(Scratch& s, const kern::WeightView& w, const float* x, float
 }
 
 void CudaEngine::forward(Scratch& s, int n) {
-  const int E = static_cast<int>(cfg_.n_embd);
+  const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
+            KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
   const size_t F = static_cast<size_t>(cfg_.n_ff);
   kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
+    const int li = static_cast<int>(il);
     kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    trace("attn_norm", li, s.xn, 0, n, E);
     if (n == 1) {
       kern::matvec_qkv(L.wq, L.wk, L.wv, s.xn, s.q, s.k, s.v, stream_);
     } else {
@@ -566,10 +574,16 @@ void CudaEngine::forward(Scratch& s, int n) {
     }
     kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
                          opt_.kv_cache_f32, stream_);
+    trace("q", li, s.q, 0, n, QD);
+    trace("k_cache", li, kc(il), 0, n, KD, true);
+    trace("v_cache", li, vc(il), 0, n, KD, true);
     kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
                     rope_.head_dim, s.io, s.attn_part, stream_);
+    trace("attn_out", li, s.att, 0, n, QD);
     mm(s, L.wo, s.att, s.x, n, true);  // residual add fused: x += Wo * att
+    trace("ffn_inp", li, s.x, 0, n, E);
     kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    trace("ffn_norm", li, s.xn, 0, n, E);
     if (n == 1) {
       kern::matvec_swiglu(L.gate, L.up, s.xn, s.g, s.u, stream_);
     } else {
@@ -577,7 +591,9 @@ void CudaEngine::forward(Scratch& s, int n) {
       mm(s, L.up, s.xn, s.u, n, false);
       kern::swiglu(s.g, s.u, static_cast<size_t>(n) * F, stream_);
     }
+    trace("ffn_act", li, s.g, 0, n, static_cast<int>(F));
     mm(s, L.down, s.g, s.x, n, true);
+    trace("l_out", li, s.x, 0, n, E);
   }
 }
 
@@ -585,6 +601,7 @@ void CudaEngine::final_logits(Scratch& s, int first_row, int rows) {
   const int E = static_cast<int>(cfg_.n_embd);
   kern::rmsnorm(s.x + static_cast<size_t>(first_row) * E, out_norm_.data, out_norm_.type, s.xn,
                 rows, E, cfg_.norm_eps, stream_);
+  trace("result_norm", -1, s.xn, first_row, rows, E);
   // The LM head always takes the matvec path: its rows are many, its batch small.
   kern::matvec(output_, s.xn, s.logits, rows, false, stream_);
 }
@@ -660,14 +677,16 @@ void CudaEngine::mm_exact(Scratch& s, const kern::WeightView& w, const float* x,
 void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
   namespace ex = kern::exact;
   const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
-            F = static_cast<int>(cfg_.n_ff);
+            F = static_cast<int>(cfg_.n_ff), KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
   kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
     const LayerVecs& V = xvec_[il];
     void* kcache = kc(il);
     void* vcache = vc(il);
+    const int li = static_cast<int>(il);
     ex::rmsnorm_act(s.x, V.attn_norm, s.xn, n, E, cfg_.norm_eps, L.wq.type, s.act, stream_);
+    trace("attn_norm", li, s.xn, 0, n, E);
     s.act_type = L.wq.type;
     const kern::WeightView* qkv_w[3] = {&L.wq, &L.wk, &L.wv};
     float* qkv_y[3] = {s.q, s.k, s.v};
@@ -694,12 +713,18 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
                                  static_cast<uint16_t*>(kcache), static_cast<uint16_t*>(vcache),
                                  s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
     }
+    trace("q", li, s.q, 0, n, QD);
+    trace("k_cache", li, kcache, 0, n, KD, true);
+    trace("v_cache", li, vcache, 0, n, KD, true);
+    trace("attn_out", li, s.att, 0, n, QD);
     s.act_type = L.wo.type;
     mm_exact(s, L.wo, s.att, QD, n, s.x, true, true);  // x += Wo att
+    trace("ffn_inp", li, s.x, 0, n, E);
     const int r0 = (last_only && il + 1 == layers_.size()) ? n - 1 : 0;
     const int nr = n - r0;
     float* xr = s.x + static_cast<size_t>(r0) * static_cast<size_t>(E);
     ex::rmsnorm_act(xr, V.ffn_norm, s.xn, nr, E, cfg_.norm_eps, L.gate.type, s.act, stream_);
+    trace("ffn_norm", li, s.xn, r0, nr, E);
     s.act_type = L.gate.type;
     if (nr == 1 && ex::matvec1_swiglu_takes(L.gate, L.up)) {
       // gate, up and SwiGLU in one launch; its rounding for a float down weight goes to a
@@ -707,6 +732,7 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
       ex::ActBuf act2 = s.act;
       act2.f = static_cast<float*>(s.lowp);
       ex::matvec1_swiglu(L.gate, L.up, s.act, s.g, L.down.type, act2, stream_);
+      trace("ffn_act", li, s.g, r0, nr, F);
       if (ex::matvec1_float_takes(L.down.type, L.down.cols)) {
         ex::matvec1_float(L.down, act2, xr, true, stream_);
       } else {
@@ -714,14 +740,17 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
       }
     } else if (nr == 1 && ex::matvec1_quant_swiglu_takes(L.gate, L.up)) {
       ex::matvec1_quant_swiglu(L.gate, L.up, s.act, s.g, stream_);  // one launch
-      mm_exact(s, L.down, s.g, F, nr, xr, true, false);             // rounds g for the down weight
+      trace("ffn_act", li, s.g, r0, nr, F);
+      mm_exact(s, L.down, s.g, F, nr, xr, true, false);  // rounds g for the down weight
     } else {
       mm_exact(s, L.gate, s.xn, E, nr, s.g, false, true);
       mm_exact(s, L.up, s.xn, E, nr, s.u, false, true);
       ex::swiglu_act(s.g, s.u, nr, F, L.down.type, s.act, stream_);
+      trace("ffn_act", li, s.g, r0, nr, F);
       s.act_type = L.down.type;
       mm_exact(s, L.down, s.g, F, nr, xr, true, true);  // x += Wdown act
     }
+    trace("l_out", li, xr, r0, nr, E);
   }
 }
 
@@ -736,6 +765,7 @@ void CudaEngine::final_logits_exact(Scratch& s, int first_row, int n_out, int ro
   const size_t V = static_cast<size_t>(cfg_.vocab_size);
   ex::rmsnorm_act(s.x + static_cast<size_t>(first_row) * static_cast<size_t>(E), out_norm_f32_,
                   s.xn, n_out, E, cfg_.norm_eps, output_.type, s.act, stream_);
+  trace("result_norm", -1, s.xn, first_row, n_out, E);
   s.act_type = output_.type;
   for (int r = 0; r < n_out; r += rows_per_call) {
     const int rows = std::min(rows_per_call, n_out - r);
@@ -752,6 +782,35 @@ void CudaEngine::final_logits_exact(Scratch& s, int first_row, int n_out, int ro
     }
     d_last_ = s.logits + static_cast<size_t>(rows - 1) * V;
   }
+}
+
+// Tracing: `rows` rows of `width` floats at `dev` (cache: the KV cache rows at n_past, fp16
+// unless kv_cache_f32) copied to the host and handed to the sink, one row per token, at
+// positions n_past + pos_off.. (n_past from the step's pinned io buffer).
+void CudaEngine::trace(const char* name, int layer, const void* dev, int pos_off, int rows,
+                       int width, bool cache) {
+  if (!sink_) return;
+  const int32_t n_past = static_cast<const int32_t*>(pin_io_.data())[0];
+  const bool f16 = cache && !opt_.kv_cache_f32;
+  const size_t W = static_cast<size_t>(width), elt = f16 ? 2 : 4;
+  const auto* src =
+      static_cast<const uint8_t*>(dev) + (cache ? static_cast<size_t>(n_past) * W * elt : 0);
+  std::vector<uint8_t> raw(static_cast<size_t>(rows) * W * elt);
+  CUDA_CHECK(cudaMemcpyAsync(raw.data(), src, raw.size(), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::vector<float> v(static_cast<size_t>(rows) * W);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (f16) {
+      uint16_t h;
+      std::memcpy(&h, raw.data() + 2 * i, 2);
+      v[i] = fp16_to_fp32(h);
+    } else {
+      std::memcpy(&v[i], raw.data() + 4 * i, 4);
+    }
+  }
+  for (int r = 0; r < rows; ++r)
+    sink_(name, layer, n_past + pos_off + r,
+          std::span<const float>(v.data() + static_cast<size_t>(r) * W, W));
 }
 
 void CudaEngine::decode_body() {
@@ -942,7 +1001,15 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                          int gpu_device, const CudaEngineOptions& options) {
   if (!model) throw WorkerError(ErrorCode::Internal, "make_cuda_engine: no model");
-  return std::make_unique<CudaEngine>(std::move(model), ctx_size, gpu_device, options);
+  return std::make_unique<CudaEngine>(std::move(model), ctx_size, gpu_device, options, nullptr);
+}
+
+std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                         int gpu_device, const CudaEngineOptions& options,
+                                         CheckpointSink sink) {
+  if (!model) throw WorkerError(ErrorCode::Internal, "make_cuda_engine: no model");
+  return std::make_unique<CudaEngine>(std::move(model), ctx_size, gpu_device, options,
+                                      std::move(sink));
 }
 
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,

@@ -29,6 +29,12 @@ struct CudaEngineOptions {
 };
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                          int gpu_device, const CudaEngineOptions& options);
+// Traced (`worker-orcd trace`): `sink` gets the CPU reference's checkpoints (engine.h) that the
+// kernels expose, each op's output copied to the host when it finishes; the decode step then
+// runs without its CUDA graph. Fused ops report their outputs only (k and v: as cached).
+std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
+                                         int gpu_device, const CudaEngineOptions& options,
+                                         CheckpointSink sink);
 
 // Bytes the engine would allocate for this model and context (weights, KV cache,
 // activations): what the INSUFFICIENT_VRAM check compares with cudaMemGetInfo's free bytes.

@@ -3,10 +3,12 @@
 // loop, tokenizer, sampler and stop logic are shared; backends own only the forward pass
 // and where its memory lives.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gguf/model_config.h"
@@ -21,6 +23,13 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // 1 = off
   uint64_t seed = 0;
 };
+
+// Per-op checkpoints (layer-by-layer comparison, `worker-orcd trace`): a backend with a sink
+// attached calls it after each op it traces, once per token row of the op's output: `name`
+// (attn_norm, q, k, v, k_cache, v_cache, attn_out, ffn_inp, ffn_norm, ffn_act, l_out;
+// result_norm with layer -1), the layer, the token's position, the row's values on the host.
+using CheckpointSink =
+    std::function<void(std::string_view name, int layer, int32_t pos, std::span<const float> v)>;
 
 struct VramUsage {
   uint64_t weights = 0;

@@ -36,6 +36,7 @@ std::string cli_usage() {
   return R"(usage: worker-orcd --model FILE.gguf [options]
        worker-orcd tokenize|detokenize ...   (tokenizer tool)
        worker-orcd generate ...              (one generation on the command line)
+       worker-orcd trace ...                 (first op where two backends differ)
 options:
   --model FILE               GGUF model file (required)
   --port N                   HTTP port, 1024..65535 (default 8080)

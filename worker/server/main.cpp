@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "engine/engine_cli.h"
+#include "engine/trace_cli.h"
 #include "engine/verify_cli.h"
 #include "server/worker_main.h"
 #include "tokenizer/tokenize_cli.h"
@@ -13,5 +14,6 @@ int main(int argc, char** argv) {
     return worker::engine_cli_main(argc - 1, argv + 1);
   if (argc > 1 && !std::strcmp(argv[1], "verify"))
     return worker::verify_cli_main(argc - 1, argv + 1);
+  if (argc > 1 && !std::strcmp(argv[1], "trace")) return worker::trace_cli_main(argc - 1, argv + 1);
   return worker::server::worker_main(argc, argv);
 }

@@ -188,6 +188,7 @@ class CpuEngine final : public Engine {
         w_(model_->weights),
         pool_(2),
         sink_(std::move(sink)),
+        perturb_(options),
         kv_f16_(options.kv_f16) {
     const int64_t train = cfg_.n_ctx_train > 0 ? cfg_.n_ctx_train : 32768;
     int64_t n = ctx_size > 0 ? std::min<int64_t>(ctx_size, train) : std::min<int64_t>(train, 32768);
@@ -327,9 +328,16 @@ class CpuEngine final : public Engine {
                   cpu::rope_theta_scale(cfg_.rope_base, cfg_.n_rot), pos);
   }
 
-  // Reports rows of `data` (one per token, `width` floats each) to the checkpoint sink.
-  void checkpoint(std::string_view name, int layer, const float* data, int64_t n, int64_t width,
+  // Reports rows of `data` (one per token, `width` floats each) to the checkpoint sink, after
+  // the test-only perturbation (CpuEngineOptions::perturb_op) when this is its op.
+  void checkpoint(std::string_view name, int layer, float* data, int64_t n, int64_t width,
                   int32_t pos0) const {
+    if (!perturb_.perturb_op.empty() && name == perturb_.perturb_op &&
+        layer == perturb_.perturb_layer && perturb_.perturb_index >= 0 &&
+        perturb_.perturb_index < n * width) {
+      float& x = data[perturb_.perturb_index];
+      x = std::nextafter(x, INFINITY);
+    }
     if (!sink_) return;
     for (int64_t t = 0; t < n; ++t) {
       sink_(name, layer, pos0 + static_cast<int32_t>(t),
@@ -342,7 +350,8 @@ class CpuEngine final : public Engine {
   const ModelWeights& w_;
   ThreadPool pool_;
   CheckpointSink sink_;
-  bool kv_f16_ = false;  // K and V cached as fp16 values (held as the floats they convert to)
+  CpuEngineOptions perturb_;  // only its perturb_* fields are read
+  bool kv_f16_ = false;       // K and V cached as fp16 values (held as the floats they convert to)
   int32_t n_ctx_ = 0;
   int32_t n_past_ = 0;
   std::vector<float> out_norm_;
@@ -412,6 +421,8 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
       std::copy(k.begin(), k.end(), kc.begin() + n_past_ * kv_dim);
       std::copy(v.begin(), v.end(), vc.begin() + n_past_ * kv_dim);
     }
+    checkpoint("k_cache", li, kc.data() + n_past_ * kv_dim, n, kv_dim, n_past_);
+    checkpoint("v_cache", li, vc.data() + n_past_ * kv_dim, n, kv_dim, n_past_);
 
     // Causal GQA attention, one (token, head) pair per task, in llama.cpp's order (F32 KV
     // cache, no flash attention): KQ = ggml_vec_dot_f32 per key, soft_max_ext (scale, then

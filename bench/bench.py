@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""The benchmark end to end (python3 standard library only; bench/run.sh calls it).
+
+For each model (TYPE=PATH) and numerics: engine level through decode_bench --json (decode tok/s
+over 256 tokens at depth 512, prompt tok/s for 512 tokens, decode vs depth, prompt vs length,
+logits hash), then through HTTP against the real worker-orcd (load to ready, time to first
+token p50/p95 for 32- and 512-token prompts, inter-token latency p50/p99, decode tok/s), and
+llama.cpp's llama-bench on the same files when --llamacpp-bin is given. Writes
+OUT/bench-<date>.json (schema 1, one row per (type, numerics)) and OUT/bench-<date>.md.
+"""
+
+import argparse
+import datetime
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+# Memory bandwidth of the card (GB/s, vendor figures) for the decode floor: weight bytes per
+# token / bandwidth. First match wins.
+BANDWIDTH_GBS = [
+    ("H200", 4800.0),
+    ("H100 NVL", 3900.0),
+    ("H100 PCIe", 2000.0),
+    ("H100", 3350.0),  # SXM5, HBM3
+]
+
+CTX_SWEEP = [128, 256, 512, 1024, 2048, 4096]
+LEN_SWEEP = [32, 64, 128, 256, 512]
+
+
+def log(msg):
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def percentile(values, p):
+    """Nearest-rank percentile (p in 0..100) of a non-empty list."""
+    v = sorted(values)
+    if not v:
+        return None
+    k = max(0, min(len(v) - 1, int(-(-p * len(v) // 100)) - 1))
+    return v[k]
+
+
+def bandwidth_for(card):
+    for key, gbs in BANDWIDTH_GBS:
+        if key in card:
+            return gbs
+    return None
+
+
+def device_info(backend):
+    if backend != "cuda" or not shutil.which("nvidia-smi"):
+        return {"card": "cpu" if backend == "cpu" else "unknown", "driver": None}
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+    if not out:
+        return {"card": "unknown", "driver": None}
+    name, driver = [s.strip() for s in out[0].split(",", 1)]
+    return {"card": name, "driver": driver}
+
+
+def git_commit(root):
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
+    r = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                       capture_output=True, text=True)
+    return r.stdout.strip() or "unknown"
+
+
+# ---------------------------------------------------------------------------------------------
+# engine level
+
+
+def engine_level(decode_bench, backend, path, numerics, c):
+    cmd = [decode_bench, "--json", "--backend", backend, "--model", path,
+           "--numerics", numerics, "--decode", str(c["decode"]), "--prefill", str(c["depth"]),
+           "--reps", str(c["reps"]), "--sweep-decode", str(c["sweep_decode"]),
+           "--ctx-sweep", ",".join(map(str, c["ctx_sweep"])),
+           "--len-sweep", ",".join(map(str, c["len_sweep"]))]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stderr.write(r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"decode_bench failed ({r.returncode}): {' '.join(cmd)}")
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    if len(rows) != 1:
+        raise RuntimeError(f"decode_bench printed {len(rows)} JSON rows, expected 1")
+    return rows[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    """The real worker-orcd, started for one (model, numerics); load-to-ready measured from the
+    spawn to the first 200 of /health."""
+
+    def __init__(self, binary, model, backend, numerics, ctx, log_path):
+        self.port = free_port()
+        cmd = [binary, "--model", model, "--port", str(self.port), "--bind", "127.0.0.1",
+               "--backend", backend, "--ctx-size", str(ctx)]
+        if backend == "cuda":
+            cmd += ["--numerics", numerics]
+        self.log = open(log_path, "w")
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = t0 + 120
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker-orcd exited with {self.proc.returncode} (log {log_path})")
+            if time.perf_counter() > deadline:
+                self.stop()
+                raise RuntimeError(f"worker-orcd not ready after 120 s (log {log_path})")
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                conn.request("GET", "/health")
+                resp = conn.getresponse()
+                body = resp.read()
+                conn.close()
+                if resp.status == 200:
+                    self.load_ms = (time.perf_counter() - t0) * 1000.0
+                    self.health = json.loads(body)
+                    return
+            except OSError:
+                pass
+            time.sleep(0.005)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def execute(self, prompt, max_tokens, job_id):
+        """One /execute; returns (prompt_tokens, ttft_ms, [token event times in ms], end data).
+        Times are from the request's first byte sent (connection already open)."""
+        body = json.dumps({"job_id": job_id, "prompt": prompt, "max_tokens": max_tokens,
+                           "temperature": 0}).encode()
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        conn.connect()
+        t0 = time.perf_counter()
+        conn.request("POST", "/execute", body=body,
+                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"/execute answered {resp.status}: {resp.read()[:300]!r}")
+        prompt_tokens, times, end, event, data = None, [], None, None, []
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            now = (time.perf_counter() - t0) * 1000.0
+            line = line.decode("utf-8", "replace").rstrip("\r\n")
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+            elif line == "" and event is not None:
+                payload = json.loads("\n".join(data)) if data else {}
+                if event == "started":
+                    prompt_tokens = payload.get("prompt_tokens")
+                elif event == "token":
+                    times.append(now)
+                elif event in ("end", "error"):
+                    end = dict(payload, event=event)
+                    break
+                event, data = None, []
+        conn.close()
+        if end is None or end["event"] != "end":
+            raise RuntimeError(f"/execute did not end cleanly: {end}")
+        return prompt_tokens, (times[0] if times else None), times, end
+
+
+def calibrate(worker, target, word, tag):
+    """A text the model's tokenizer turns into exactly `target` prompt tokens (or the nearest
+    found): ' word' repeated (the count fitted from two probes) as far as it stays <= target,
+    then short pieces appended one by one."""
+    def count(text):
+        n, _, _, _ = worker.execute(text, 1, f"{tag}-cal-{time.monotonic_ns()}")
+        return n
+    a, b = count(word * 8), count(word * 16)
+    slope = max((b - a) / 8.0, 1e-9)
+    k = max(1, round(8 + (target - a) / slope))
+    n = count(word * k)
+    while n > target and k > 1:
+        k = max(1, k - max(1, round((n - target) / slope)))
+        n = count(word * k)
+    text = word * k
+    for piece in (" a", " b", " c", " d", " e", " f", " g", " h", " i", " j", " k", " l"):
+        if n >= target:
+            break
+        m = count(text + piece)
+        if m <= target:
+            text, n = text + piece, m
+    return text, n
+
+
+def http_level(binary, backend, path, numerics, c, logdir, tag):
+    w = Worker(binary, path, backend, numerics, c["http_ctx"], logdir / f"worker-{tag}.log")
+    try:
+        res = {"load_to_ready_ms": w.load_ms, "cuda_runtime": w.health.get("cuda_runtime_version")}
+        prompts = {}
+        for n in {c["short"], c["long"], c["depth"]}:
+            prompts[n] = calibrate(w, n, c["word"], tag)
+        for key, n in (("ttft32", c["short"]), ("ttft512", c["long"])):
+            text, got = prompts[n]
+            ttft = []
+            for i in range(c["http_warmup"] + c["ttft_reps"]):
+                _, t, _, _ = w.execute(text, 2, f"{tag}-ttft{n}-{i}")
+                if i >= c["http_warmup"] and t is not None:
+                    ttft.append(t)
+            res[key] = {"target": n, "prompt_tokens": got, "ms": ttft}
+        text, _ = prompts[c["depth"]]
+        itl, rates, counts = [], [], []
+        for i in range(c["decode_reps"]):
+            _, _, times, end = w.execute(text, c["decode"], f"{tag}-decode-{i}")
+            counts.append(len(times))
+            if len(times) >= 2:
+                itl += [b - a for a, b in zip(times, times[1:])]
+                rates.append((len(times) - 1) / ((times[-1] - times[0]) / 1000.0))
+        res["itl_ms"] = itl
+        res["decode_tokens"] = counts
+        res["http_decode_tok_s"] = sorted(rates)[len(rates) // 2] if rates else None
+        return res
+    finally:
+        w.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# llama.cpp
+
+
+def llamacpp(bin_dir, models, logdir):
+    """llama-bench with run-peer.sh's settings (-p 512 -n 256 -d 0,512 -fa 1 -r 3), JSON out.
+    Returns {file name: {"decode": tok/s at depth 512, "prompt512": tok/s}}."""
+    exe = Path(bin_dir) / "llama-bench"
+    cmd = [str(exe)]
+    for m in models:
+        cmd += ["-m", m]
+    cmd += ["-p", "512", "-n", "256", "-d", "0,512", "-fa", "1", "-r", "3", "-o", "json"]
+    log("llama-bench: " + " ".join(cmd))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    (logdir / "llama-bench.json").write_text(r.stdout)
+    (logdir / "llama-bench.stderr").write_text(r.stderr)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench failed ({r.returncode}); see {logdir}/llama-bench.stderr")
+    out = {}
+    for t in json.loads(r.stdout):
+        name = Path(t["model_filename"]).name
+        e = out.setdefault(name, {"decode": None, "prompt512": None})
+        if t.get("n_gen") == 256 and t.get("n_prompt") == 0 and t.get("n_depth") == 512:
+            e["decode"] = t["avg_ts"]
+        if t.get("n_prompt") == 512 and t.get("n_gen") == 0 and t.get("n_depth", 0) == 0:
+            e["prompt512"] = t["avg_ts"]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def fmt(x, nd=0):
+    if x is None:
+        return "-"
+    return f"{x:,.{nd}f}"
+
+
+def ratio(a, b):
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def write_markdown(doc, path, smoke):
+    L = []
+    L.append(f"# Benchmark {doc['date']}" + (" (smoke run: small counts, not figures)" if smoke else ""))
+    L.append("")
+    L.append(f"Commit {doc['commit']}, card {doc['card']}, driver {doc['driver'] or '-'}, "
+             f"CUDA runtime {doc['cuda_runtime'] or '-'}, bandwidth {fmt(doc['bandwidth_gbs'])} GB/s "
+             f"(floor = bandwidth / weight bytes per token). llama.cpp: {doc['llamacpp_source']}. "
+             f"Written by `bench/run.sh` (bench/bench.py); {doc['settings']}. HTTP times are the "
+             f"client's (python, loopback): TTFT from the request to the first `token` event, ITL "
+             f"between consecutive `token` events (events the server writes together arrive "
+             f"together), HTTP decode = tokens after the first / first-to-last token time.")
+    L.append("")
+    L.append("| type | numerics | decode tok/s | % of floor | llama.cpp decode | ratio | prompt 512 tok/s "
+             "| llama.cpp prompt | ratio | TTFT 32 p50/p95 ms | TTFT 512 p50/p95 ms | ITL p50/p99 ms "
+             "| HTTP decode tok/s | load to ready ms | logits hash |")
+    L.append("|" + "---|" * 15)
+    for r in doc["rows"]:
+        L.append(
+            f"| {r['type']} | {r['numerics']} | {fmt(r['decode_tok_s'])} | {fmt(r['pct_of_floor'], 1)} "
+            f"| {fmt(r['llamacpp_decode_tok_s'])} | {ratio(r['decode_tok_s'], r['llamacpp_decode_tok_s'])} "
+            f"| {fmt(r['prompt512_tok_s'])} | {fmt(r['llamacpp_prompt512_tok_s'])} "
+            f"| {ratio(r['prompt512_tok_s'], r['llamacpp_prompt512_tok_s'])} "
+            f"| {fmt(r['http_ttft32_p50_ms'], 2)} / {fmt(r['http_ttft32_p95_ms'], 2)} "
+            f"| {fmt(r['http_ttft512_p50_ms'], 2)} / {fmt(r['http_ttft512_p95_ms'], 2)} "
+            f"| {fmt(r['http_itl_p50_ms'], 3)} / {fmt(r['http_itl_p99_ms'], 3)} "
+            f"| {fmt(r['http_decode_tok_s'])} | {fmt(r['load_to_ready_ms'])} | `{r['logits_hash']}` |")
+    L.append("")
+    if doc["rows"]:
+        ctxs = [p["ctx"] for p in doc["rows"][0]["decode_vs_ctx"]]
+        lens = [p["len"] for p in doc["rows"][0]["prompt_vs_len"]]
+        L.append("Decode tok/s by context depth:")
+        L.append("")
+        L.append("| type | numerics | " + " | ".join(str(c) for c in ctxs) + " |")
+        L.append("|" + "---|" * (2 + len(ctxs)))
+        for r in doc["rows"]:
+            L.append(f"| {r['type']} | {r['numerics']} | " +
+                     " | ".join(fmt(p["tok_s"]) for p in r["decode_vs_ctx"]) + " |")
+        L.append("")
+        L.append("Prompt tok/s by prompt length:")
+        L.append("")
+        L.append("| type | numerics | " + " | ".join(str(n) for n in lens) + " |")
+        L.append("|" + "---|" * (2 + len(lens)))
+        for r in doc["rows"]:
+            L.append(f"| {r['type']} | {r['numerics']} | " +
+                     " | ".join(fmt(p["tok_s"]) for p in r["prompt_vs_len"]) + " |")
+        L.append("")
+    notes = [f"- {r['type']} {r['numerics']}: {n}" for r in doc["rows"] for n in r.get("notes", [])]
+    if notes:
+        L.append("Notes:")
+        L.append("")
+        L += notes
+        L.append("")
+    path.write_text("\n".join(L))
+
+
+REQUIRED = ["type", "numerics", "model", "weight_bytes", "decode_tok_s", "prompt512_tok_s",
+            "logits_hash", "http_ttft32_p50_ms", "http_ttft32_p95_ms", "http_ttft512_p50_ms",
+            "http_ttft512_p95_ms", "http_itl_p50_ms", "http_itl_p99_ms", "http_decode_tok_s",
+            "load_to_ready_ms", "decode_vs_ctx", "prompt_vs_len"]
+
+
+def validate(doc, expect_rows):
+    """The file's contract (schema 1): raises on a missing or unmeasured field."""
+    for k in ("schema", "date", "commit", "card", "driver", "cuda_runtime", "bandwidth_gbs",
+              "llamacpp_source", "rows"):
+        if k not in doc:
+            raise ValueError(f"missing top-level field {k}")
+    if doc["schema"] != 1 or len(doc["rows"]) != expect_rows:
+        raise ValueError(f"schema {doc['schema']}, {len(doc['rows'])} rows (expected {expect_rows})")
+    for r in doc["rows"]:
+        for k in REQUIRED:
+            if r.get(k) is None:
+                raise ValueError(f"row {r.get('type')} {r.get('numerics')}: {k} not measured")
+        for k in ("floor_tok_s", "pct_of_floor", "llamacpp_decode_tok_s", "llamacpp_prompt512_tok_s"):
+            if k not in r:
+                raise ValueError(f"row {r['type']} {r['numerics']}: no field {k}")
+        if len(r["logits_hash"]) != 16:
+            raise ValueError("logits hash is not 16 hex digits")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", action="append", required=True, metavar="TYPE=PATH")
+    ap.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--numerics", default="exact,fast")
+    ap.add_argument("--worker", required=True, help="worker-orcd binary")
+    ap.add_argument("--decode-bench", required=True, help="decode_bench binary")
+    ap.add_argument("--out", required=True, help="folder for bench-<date>.json/.md and logs")
+    ap.add_argument("--llamacpp-bin", help="folder holding llama-bench (omit: not measured)")
+    ap.add_argument("--smoke", action="store_true", help="small counts (CI: exercises the driver)")
+    ap.add_argument("--date", default=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"))
+    a = ap.parse_args()
+
+    root = Path(__file__).resolve().parent.parent
+    out = Path(a.out)
+    logdir = out / "bench-logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    numerics = ["exact"] if a.backend == "cpu" else a.numerics.split(",")
+    if a.smoke:
+        c = dict(decode=16, depth=32, reps=1, sweep_decode=4, ctx_sweep=[16, 32], len_sweep=[8, 16],
+                 http_ctx=256, ttft_reps=3, http_warmup=1, decode_reps=1, word=" hello",
+                 short=8, long=32)  # the smoke's "32" and "512" prompts: 8 and 32 tokens
+    else:
+        c = dict(decode=256, depth=512, reps=3, sweep_decode=64, ctx_sweep=CTX_SWEEP,
+                 len_sweep=LEN_SWEEP, http_ctx=1024, ttft_reps=30, http_warmup=3, decode_reps=3,
+                 word=" hello", short=32, long=512)
+    settings = (f"engine: decode {c['decode']} tokens at depth {c['depth']}, median of {c['reps']}; "
+                f"HTTP: {c['ttft_reps']} requests per TTFT figure, {c['decode_reps']} x "
+                f"{c['decode']}-token decodes after a {c['depth']}-token prompt")
+    dev = device_info(a.backend)
+    bw = bandwidth_for(dev["card"]) if a.backend == "cuda" else None
+    lc = {}
+    lc_source = "not measured"
+    if a.llamacpp_bin:
+        lc = llamacpp(a.llamacpp_bin, [m.split("=", 1)[1] for m in a.model], logdir)
+        lc_source = "measured in this run (llama-bench -fa 1, decode at depth 512)"
+
+    rows, cuda_runtime = [], None
+    t_start = time.perf_counter()
+    for spec in a.model:
+        typ, path = spec.split("=", 1)
+        for num in numerics:
+            tag = f"{typ}-{num}"
+            log(f"{tag}: engine level ({Path(path).name})")
+            e = engine_level(a.decode_bench, a.backend, path, num, c)
+            log(f"{tag}: decode {e['decode_tok_s']:.1f} tok/s, prompt {e['prompt_tok_s']:.0f} tok/s, "
+                f"hash {e['logits_hash']}; HTTP")
+            h = http_level(a.worker, a.backend, path, num, c, logdir, tag)
+            cuda_runtime = cuda_runtime or h.get("cuda_runtime")
+            floor = bw * 1e9 / e["weight_bytes"] if bw else None
+            t32, t512 = h["ttft32"]["ms"], h["ttft512"]["ms"]
+            notes = []
+            for key in ("ttft32", "ttft512"):
+                if h[key]["prompt_tokens"] != h[key]["target"]:
+                    notes.append(f"{key}: the prompt is {h[key]['prompt_tokens']} tokens, "
+                                 f"not {h[key]['target']}")
+            if any(k < c["decode"] for k in h["decode_tokens"]):
+                notes.append(f"HTTP decode stopped early (EOS) after {h['decode_tokens']} tokens")
+            lcr = lc.get(Path(path).name, {})
+            row = {
+                "type": typ, "numerics": num, "model": Path(path).name,
+                "weight_bytes": e["weight_bytes"], "floor_tok_s": floor,
+                "decode_tok_s": e["decode_tok_s"],
+                "pct_of_floor": 100.0 * e["decode_tok_s"] / floor if floor else None,
+                "prompt512_tok_s": e["prompt_tok_s"],
+                "llamacpp_decode_tok_s": lcr.get("decode"),
+                "llamacpp_prompt512_tok_s": lcr.get("prompt512"),
+                "http_ttft32_p50_ms": percentile(t32, 50), "http_ttft32_p95_ms": percentile(t32, 95),
+                "http_ttft512_p50_ms": percentile(t512, 50),
+                "http_ttft512_p95_ms": percentile(t512, 95),
+                "http_itl_p50_ms": percentile(h["itl_ms"], 50),
+                "http_itl_p99_ms": percentile(h["itl_ms"], 99),
+                "http_decode_tok_s": h["http_decode_tok_s"],
+                "load_to_ready_ms": h["load_to_ready_ms"], "logits_hash": e["logits_hash"],
+                "ttft32_ms": [round(x, 3) for x in t32], "ttft512_ms": [round(x, 3) for x in t512],
+                "itl_ms": [round(x, 4) for x in h["itl_ms"]],
+                "decode_vs_ctx": e["decode_vs_ctx"], "prompt_vs_len": e["prompt_vs_len"],
+                "prompt_tokens": {"32": h["ttft32"]["prompt_tokens"], "512": h["ttft512"]["prompt_tokens"]},
+                "notes": notes,
+            }
+            rows.append(row)
+            log(f"{tag}: TTFT32 p50 {fmt(row['http_ttft32_p50_ms'], 2)} ms, ITL p50 "
+                f"{fmt(row['http_itl_p50_ms'], 3)} ms, HTTP decode {fmt(row['http_decode_tok_s'])} tok/s, "
+                f"load {fmt(row['load_to_ready_ms'])} ms; {time.perf_counter() - t_start:.0f} s so far")
+    doc = {"schema": 1, "date": a.date, "commit": git_commit(root), "card": dev["card"],
+           "driver": dev["driver"], "cuda_runtime": cuda_runtime, "bandwidth_gbs": bw,
+           "llamacpp_source": lc_source, "settings": settings, "smoke": a.smoke, "rows": rows}
+    validate(doc, len(a.model) * len(numerics))
+    jpath, mpath = out / f"bench-{a.date}.json", out / f"bench-{a.date}.md"
+    jpath.write_text(json.dumps(doc, indent=1) + "\n")
+    write_markdown(doc, mpath, a.smoke)
+    log(f"wrote {jpath} and {mpath} in {time.perf_counter() - t_start:.0f} s")
+    print(mpath.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""The benchmark driver end to end on the CPU (bench/run.sh --backend cpu --smoke): decode_bench
+--json, the real worker-orcd through HTTP (SSE parsed by python's standard library), and the
+report files in the shared schema. The GPU figures come from the same script on the H100."""
+
+import json
+import os
+import subprocess
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(os.environ.get("WORKER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+BUILD = Path(os.environ.get("WORKER_BINARY_DIR", ROOT / "build"))
+SHARED = Path(os.environ.get("WORKER_SHARED_FIXTURES", ROOT.parent / "shared/fixtures"))
+
+
+class BenchSmokeTest(unittest.TestCase):
+    # REQ: WRK-D30
+    def test_cpu_smoke_writes_the_report(self):
+        for b in (BUILD / "worker/server/worker-orcd", BUILD / "bench/decode_bench"):
+            self.assertTrue(b.exists(), f"{b} not built")
+        with tempfile.TemporaryDirectory(prefix="bench-smoke-") as tmp:
+            r = subprocess.run([str(ROOT / "bench/run.sh"), "--out", tmp, "--backend", "cpu",
+                                "--smoke", "--build-dir", str(BUILD)],
+                               capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, BENCH_COMMIT="smoke"))
+            self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+            js = list(Path(tmp).glob("bench-*.json"))
+            md = list(Path(tmp).glob("bench-*.md"))
+            self.assertEqual(len(js), 1)
+            self.assertEqual(len(md), 1)
+            doc = json.loads(js[0].read_text())
+            self.assertEqual(doc["schema"], 1)
+            self.assertEqual(doc["commit"], "smoke")
+            self.assertEqual(doc["card"], "cpu")
+            self.assertIsNone(doc["bandwidth_gbs"])
+            self.assertEqual(doc["llamacpp_source"], "not measured")
+            self.assertEqual(len(doc["rows"]), 1)
+            row = doc["rows"][0]
+            self.assertEqual((row["type"], row["numerics"], row["model"]),
+                             ("F32", "exact", "stories260K.gguf"))
+            for k in ("decode_tok_s", "prompt512_tok_s", "http_ttft32_p50_ms", "http_decode_tok_s",
+                      "load_to_ready_ms"):
+                self.assertGreater(row[k], 0, k)
+            # client-side gaps between SSE events; events written together arrive together
+            self.assertGreaterEqual(row["http_itl_p50_ms"], 0)
+            self.assertEqual(len(row["itl_ms"]), 15)  # 16 tokens streamed
+            self.assertLessEqual(row["http_ttft32_p50_ms"], row["http_ttft32_p95_ms"])
+            self.assertLessEqual(row["http_itl_p50_ms"], row["http_itl_p99_ms"])
+            self.assertEqual(len(row["ttft32_ms"]), 3)
+            self.assertEqual([p["ctx"] for p in row["decode_vs_ctx"]], [16, 32])
+            self.assertEqual([p["len"] for p in row["prompt_vs_len"]], [8, 16])
+            self.assertRegex(row["logits_hash"], "^[0-9a-f]{16}$")
+            self.assertIsNone(row["llamacpp_decode_tok_s"])
+            self.assertEqual(row["prompt_tokens"], {"32": 8, "512": 32})  # calibrated exactly
+            self.assertIn("| F32 | exact |", md[0].read_text())
+            # The logits hash is a property of the model and the arithmetic: a second engine
+            # run gives the same one.
+            again = subprocess.run(
+                [str(BUILD / "bench/decode_bench"), "--json", "--backend", "cpu", "--model",
+                 str(SHARED / "stories260K.gguf"), "--decode", "16", "--prefill", "32",
+                 "--reps", "1"],
+                capture_output=True, text=True, timeout=120)
+            self.assertEqual(again.returncode, 0, again.stderr)
+            self.assertEqual(json.loads(again.stdout)["logits_hash"], row["logits_hash"])
+
+
+if __name__ == "__main__":
+    unittest.main()
