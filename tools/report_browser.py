@@ -24,7 +24,7 @@ from pathlib import Path
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars", "--mute-audio"]
+         "--hide-scrollbars", "--mute-audio", "--disable-dev-shm-usage"]
 
 
 def find_chromium() -> str | None:
