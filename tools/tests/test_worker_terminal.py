@@ -168,7 +168,12 @@ class WorkerTerminalTest(unittest.TestCase):
         m = re.fullmatch(r"worker-orcd commit ([0-9a-f]{12}|unknown), built "
                          r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) \((\w+)\), CUDA arch (.+)\n", v)
         self.assertIsNotNone(m, v)
-        header = (BUILD / "generated/build_info.h").read_text()
+        header_path = BUILD / "generated/build_info.h"
+        header = header_path.read_text()
+        if f'kDate = "{m.group(2)}"' not in header and \
+                WORKER.stat().st_mtime < header_path.stat().st_mtime:
+            self.skipTest("not run: build_info.h was regenerated (a reconfigure after a commit) "
+                          "and worker-orcd not rebuilt since; build the worker-orcd target")
         for name, value in (("kCommit", m.group(1)), ("kDate", m.group(2)),
                             ("kType", m.group(3)), ("kCudaArch", m.group(4))):
             self.assertIn(f'{name} = "{value}"', header)
