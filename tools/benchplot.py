@@ -411,10 +411,12 @@ def write_report(json_path: Path, out_dir: Path | None = None, md_path: Path | N
         else:
             text = text.rstrip() + "\n\n" + block + "\n"
     else:
+        def v(k):
+            return d.get(k) if d.get(k) is not None else "unknown"
         text = (f"# Benchmark {date}\n\n"
-                f"Card: {d.get('card')}; driver {d.get('driver')}, CUDA runtime "
-                f"{d.get('cuda_runtime')}; commit {d.get('commit')}; memory bandwidth "
-                f"{d.get('bandwidth_gbs')} GB/s (the floor: weight bytes read once per token)."
+                f"Card: {v('card')}; driver {v('driver')}, CUDA runtime "
+                f"{v('cuda_runtime')}; commit {v('commit')}; memory bandwidth "
+                f"{v('bandwidth_gbs')} GB/s (the floor: weight bytes read once per token)."
                 f"\nllama.cpp figures: {d.get('llamacpp_source') or 'not measured'}. Data: "
                 f"[bench-{date}.json](bench-{date}.json).\n\n" + block + "\n")
     md_path.write_text(text, encoding="utf-8")
