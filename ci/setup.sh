@@ -2,7 +2,8 @@
 # Set up a Debian machine for building and testing worker-orcd. Idempotent and quiet: a ready
 # machine does no apt or npm work. Exits non-zero with a clear message when something is
 # missing and cannot be installed.
-#   - Debian packages (apt-get, as root or through sudo), only the missing ones
+#   - Debian packages (apt-get, as root or through sudo), only the missing ones (chromium:
+#     the headless browser that checks reports/requirements.html)
 #   - pinned npm packages (npm ci) in fixtures/oracle (llama.cpp oracle) and conformance/
 #   - llama.cpp's source from node-llama-cpp's git bundle into .deps/llama.cpp (read-only
 #     reference: tokenizer test vectors, vocab GGUFs)
@@ -17,7 +18,7 @@ die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 PACKAGES=(build-essential cmake ninja-build pkg-config git python3 nlohmann-json3-dev
   libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev lcov python3-numpy
-  unicode-data bzip2 clang ca-certificates)
+  unicode-data bzip2 clang ca-certificates chromium fonts-dejavu-core)
 
 # ---- Debian packages
 command -v dpkg-query >/dev/null || die "this script needs a Debian-based system (dpkg-query)"

@@ -84,6 +84,9 @@ fi
 gate_rc=0
 python3 tools/reqcov.py report "${res_args[@]}" "${cov_args[@]}" || gate_rc=$?
 python3 tools/reqcov.py spec-md --check || gate_rc=1
+step "requirement page in headless chromium"
+python3 tools/report_browser.py reports/requirements.html reports/requirements.json \
+  --screenshot "$BUILD/test-results/requirements-page.png" || gate_rc=1
 
 step "done: ctest rc=$ctest_rc, gate rc=$gate_rc (reports/requirements.md)"
 if ((ctest_rc != 0 || gate_rc != 0)); then

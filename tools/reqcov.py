@@ -8,10 +8,11 @@ TEST/TEST_F/TEST_P macro:
     TEST(ServerSse, EventOrder) { ... }
 
 Subcommands (python3 standard library only):
-  report    write reports/requirements.{md,json} and apply the GATE (exit 1 when it fails)
+  report    write reports/requirements.{md,json,html} and apply the GATE (exit 1 when it fails)
   scan      list declared tests (optionally only those citing one ID, or as a gtest filter)
   ratchet   print (or --write) the MUST/M0 IDs that no test covers yet
   spec-md   regenerate spec/REQUIREMENTS.md from spec/requirements.json (--check: verify)
+  html      re-render requirements.html from an existing requirements.json
 
 The gate fails when: a test cites an unknown ID; a `// REQ:` line is not directly above a
 test macro; a MUST requirement in M0 scope has no test and is not in spec/ratchet.txt; a
@@ -28,6 +29,7 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 DEFAULT_ROOT = Path(__file__).resolve().parent.parent
@@ -519,6 +521,277 @@ def render_report_md(rep: dict, root: Path) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+# ---------------------------------------------------------------- HTML page
+
+# Specification sections, by ID prefix (M0-W-NNxx: the hundreds of the spec's numbering).
+SECTIONS = [
+    ("M0-SYS-", "System-level requirements (M0-SYS)"),
+    ("M0-W-10", "Model lifetime, VRAM, determinism, layering (M0-W-10xx)"),
+    ("M0-W-11", "Startup and command line (M0-W-11xx)"),
+    ("M0-W-12", "Model loading: GGUF, adapters, weights (M0-W-12xx)"),
+    ("M0-W-13", "HTTP API, SSE, tokenizer (M0-W-13xx)"),
+    ("M0-W-14", "CUDA context, forward pass, kernels (M0-W-14xx)"),
+    ("M0-W-15", "Error handling (M0-W-15xx)"),
+    ("M0-W-16", "Performance (M0-W-16xx)"),
+    ("M0-W-17", "Build system (M0-W-17xx)"),
+    ("M0-W-18", "Testing (M0-W-18xx)"),
+    ("M0-W-19", "Observability and logging (M0-W-19xx)"),
+    ("WRK-D", "Project decisions (WRK-D)"),
+]
+STATUS_LABEL = {PASS: "pass", FAIL: "FAIL", NOT_RUN: "not run", NO_RESULT: "no result",
+                NO_TEST: "uncovered"}
+STATUS_ICON = {PASS: "\u2713", FAIL: "\u2717", NOT_RUN: "\u2013", NO_RESULT: "?", NO_TEST: "\u2205"}
+
+
+def section_of(rid: str) -> str:
+    for prefix, name in SECTIONS:
+        if rid.startswith(prefix):
+            return name
+    return "Other"
+
+
+def git_identity(root: Path) -> dict:
+    """Commit (with '+dirty' for uncommitted changes) of the tree the report is made from."""
+    import subprocess
+
+    def git(*args):
+        try:
+            return subprocess.run(["git", "-C", str(root), *args], capture_output=True,
+                                  text=True, timeout=20).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown (not a git checkout)"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    return {"commit": commit}
+
+
+HTML_CSS = """
+:root{--pass:#1a7f37;--pass-bg:#dafbe1;--fail:#cf222e;--fail-bg:#ffebe9;--nr:#9a6700;
+--nr-bg:#fff8c5;--nt:#57606a;--nt-bg:#eaeef2;--line:#d0d7de;--muted:#57606a}
+*{box-sizing:border-box}
+body{font:14px/1.45 "DejaVu Sans",system-ui,sans-serif;margin:0;color:#1f2328;background:#f6f8fa}
+header{background:#24292f;color:#fff;padding:14px 24px;display:flex;align-items:center;gap:18px;
+flex-wrap:wrap}
+header h1{font-size:20px;margin:0;font-weight:600}
+header .meta{color:#c9d1d9;font-size:13px}
+header code{color:#fff}
+.gate{font-weight:700;padding:3px 12px;border-radius:14px;font-size:14px;letter-spacing:.5px}
+.gate.pass{background:var(--pass)}.gate.fail{background:var(--fail)}
+main{padding:16px 24px}
+.cards{display:flex;gap:12px;flex-wrap:wrap;margin-bottom:12px}
+.card{background:#fff;border:1px solid var(--line);border-radius:8px;padding:10px 14px;
+min-width:150px}
+.card h2{font-size:12px;text-transform:uppercase;letter-spacing:.6px;color:var(--muted);
+margin:0 0 4px;font-weight:600}
+.card .big{font-size:26px;font-weight:700}
+.card .sub{color:var(--muted);font-size:12px}
+.bar{display:flex;height:10px;border-radius:5px;overflow:hidden;margin:6px 0 4px;width:260px;
+background:var(--nt-bg)}
+.bar span{display:block;height:100%}
+.counts{display:flex;gap:10px;font-size:13px;flex-wrap:wrap}
+.dot{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:4px;
+vertical-align:-1px}
+.pass .dot,.dot.pass{background:var(--pass)}.fail .dot,.dot.fail{background:var(--fail)}
+.not-run .dot,.dot.not-run{background:#d4a72c}.no-test .dot,.dot.no-test{background:#8c959f}
+details.box{background:#fff;border:1px solid var(--line);border-radius:8px;padding:8px 14px;
+margin-bottom:12px}
+details.box summary{cursor:pointer;font-weight:600}
+.filters{position:sticky;top:0;z-index:2;background:#f6f8fa;padding:8px 0;display:flex;gap:10px;
+align-items:center;flex-wrap:wrap;border-bottom:1px solid var(--line);margin-bottom:8px}
+.filters input,.filters select{font:inherit;padding:5px 8px;border:1px solid var(--line);
+border-radius:6px;background:#fff}
+.filters input{width:320px}
+#shown{color:var(--muted)}
+table{border-collapse:collapse;width:100%;background:#fff;border:1px solid var(--line)}
+th,td{border-bottom:1px solid var(--line);padding:5px 8px;text-align:left;vertical-align:top}
+thead th{background:#eaeef2;font-size:12px;text-transform:uppercase;letter-spacing:.5px}
+tr.section th{background:#ddf4ff;font-size:14px;text-transform:none;letter-spacing:0}
+tr.section .sc{font-weight:400;color:var(--muted);margin-left:10px;font-size:12px}
+td.id{font-family:"DejaVu Sans Mono",monospace;white-space:nowrap;font-size:13px}
+td.lv{font-size:12px;color:var(--muted);white-space:nowrap}
+td.st{width:210px;padding:0}
+td.st details{padding:5px 8px}
+td.st summary{cursor:pointer;font-weight:600;list-style:none}
+td.st summary::-webkit-details-marker{display:none}
+td.st.pass{background:var(--pass-bg);color:var(--pass)}
+td.st.fail{background:var(--fail-bg);color:var(--fail)}
+td.st.not-run{background:var(--nr-bg);color:var(--nr)}
+td.st.no-test{background:repeating-linear-gradient(135deg,var(--nt-bg) 0 6px,#f6f8fa 6px 12px);
+color:var(--nt)}
+td.st ul{margin:6px 0 2px;padding-left:16px;color:#1f2328;font-weight:400;font-size:12px}
+td.st li{margin-bottom:3px}
+td.st li code{font-size:11px;word-break:break-all}
+td.st .sub{color:var(--muted);font-size:11px}
+.r{font-weight:600;font-size:11px;padding:0 4px;border-radius:3px}
+.r.pass{color:var(--pass)}.r.fail{color:#fff;background:var(--fail)}.r.not-run{color:var(--nr)}
+.r.no-result{color:var(--muted)}
+.tag{font-size:11px;padding:0 5px;border-radius:3px;background:#fff8c5;color:#9a6700;
+margin-left:4px}
+table.only-cpu .col-cuda,table.only-cuda .col-cpu{display:none}
+tr[hidden]{display:none}
+footer{color:var(--muted);font-size:12px;padding:8px 24px 24px}
+"""
+
+# The filter: text (ID, title, test names), status, backend; mirrored in the URL fragment
+# (#q=...&status=...&backend=...) so a link (and the headless-browser test) can set it.
+HTML_JS = """
+(function(){
+var q=document.getElementById('q'),st=document.getElementById('status'),
+be=document.getElementById('backend'),tbl=document.getElementById('reqs'),
+shown=document.getElementById('shown');
+function fromHash(){var p=new URLSearchParams(location.hash.slice(1));
+q.value=p.get('q')||'';st.value=p.get('status')||'';be.value=p.get('backend')||'';}
+function toHash(){var p=new URLSearchParams();if(q.value)p.set('q',q.value);
+if(st.value)p.set('status',st.value);if(be.value)p.set('backend',be.value);
+history.replaceState(null,'','#'+p.toString());}
+function apply(){
+var text=q.value.trim().toLowerCase(),s=st.value,b=be.value,n=0,total=0;
+tbl.className=b?'only-'+b:'';
+var bodies=tbl.tBodies;
+for(var i=0;i<bodies.length;i++){var rows=bodies[i].querySelectorAll('tr.req'),k=0;
+for(var j=0;j<rows.length;j++){var r=rows[j],ok=true;total++;
+if(text&&r.getAttribute('data-text').indexOf(text)<0)ok=false;
+if(ok&&s){var c=r.getAttribute('data-cpu'),u=r.getAttribute('data-cuda');
+ok=b==='cpu'?c===s:b==='cuda'?u===s:(c===s||u===s);}
+r.hidden=!ok;if(ok){n++;k++;}}
+bodies[i].hidden=k===0;}
+shown.textContent='showing '+n+' of '+total+' requirements';
+shown.setAttribute('data-shown',n);}
+fromHash();apply();
+[q,st,be].forEach(function(e){e.addEventListener('input',function(){toHash();apply();});});
+window.addEventListener('hashchange',function(){fromHash();apply();});
+})();
+"""
+
+
+def render_report_html(rep: dict) -> str:
+    """One self-contained page (no external assets): totals, ratchet, gate problems, and a
+    row per requirement grouped by specification section with coloured cpu/cuda cells."""
+    from html import escape as h
+    t = rep["totals"]
+    gate = rep["gate"]
+    generated = rep["generated"]
+
+    def num(key: str, value) -> str:
+        # data-total names the JSON path of the figure (the browser test compares them).
+        return f'<span data-total="{h(key)}">{value}</span>'
+
+    def backend_card(b: str) -> str:
+        pb, tb = t["per_backend"][b], t["tests_per_backend"][b]
+        n = max(1, t["requirements"])
+        segs = "".join(
+            f'<span class="dot-{st}" style="width:{100.0 * pb[st] / n:.2f}%;background:'
+            f'{col}" title="{STATUS_LABEL[st]}: {pb[st]}"></span>'
+            for st, col in ((PASS, "#1a7f37"), (FAIL, "#cf222e"), (NOT_RUN, "#d4a72c"),
+                            (NO_TEST, "#8c959f")))
+        ids = "".join(f'<span class="{st}"><span class="dot"></span>{STATUS_LABEL[st]} '
+                      f'{num(f"per_backend.{b}.{st}", pb[st])}</span>'
+                      for st in (PASS, FAIL, NOT_RUN, NO_TEST))
+        src = rep["results"].get(b)
+        return (f'<div class="card" id="card-{b}"><h2>{b} backend: requirement IDs</h2>'
+                f'<div class="bar">{segs}</div><div class="counts">{ids}</div>'
+                f'<div class="sub">tests: pass {num(f"tests_per_backend.{b}.pass", tb[PASS])}, '
+                f'fail {num(f"tests_per_backend.{b}.fail", tb[FAIL])}, '
+                f'not run {num(f"tests_per_backend.{b}.not-run", tb[NOT_RUN])}, '
+                f'no result {num(f"tests_per_backend.{b}.no-result", tb[NO_RESULT])}'
+                f'<br>results: {h(src) if src else "none given"}</div></div>')
+
+    ratchet_txt = (", ".join(h(i) for i in rep["ratchet"]) if rep["ratchet"]
+                   else "empty: every MUST requirement in M0 scope has a test")
+    out = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>worker-orcd requirement coverage ({h(generated['commit'])})</title>",
+        f"<style>{HTML_CSS}</style></head><body>",
+        "<header><h1>worker-orcd: requirement coverage</h1>",
+        f'<span class="gate {gate}" id="gate">GATE {gate.upper()}</span>',
+        f'<span class="meta">commit <code id="commit">{h(generated["commit"])}</code> '
+        f'&middot; generated <span id="date">{h(generated["date"])}</span> by '
+        "<code>tools/reqcov.py report</code></span></header><main>",
+        '<div class="cards">',
+        f'<div class="card"><h2>MUST / M0 covered</h2><div class="big">'
+        f'{num("must_m0_covered", t["must_m0_covered"])} / {num("must_m0", t["must_m0"])}'
+        f'</div><div class="sub">ratchet (still allowed uncovered): '
+        f'{num("ratchet", t["ratchet"])}</div></div>',
+        f'<div class="card"><h2>Requirement IDs</h2><div class="big">'
+        f'{num("requirements", t["requirements"])}</div><div class="sub">with a test: '
+        f'{num("covered", t["covered"])}<br>M0 {t["by_scope"]["M0"]}, M1 {t["by_scope"]["M1"]}'
+        f', deferred {t["by_scope"]["deferred"]}</div></div>',
+        f'<div class="card"><h2>Tests</h2><div class="big">'
+        f'{num("tests_declared", t["tests_declared"])}</div><div class="sub">declaring IDs: '
+        f'{num("tests_with_req", t["tests_with_req"])}</div></div>',
+        backend_card("cpu"), backend_card("cuda"), "</div>",
+        f'<details class="box" id="ratchet" open><summary>Ratchet ({t["ratchet"]} IDs; it may '
+        f"only shrink)</summary><p>{ratchet_txt}</p></details>",
+    ]
+    if rep["errors"]:
+        out.append(f'<details class="box" open><summary>Gate errors ({len(rep["errors"])})'
+                   "</summary><ul>" + "".join(f"<li>{h(e)}</li>" for e in rep["errors"]) +
+                   "</ul></details>")
+    if rep["warnings"]:
+        out.append(f'<details class="box"><summary>Warnings ({len(rep["warnings"])})</summary>'
+                   "<ul>" + "".join(f"<li>{h(w)}</li>" for w in rep["warnings"]) +
+                   "</ul></details>")
+    if rep["coverage_summary"]:
+        src = f' ({h(rep["coverage_source"])})' if rep.get("coverage_source") else ""
+        out.append('<details class="box"><summary>Line coverage (lcov, CPU build)</summary><p>' +
+                   "; ".join(h(c) for c in rep["coverage_summary"]) + src + "</p></details>")
+    out += [
+        '<div class="filters"><input id="q" type="search" placeholder="Filter: ID, title or '
+        'test name" aria-label="filter text">',
+        '<select id="status" aria-label="status"><option value="">any status</option>' +
+        "".join(f'<option value="{st}">{STATUS_LABEL[st]}</option>'
+                for st in (PASS, FAIL, NOT_RUN, NO_TEST)) + "</select>",
+        '<select id="backend" aria-label="backend"><option value="">cpu + cuda</option>'
+        '<option value="cpu">cpu only</option><option value="cuda">cuda only</option></select>',
+        '<span id="shown"></span></div>',
+        '<table id="reqs"><thead><tr><th>ID</th><th>Level / scope</th><th>Title</th>'
+        '<th class="col-cpu">cpu</th><th class="col-cuda">cuda</th></tr></thead>',
+    ]
+    groups: dict[str, list[dict]] = {}
+    for r in rep["requirements"]:
+        groups.setdefault(section_of(r["id"]), []).append(r)
+    for name, rows in groups.items():
+        npass = {b: sum(1 for r in rows if r["status"][b] == PASS) for b in BACKENDS}
+        out.append(f'<tbody><tr class="section"><th colspan="5">{h(name)}<span class="sc">'
+                   f'{len(rows)} IDs &middot; cpu pass {npass["cpu"]}, cuda pass '
+                   f'{npass["cuda"]}</span></th></tr>')
+        for r in rows:
+            text = " ".join([r["id"], r["title"]] + [tt["test"] for tt in r["tests"]]).lower()
+            cells = []
+            for b in BACKENDS:
+                st = r["status"][b]
+                n_ok = sum(1 for tt in r["tests"] if tt["results"][b] == PASS)
+                label = f"{STATUS_ICON[st]} {STATUS_LABEL[st]}"
+                if r["tests"]:
+                    label += f" ({n_ok}/{len(r['tests'])})"
+                    items = "".join(
+                        f'<li><code>{h(tt["test"])}</code> <span class="r '
+                        f'{tt["results"][b]}">{STATUS_LABEL[tt["results"][b]]}</span><br>'
+                        f'<span class="sub">{h(tt["file"])}:{tt["line"]}</span></li>'
+                        for tt in r["tests"])
+                    body = (f'<details><summary title="{n_ok} of {len(r["tests"])} tests '
+                            f'passed on {b}">{label}</summary><ul>{items}</ul></details>')
+                else:
+                    body = f"<details><summary>{label}</summary><ul><li>no test declares " \
+                           f"this ID</li></ul></details>"
+                cells.append(f'<td class="st {st} col-{b}" data-backend="{b}">{body}</td>')
+            tags = '<span class="tag">ratchet</span>' if r["in_ratchet"] else ""
+            out.append(
+                f'<tr class="req" id="{h(r["id"])}" data-cpu="{r["status"]["cpu"]}" '
+                f'data-cuda="{r["status"]["cuda"]}" data-text="{h(text)}">'
+                f'<td class="id">{h(r["id"])}</td><td class="lv">{r["level"]} / {r["scope"]}'
+                f'</td><td>{h(r["title"])}{tags}</td>{"".join(cells)}</tr>')
+        out.append("</tbody>")
+    out += ["</table></main>",
+            "<footer>Sources: <code>// REQ:</code> lines above each test, gtest XML results per "
+            "backend, spec/requirements.json, spec/ratchet.txt. Click a cpu/cuda cell to list "
+            "its tests and their last result. Same data: requirements.json, requirements.md."
+            "</footer>", f"<script>{HTML_JS}</script></body></html>"]
+    return "\n".join(out) + "\n"
+
+
 # ---------------------------------------------------------------- spec-md
 
 
@@ -572,11 +845,14 @@ def cmd_report(args) -> int:
                        Path(args.ratchet or root / "spec/ratchet.txt"),
                        parse_results_args(args.results),
                        Path(args.coverage_summary) if args.coverage_summary else None)
+    rep["generated"] = git_identity(root)
+    rep["generated"]["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out_dir = Path(args.out_dir or root / "reports")
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "requirements.json").write_text(json.dumps(rep, indent=1) + "\n",
                                                encoding="utf-8")
     (out_dir / "requirements.md").write_text(render_report_md(rep, root), encoding="utf-8")
+    (out_dir / "requirements.html").write_text(render_report_html(rep), encoding="utf-8")
     t = rep["totals"]
     print(f"reqcov: {t['requirements']} requirement IDs, {t['covered']} with tests; MUST/M0 "
           f"{t['must_m0_covered']}/{t['must_m0']} covered, ratchet {t['ratchet']}; "
@@ -589,6 +865,19 @@ def cmd_report(args) -> int:
         print(f"reqcov: GATE FAILED ({len(rep['errors'])} problems)", file=sys.stderr)
         return 1
     print("reqcov: gate passed")
+    return 0
+
+
+def cmd_html(args) -> int:
+    """Re-renders the page from an existing report JSON (e.g. one merged from a GPU run)."""
+    src = Path(args.json)
+    rep = json.loads(src.read_text(encoding="utf-8"))
+    if "generated" not in rep:  # written before the page existed: name what renders it now
+        rep["generated"] = git_identity(Path(args.root))
+        rep["generated"]["date"] = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        src.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
+    out = Path(args.out) if args.out else src.with_suffix(".html")
+    out.write_text(render_report_html(rep), encoding="utf-8")
     return 0
 
 
@@ -654,7 +943,7 @@ def main(argv=None) -> int:
     p.add_argument("--root", default=str(DEFAULT_ROOT), help="repository root")
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    r = sub.add_parser("report", help="write reports/requirements.* and apply the gate")
+    r = sub.add_parser("report", help="write reports/requirements.{md,json,html}, apply the gate")
     r.add_argument("--results", action="append", metavar="BACKEND=DIR",
                    help="gtest XML folder for a backend (cpu, cuda); repeatable")
     r.add_argument("--coverage-summary", metavar="FILE", help="lcov --summary output")
@@ -662,6 +951,11 @@ def main(argv=None) -> int:
     r.add_argument("--ratchet")
     r.add_argument("--out-dir")
     r.set_defaults(func=cmd_report)
+
+    hp = sub.add_parser("html", help="re-render requirements.html from a report JSON")
+    hp.add_argument("json", help="a requirements.json written by 'report'")
+    hp.add_argument("--out", help="default: the JSON's name with .html")
+    hp.set_defaults(func=cmd_html)
 
     s = sub.add_parser("scan", help="list declared tests")
     s.add_argument("--id", help="only tests citing this requirement ID")

@@ -9,6 +9,13 @@ namespace worker::log {
 namespace {
 std::mutex g_mutex;
 nlohmann::json g_context = nlohmann::json::object();
+std::string g_status;  // the terminal status line now drawn, "" when none
+
+constexpr std::string_view kClearLine = "\r\033[K";
+
+void write_locked(std::string_view s) {
+  std::fwrite(s.data(), 1, s.size(), stderr);
+}
 }  // namespace
 
 void set_context(const nlohmann::json& fields) {
@@ -37,7 +44,27 @@ void event(std::string_view level, std::string_view event_name, const nlohmann::
     for (const auto& [k, v] : fields.items()) line[k] = v;
   const std::string text =
       line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  std::fwrite(text.data(), 1, text.size(), stderr);
+  if (!g_status.empty()) write_locked(kClearLine);
+  write_locked(text);
+  write_locked(g_status);
+  std::fflush(stderr);
+}
+
+void status(std::string_view text) {
+  std::lock_guard lock(g_mutex);
+  if (text.empty() && g_status.empty()) return;
+  g_status = text;
+  write_locked(kClearLine);
+  write_locked(g_status);
+  std::fflush(stderr);
+}
+
+void terminal_line(std::string_view text) {
+  std::lock_guard lock(g_mutex);
+  if (!g_status.empty()) write_locked(kClearLine);
+  write_locked(text);
+  write_locked("\n");
+  write_locked(g_status);
   std::fflush(stderr);
 }
 

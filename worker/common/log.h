@@ -17,4 +17,11 @@ inline void error(std::string_view ev, const nlohmann::json& f = {}) { event("er
 // RFC 3339 UTC timestamp with milliseconds, e.g. 2026-11-25T22:28:09.123Z
 std::string rfc3339_now();
 
+// Terminal output beside the JSON lines, for a stderr that is a TTY only (callers check):
+// status() draws one line redrawn in place (empty text removes it); JSON lines written while
+// it shows clear it first and draw it again below themselves, so each stays whole.
+void status(std::string_view text);
+// A whole human-readable line (e.g. the ready banner), written under the same lock.
+void terminal_line(std::string_view text);
+
 }  // namespace worker::log

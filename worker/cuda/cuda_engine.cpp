@@ -458,6 +458,8 @@ void CudaEngine::upload_weights() {
   Event ev[2];
   bool pending[2] = {false, false};
   size_t k = 0;
+  uint64_t total = 0, done = 0;
+  for (const TensorInfo* t : tensors) total += t->nbytes;
   for (const TensorInfo* t : tensors) {
     auto* dst = static_cast<uint8_t*>(weights_.alloc(t->nbytes));
     dev_ptr_[t] = dst;
@@ -471,6 +473,8 @@ void CudaEngine::upload_weights() {
       CUDA_CHECK(cudaMemcpyAsync(dst + off, stage, n, cudaMemcpyHostToDevice, stream_));
       CUDA_CHECK(cudaEventRecord(ev[slot].get(), stream_));
       pending[slot] = true;
+      done += n;
+      if (opt_.progress) opt_.progress(done, total);
     }
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -26,6 +26,7 @@ struct CudaEngineOptions {
   // summation orders), whose logits differ from the reference in the last bits (bounds in
   // worker/cuda/tests/cuda_engine_test.cpp).
   bool exact = true;
+  LoadProgress progress;  // weight bytes uploaded so far (the terminal progress line)
 };
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,
                                          int gpu_device, const CudaEngineOptions& options);

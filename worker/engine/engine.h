@@ -90,11 +90,16 @@ class Engine {
 void check_eval_input(std::span<const int32_t> tokens, int32_t n_past, int32_t n_ctx,
                       int64_t vocab_size);
 
+// Bytes of weights made ready so far (read by the cpu backend, uploaded by the cuda one) of
+// the total; called on the loading thread, often (the callee throttles what it shows).
+using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
+
 // Backend factory. backend = "cpu" | "cuda"; throws WorkerError with a clear message
 // (no silent fallback, D4). ctx_size 0 = the model's training context (capped at 32768).
 // kv_cache: "f16" | "f32" | "" (the backend's default: f16 for cuda, f32 for cpu).
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<const Model> model,
                                     int32_t ctx_size, int gpu_device = 0,
-                                    bool fast_numerics = false, const std::string& kv_cache = "");
+                                    bool fast_numerics = false, const std::string& kv_cache = "",
+                                    const LoadProgress& progress = {});
 
 }  // namespace worker

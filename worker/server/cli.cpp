@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <random>
 
+#include "build_info.h"
+
 namespace worker::server {
 namespace {
 
@@ -56,7 +58,13 @@ options:
   --log-logits FILE          JSONL parity log of every evaluated position
   --callback-url URL         POST {worker_id, vram_bytes, ...} here when ready
   --help                     this text
+  --version                  commit, build date and type, CUDA architectures
 )";
+}
+
+std::string version_text() {
+  return std::string("worker-orcd commit ") + build_info::kCommit + ", built " + build_info::kDate +
+         " (" + build_info::kType + "), CUDA arch " + build_info::kCudaArch + "\n";
 }
 
 bool is_valid_uuid(const std::string& s) {

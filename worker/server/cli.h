@@ -32,6 +32,8 @@ struct CliOptions {
 // Throws std::invalid_argument naming the bad option and why.
 CliOptions parse_cli(const std::vector<std::string>& args);
 std::string cli_usage();
+// `worker-orcd --version`: commit, build date and type, CUDA architectures or "cpu-only".
+std::string version_text();
 
 bool is_valid_uuid(const std::string& s);
 std::string generate_uuid_v4();

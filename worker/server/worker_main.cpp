@@ -13,6 +13,7 @@
 #include <regex>
 #include <thread>
 
+#include "build_info.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/sha256.h"
@@ -88,6 +89,78 @@ void post_ready_callback(const std::string& url, const json& payload) {
   }
 }
 
+std::string human_bytes(double b) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+// The model load as a person at a terminal sees it (issue 17): one progress line redrawn in
+// place, only when stderr is a TTY. The JSON lines are written either way, unchanged.
+class LoadDisplay {
+ public:
+  explicit LoadDisplay(const std::string& model_path)
+      : on_(isatty(STDERR_FILENO) == 1),
+        file_(std::filesystem::path(model_path).filename().string()) {}
+  ~LoadDisplay() { clear(); }
+  bool on() const { return on_; }
+  void phase(const std::string& what) {
+    if (on_) log::status("loading " + file_ + ": " + what);
+  }
+  void bytes(uint64_t done, uint64_t total) {
+    if (!on_) return;
+    const auto now = Clock::now();
+    if (!started_) start_ = now, started_ = true;
+    if (done < total && now - last_ < 100ms) return;  // ~10 redraws a second
+    last_ = now;
+    // Rate over the byte phase only (from the first report), "--" until it can be told.
+    const double secs = std::chrono::duration<double>(now - start_).count();
+    const double rate = secs > 0 ? static_cast<double>(done) / secs : 0.0;
+    const double frac = total ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+    const int filled = static_cast<int>(frac * 24);
+    char eta[32] = "ETA --";
+    if (done >= total)
+      std::snprintf(eta, sizeof eta, "done in %.1f s", secs);
+    else if (rate > 0)
+      std::snprintf(eta, sizeof eta, "ETA %.1f s", static_cast<double>(total - done) / rate);
+    char pct[8];
+    std::snprintf(pct, sizeof pct, "%3.0f%%", 100.0 * frac);
+    log::status("loading " + file_ + " [" + std::string(static_cast<size_t>(filled), '#') +
+                std::string(static_cast<size_t>(24 - filled), '.') + "] " + pct + "  " +
+                human_bytes(static_cast<double>(done)) + " / " +
+                human_bytes(static_cast<double>(total)) + "  " +
+                (rate > 0 ? human_bytes(rate) + "/s" : std::string("-- B/s")) + "  " + eta);
+  }
+  void clear() {
+    if (on_) log::status("");
+  }
+
+ private:
+  bool on_;
+  std::string file_;
+  bool started_ = false;
+  Clock::time_point start_{}, last_{};
+};
+
+std::string ready_banner(const std::string& model, const std::string& file, const ModelConfig& cfg,
+                         int32_t n_ctx, const BackendInfo& info, const std::string& numerics,
+                         uint64_t vram, const std::string& bind, int port, double load_ms) {
+  std::string host = bind == "0.0.0.0" ? "127.0.0.1" : bind == "::" ? "::1" : bind;
+  if (host.find(':') != std::string::npos) host = "[" + host + "]";
+  std::string backend = info.backend;
+  if (info.backend == "cuda")
+    backend += " on " + info.device_name + " (sm " + info.sm + "), numerics " + numerics;
+  char secs[16];
+  std::snprintf(secs, sizeof secs, "%.1f s", load_ms / 1000);
+  return "worker-orcd ready: model " + model + " (" + file + ", " + cfg.quant_kind + ", " +
+         cfg.arch_name + ", ctx " + std::to_string(n_ctx) + ") | backend " + backend + " | VRAM " +
+         (info.backend == "cuda" ? human_bytes(static_cast<double>(vram)) : "none (cpu)") +
+         " | http://" + host + ":" + std::to_string(port) + " | loaded in " + secs;
+}
+
 }  // namespace
 
 int worker_main(int argc, char** argv) {
@@ -141,6 +214,7 @@ int worker_main(int argc, char** argv) {
   // Model load (D14 progress: 0 file check, 25 parsed + bound, 50 tokenizer, 75 backend
   // context + weights resident, 100 ready to serve).
   const auto t_load = Clock::now();
+  LoadDisplay display(opt.model);
   log::info("model_load_start", {{"backend", opt.backend}});
   log::info("model_load_progress", {{"percent", 0}});
   std::shared_ptr<const Model> model;
@@ -151,12 +225,16 @@ int worker_main(int argc, char** argv) {
     if (!std::filesystem::is_regular_file(opt.model, ec))
       throw WorkerError(ErrorCode::ModelLoadFailed,
                         "model file '" + opt.model + "' does not exist or is not a regular file");
+    display.phase("reading the GGUF header");
     model = load_model(opt.model);
     log::info("model_load_progress", {{"percent", 25}});
+    display.phase("building the tokenizer");
     tok = make_tokenizer(*model->file, opt.tokenizer);
     log::info("model_load_progress", {{"percent", 50}});
+    display.phase(opt.backend == "cuda" ? "creating the CUDA context" : "reading the weights");
     engine = make_engine(opt.backend, model, opt.ctx_size, opt.gpu_device, opt.numerics == "fast",
-                         opt.kv_cache);
+                         opt.kv_cache,
+                         [&display](uint64_t done, uint64_t total) { display.bytes(done, total); });
     log::info("model_load_progress", {{"percent", 75}});
   } catch (const WorkerError& e) {
     http.stop();
@@ -207,7 +285,7 @@ int worker_main(int argc, char** argv) {
   receipt_ctx->backend = info;
   receipt_ctx->tokenizer_kind = tok->kind();
   receipt_ctx->n_ctx = engine->n_ctx();
-  receipt_ctx->worker_build = "unknown";
+  receipt_ctx->worker_build = build_info::kCommit;
 
   JobRunner runner(*engine, *tok,
                    {.queue_depth = opt.queue_depth,
@@ -229,9 +307,17 @@ int worker_main(int argc, char** argv) {
                {"sm", info.sm},
                {"cuda_runtime_version", info.cuda_runtime_version},
                {"device_name", info.device_name},
-               {"gpu_device", opt.gpu_device}},
+               {"gpu_device", opt.gpu_device},
+               // What ran, for every report and bug (issue 17).
+               {"build",
+                {{"commit", build_info::kCommit},
+                 {"build_date", build_info::kDate},
+                 {"build_type", build_info::kType},
+                 {"cuda_arch", build_info::kCudaArch},
+                 {"numerics", info.backend == "cuda" ? opt.numerics : "reference"}}}},
               vram);
   const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t_load).count();
+  display.clear();
   log::info("model_load_progress", {{"percent", 100}});
   log::info("model_load_complete", {{"vram_bytes", vram},
                                     {"duration_ms", load_ms},
@@ -242,6 +328,10 @@ int worker_main(int argc, char** argv) {
                       {"vram_bytes", vram},
                       {"port", http.port()},
                       {"backend", info.backend}});
+  if (display.on())
+    log::terminal_line(
+        ready_banner(model_name, std::filesystem::path(opt.model).filename().string(), cfg,
+                     engine->n_ctx(), info, opt.numerics, vram, opt.bind, http.port(), load_ms));
 
   std::atomic<bool> stop_hash{false};
   std::thread hasher([path = opt.model, promise = std::move(model_hash), &stop_hash]() mutable {

@@ -94,3 +94,26 @@ TEST(EngineBackendFactory, CudaIsNeverSilentlyReplacedByCpu) {
     EXPECT_FALSE(std::string(e.what()).empty());
   }
 }
+
+// The load progress callback (issue 17's terminal progress line): the cpu backend reads every
+// weight byte once before it is ready and reports the bytes as they go, ending at the total.
+// REQ: WRK-D26
+TEST(EngineBackendFactory, CpuBackendReportsLoadProgressUpToEveryTensorByte) {
+  auto qwen = load_model(haiku_path());
+  uint64_t want = 0;
+  for (const TensorInfo& t : qwen->file->tensors()) want += t.nbytes;
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  auto engine = make_engine("cpu", qwen, 64, 0, false, "", [&](uint64_t done, uint64_t total) {
+    calls.emplace_back(done, total);
+  });
+  ASSERT_GE(calls.size(), 2u) << "a 4 MiB model is reported in more than one step";
+  for (size_t i = 0; i < calls.size(); ++i) {
+    EXPECT_EQ(calls[i].second, want);
+    if (i > 0) {
+      EXPECT_GT(calls[i].first, calls[i - 1].first);
+    }
+  }
+  EXPECT_EQ(calls.back().first, want);
+  engine->eval(std::vector<int32_t>{5, 6, 7});
+  expect_finite_logits(*engine, qwen->config.vocab_size);
+}
