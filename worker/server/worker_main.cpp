@@ -336,14 +336,8 @@ int worker_main(int argc, char** argv) {
   std::atomic<bool> stop_hash{false};
   std::thread hasher([path = opt.model, promise = std::move(model_hash), &stop_hash]() mutable {
     setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), 10);  // below the inference thread
-    const auto t0 = Clock::now();
     try {
-      std::string h = file_content_hash(path, 0, [&](uint64_t, uint64_t) { return !stop_hash; });
-      log::info(
-          "model_hash",
-          {{"hash", h},
-           {"duration_ms", std::chrono::duration<double, std::milli>(Clock::now() - t0).count()}});
-      promise.set_value(std::move(h));
+      promise.set_value(file_content_hash(path, 0, [&](uint64_t, uint64_t) { return !stop_hash; }));
     } catch (const std::exception& e) {
       if (!stop_hash) log::warn("model_hash_failed", {{"message", e.what()}});
       promise.set_exception(std::current_exception());
