@@ -39,6 +39,7 @@ std::string cli_usage() {
        worker-orcd tokenize|detokenize ...   (tokenizer tool)
        worker-orcd generate ...              (one generation on the command line)
        worker-orcd trace ...                 (first op where two backends differ)
+       worker-orcd verify RECEIPT --model M  (replay a receipt on the CPU reference)
 options:
   --model FILE               GGUF model file (required)
   --port N                   HTTP port, 1024..65535 (default 8080)
