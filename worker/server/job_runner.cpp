@@ -67,8 +67,13 @@ bool Job::send_terminal(JobEvent ev) {
 }
 
 JobRunner::JobRunner(Engine& engine, const Tokenizer& tok, JobRunnerOptions opts, Metrics* metrics,
-                     LogitsLog* logits_log)
-    : engine_(engine), tok_(tok), opts_(opts), metrics_(metrics), logits_log_(logits_log) {
+                     LogitsLog* logits_log, std::shared_ptr<const ReceiptContext> receipt)
+    : engine_(engine),
+      tok_(tok),
+      opts_(opts),
+      metrics_(metrics),
+      logits_log_(logits_log),
+      receipt_(std::move(receipt)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -316,9 +321,9 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
                      {"stop_reason", stop_reason_name(result->stop_reason)}};
     if (result->stop_reason == StopReason::StopSequence)
       terminal.data["stop_sequence_matched"] = result->stop_sequence_matched;
-    if (opts_.receipt)
+    if (receipt_)
       terminal.data["receipt"] =
-          make_receipt(*opts_.receipt, job->request, job->prompt_is_template, *result);
+          make_receipt(*receipt_, job->request, job->prompt_is_template, *result);
     degraded_.store(false);
   }
   if (metrics_) {

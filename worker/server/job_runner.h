@@ -81,15 +81,15 @@ struct JobRunnerOptions {
   double inference_timeout_sec = 300;
   // M0-W-1012: the engine's residency self-check, run on the inference thread between jobs.
   std::chrono::milliseconds residency_check_every{60000};
-  // When set, every `end` event carries the job's receipt (WRK-D18).
-  std::shared_ptr<const ReceiptContext> receipt;
 };
 
 class JobRunner {
  public:
   // The runner borrows the engine and tokenizer; they must outlive it.
+  // receipt: when given, every `end` event carries the job's receipt (WRK-D18).
   JobRunner(Engine& engine, const Tokenizer& tok, JobRunnerOptions opts, Metrics* metrics = nullptr,
-            LogitsLog* logits_log = nullptr);
+            LogitsLog* logits_log = nullptr,
+            std::shared_ptr<const ReceiptContext> receipt = nullptr);
   ~JobRunner();  // stop(0)
   JobRunner(const JobRunner&) = delete;
   JobRunner& operator=(const JobRunner&) = delete;
@@ -125,6 +125,7 @@ class JobRunner {
   JobRunnerOptions opts_;
   Metrics* metrics_;
   LogitsLog* logits_log_;
+  std::shared_ptr<const ReceiptContext> receipt_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

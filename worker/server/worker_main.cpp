@@ -287,11 +287,10 @@ int worker_main(int argc, char** argv) {
   receipt_ctx->n_ctx = engine->n_ctx();
   receipt_ctx->worker_build = build_info::kCommit;
 
-  JobRunner runner(*engine, *tok,
-                   {.queue_depth = opt.queue_depth,
-                    .inference_timeout_sec = opt.inference_timeout_sec,
-                    .receipt = receipt_ctx},
-                   &metrics, logits_log.get());
+  JobRunner runner(
+      *engine, *tok,
+      {.queue_depth = opt.queue_depth, .inference_timeout_sec = opt.inference_timeout_sec},
+      &metrics, logits_log.get(), receipt_ctx);
   http.attach(runner, *tok, engine->n_ctx(), model_name,
               {{"backend", info.backend},
                {"model", model_name},
