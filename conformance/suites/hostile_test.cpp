@@ -309,10 +309,7 @@ TEST_F(HostileTest, DisconnectCancelsTheJobOnEveryRoute) {
       {"/v1/completions",
        {{"prompt", "Once"}, {"max_tokens", 2000}, {"temperature", 0}, {"stream", true}}},
       {"/v1/completions", {{"prompt", "Once"}, {"max_tokens", 2000}, {"temperature", 0}}},
-      {"/v1/chat/completions",
-       {{"messages", {{{"role", "user"}, {"content", "Once"}}}},
-        {"max_tokens", 2000},
-        {"temperature", 0}}},
+      {"/v2/execute", {{"prompt", "Once"}, {"max_tokens", 2000}, {"temperature", 0}}},
   };
   std::set<std::string> seen;
   for (const auto& l : worker().log_events("execute_start")) seen.insert(l.value("job_id", ""));

@@ -76,11 +76,6 @@ std::map<std::string, double> requests_total(int port) {
   return m;
 }
 
-std::string raw_post(const std::string& path, const std::string& body) {
-  return "POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
-         "Content-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + body;
-}
-
 // One SSE stream read to its end: exactly one started (first) and one terminal (last).
 void check_stream(Tally& t, const std::string& what, const std::vector<SseEvent>& evs) {
   int started = 0, terminal = 0;

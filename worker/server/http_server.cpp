@@ -359,6 +359,12 @@ void HttpServer::not_routed(const httplib::Request& req, httplib::Response& res)
 void HttpServer::post(const std::string& pattern, Handler h) {
   svr_.Post(pattern, [h = std::move(h)](const httplib::Request& req, httplib::Response& res,
                                         const httplib::ContentReader& read) {
+    if (req.is_multipart_form_data()) {  // httplib reads those only part by part
+      close_after(res);
+      return send_json(res, 415,
+                       error_body("UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json",
+                                  "invalid_request_error", false));
+    }
     std::string body;
     bool too_large = false;
     const bool ok = read([&](const char* data, size_t n) {
@@ -620,18 +626,20 @@ void HttpServer::handle_openai(const httplib::Request& req, httplib::Response& r
 
   // Not streaming: collect on this HTTP thread, still watching for a client hang-up (a
   // FIN is probed with an interim 100 Continue; a closed peer answers it with RST).
+  // Checked every poll interval even while tokens keep arriving.
   Connection* conn = current_connection();
   std::string text;
+  auto next_check = std::chrono::steady_clock::now();
   for (;;) {
     auto ev = job->events.pop(kPollInterval);
-    if (!ev) {
-      if (conn && (conn->peer() == Connection::Peer::Gone ||
-                   (conn->probe_due() && !conn->send_continue()))) {
+    if (conn && std::chrono::steady_clock::now() >= next_check) {
+      next_check = std::chrono::steady_clock::now() + kPollInterval;
+      if (conn->peer() == Connection::Peer::Gone || (conn->probe_due() && !conn->send_continue())) {
         runner_->cancel_job(job, CancelReason::Disconnect);
         return close_after(res);
       }
-      continue;
     }
+    if (!ev) continue;
     if (ev->kind == JobEvent::Kind::Token) text += ev->data.value("t", "");
     if (ev->kind == JobEvent::Kind::End) {
       return send_json(res, 200,
