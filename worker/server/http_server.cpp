@@ -4,7 +4,6 @@
 #include <cctype>
 #include <random>
 
-#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include "common/log.h"
@@ -181,12 +180,11 @@ HttpServer::Handler HttpServer::guarded(unsigned guards, Handler h) {
                        error_body("UNAUTHORIZED", "missing or wrong Authorization: Bearer <key>",
                                   "authentication_error", false));
     }
-    if (((guards & kJson) || ((guards & kJsonIfBody) && !req.body.empty())) &&
-        !is_json_content_type(req))
+    if ((guards & kJson) && !is_json_content_type(req))
       return send_json(res, 415,
                        error_body("UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json",
                                   "invalid_request_error", false));
-    if ((guards & (kJson | kJsonIfBody)) && !req.body.empty()) {
+    if ((guards & kJson) && !req.body.empty()) {
       if (auto e = check_json_limits(req.body)) {
         metrics_.count_request("invalid");
         const std::vector<FieldViolation> v{{e->field, e->rule, e->message}};

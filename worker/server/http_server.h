@@ -63,10 +63,9 @@ class HttpServer {
  private:
   enum Guard : unsigned {
     kAuth = 1,
-    kJson = 2,        // Content-Type must be application/json
-    kJsonIfBody = 4,  // ... when a body is present
-    kReady = 8,       // model loaded
-    kAdmit = 16,      // refuses while draining
+    kJson = 2,    // Content-Type must be application/json
+    kReady = 8,   // model loaded
+    kAdmit = 16,  // refuses while draining
   };
   using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
   Handler guarded(unsigned guards, Handler h);
