@@ -1,6 +1,7 @@
 #include "server/worker_main.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <signal.h>
 
 #include <chrono>
@@ -101,6 +102,10 @@ int worker_main(int argc, char** argv) {
     std::fputs(cli_usage().c_str(), stdout);
     return 0;
   }
+  // A fixed mmap threshold: buffers of 128 KiB and more (request bodies up to the 1 MiB
+  // limit) are mapped and go back to the system when freed. glibc's default raises the
+  // threshold after the first such free, and attack-sized bodies then stay in the arenas.
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   log::set_context(
       {{"worker_id", opt.worker_id}, {"model_ref", opt.model}, {"gpu_device", opt.gpu_device}});
   const json where = {{"gpu_device", opt.gpu_device}, {"model_path", opt.model}};
