@@ -406,6 +406,11 @@ void HttpServer::handle_health(const httplib::Request& req, httplib::Response& r
   send_json(res, status == "loading" ? 503 : 200, h);
 }
 
+void HttpServer::client_gone(const std::shared_ptr<Job>& job) {
+  log::info("client_gone", {{"job_id", job->id}});
+  runner_->cancel_job(job, CancelReason::Disconnect);
+}
+
 void HttpServer::handle_cancel(const std::string& job_id, httplib::Response& res) {
   std::string status = "unknown";
   if (runner_) {
@@ -494,7 +499,7 @@ void HttpServer::stream_job(httplib::Response& res, const std::shared_ptr<Job>& 
       "text/event-stream",
       [this, st](size_t, httplib::DataSink& sink) -> bool {
         auto gone = [&] {
-          runner_->cancel_job(st->job, CancelReason::Disconnect);
+          client_gone(st->job);
           return false;
         };
         // A FIN means close or half-close: a comment probes it (a closed peer answers RST,
@@ -633,7 +638,7 @@ void HttpServer::handle_openai(const httplib::Request& req, httplib::Response& r
     if (conn && std::chrono::steady_clock::now() >= next_check) {
       next_check = std::chrono::steady_clock::now() + kPollInterval;
       if (conn->peer() == Connection::Peer::Gone || (conn->probe_due() && !conn->send_continue())) {
-        runner_->cancel_job(job, CancelReason::Disconnect);
+        client_gone(job);
         return close_after(res);
       }
     }

@@ -87,6 +87,8 @@ class HttpServer {
   void stream_job(httplib::Response& res, const std::shared_ptr<Job>& job, Formatter fmt);
   std::shared_ptr<Job> make_job(const ExecuteRequest& er, size_t prompt_tokens);
   bool authorized(const httplib::Request& req) const;
+  // The client of `job` went away: logged (client_gone) and the job cancelled.
+  void client_gone(const std::shared_ptr<Job>& job);
 
   ServerConfig cfg_;
   Metrics& metrics_;
