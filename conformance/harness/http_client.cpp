@@ -144,13 +144,23 @@ bool HttpConnection::fill(Clock::time_point deadline) {
   }
 }
 
+void HttpConnection::shutdown_write() {
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_WR);
+}
+
 void HttpConnection::read_head(std::chrono::milliseconds timeout) {
   const auto deadline = Clock::now() + timeout;
   size_t end;
-  while ((end = buf_.find("\r\n\r\n")) == std::string::npos) {
-    if (!fill(deadline))
-      throw std::runtime_error("connection closed before the response head (got '" +
-                               buf_.substr(0, 200) + "')");
+  for (;;) {
+    while ((end = buf_.find("\r\n\r\n")) == std::string::npos) {
+      if (!fill(deadline))
+        throw std::runtime_error("connection closed before the response head (got '" +
+                                 buf_.substr(0, 200) + "')");
+    }
+    // Interim 1xx responses come before the final one (RFC 9110 15.2): skip them.
+    if (buf_.rfind("HTTP/1.1 1", 0) != 0) break;
+    ++interim_;
+    buf_.erase(0, end + 4);
   }
   resp_.head_at = last_arrival_;
   const std::string head = buf_.substr(0, end);

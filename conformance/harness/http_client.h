@@ -52,9 +52,12 @@ class HttpConnection {
   std::optional<std::string> read_body_piece(std::chrono::milliseconds timeout);
   // Closes the socket now (client disconnect tests).
   void close();
+  // shutdown(SHUT_WR): the request is complete, the response is still read (half-close).
+  void shutdown_write();
 
   const HttpResponse& response() const { return resp_; }
   HttpResponse& response() { return resp_; }
+  int interim_responses() const { return interim_; }
   Clock::time_point last_arrival() const { return last_arrival_; }
 
  private:
@@ -62,6 +65,7 @@ class HttpConnection {
   bool fill(Clock::time_point deadline);
 
   int fd_ = -1;
+  int interim_ = 0;  // 1xx responses skipped
   std::string buf_;
   HttpResponse resp_;
   bool chunked_ = false;
@@ -106,6 +110,7 @@ class SseStream {
   // Non-SSE body (error responses): the whole body.
   std::string read_body(std::chrono::milliseconds timeout = std::chrono::seconds(30));
   void close() { conn_.close(); }
+  void half_close() { conn_.shutdown_write(); }
   bool ended() const { return ended_; }
 
   const SseParser& parser() const { return parser_; }

@@ -40,7 +40,7 @@ void WorkerProcess::spawn() {
   if (backend != "none") argv_.insert(argv_.end(), {"--backend", backend});
   if (opts_.pass_port) argv_.insert(argv_.end(), {"--port", std::to_string(port_)});
   // Tests talk over loopback; binding 127.0.0.1 keeps parallel CI jobs off the network.
-  argv_.insert(argv_.end(), {"--bind", "127.0.0.1"});
+  if (opts_.pass_bind) argv_.insert(argv_.end(), {"--bind", "127.0.0.1"});
   argv_.insert(argv_.end(), opts_.extra_args.begin(), opts_.extra_args.end());
 
   int err_pipe[2], out_pipe[2];

@@ -32,6 +32,7 @@ struct WorkerOptions {
   std::vector<std::string> extra_args;  // appended last
   int port = 0;                         // 0: a free port is found
   bool pass_port = true;                // false: no --port argument
+  bool pass_bind = true;                // false: no --bind 127.0.0.1 (default-bind tests)
   bool wait_ready = true;               // constructor waits for /health 200
   std::chrono::milliseconds ready_timeout{60000};
   // A non-JSON stderr line fails the current test (ADD_FAILURE). Off only for tests that

@@ -1,5 +1,8 @@
 #include "server/cli.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cctype>
 #include <charconv>
 #include <cstdio>
@@ -43,7 +46,7 @@ std::string cli_usage() {
 options:
   --model FILE               GGUF model file (required)
   --port N                   HTTP port, 1024..65535 (default 8080)
-  --bind ADDR                listen address (default 0.0.0.0)
+  --bind ADDR                listen address (default 127.0.0.1; 0.0.0.0 for all: use --api-key)
   --gpu-device N, --gpu N    CUDA device index (default 0)
   --worker-id UUID           worker id (default: a generated UUID v4)
   --backend cuda|cpu         inference backend (default cuda; no fallback)
@@ -54,6 +57,7 @@ options:
   --ctx-size N               KV cache context size (default: the model's, capped at 32768)
   --queue-depth N            waiting jobs admitted before 503 WORKER_BUSY (default 16)
   --inference-timeout-sec S  per-job limit in seconds (fractions allowed), then INFERENCE_TIMEOUT (default 300)
+  --http-timeout-sec S       a request head must arrive within S seconds, its body within 3*S (default 10)
   --api-key KEY              require Authorization: Bearer KEY (all but /health)
   --tokenizer FILE           use a Hugging Face tokenizer.json (hf-json)
   --log-logits FILE          JSONL parity log of every evaluated position
@@ -75,6 +79,16 @@ bool is_valid_uuid(const std::string& s) {
     if (dash ? s[i] != '-' : !std::isxdigit(static_cast<unsigned char>(s[i]))) return false;
   }
   return true;
+}
+
+bool is_loopback_address(const std::string& addr) {
+  if (addr == "localhost") return true;
+  in_addr v4{};
+  if (inet_pton(AF_INET, addr.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  if (inet_pton(AF_INET6, addr.c_str(), &v6) != 1) return false;
+  if (IN6_IS_ADDR_LOOPBACK(&v6)) return true;
+  return IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127;
 }
 
 std::string generate_uuid_v4() {
@@ -147,6 +161,8 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       o.queue_depth = parse_int<size_t>(a, value(), 0, 4096);
     } else if (a == "--inference-timeout-sec") {
       o.inference_timeout_sec = parse_seconds(a, value(), 0.001, 86400);
+    } else if (a == "--http-timeout-sec") {
+      o.http_timeout_sec = parse_seconds(a, value(), 0.1, 3600);
     } else if (a == "--api-key") {
       o.api_key = value();
       if (o.api_key.empty()) throw std::invalid_argument("--api-key must not be empty");

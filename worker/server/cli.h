@@ -10,7 +10,7 @@ namespace worker::server {
 struct CliOptions {
   std::string model;
   int port = 8080;
-  std::string bind = "0.0.0.0";
+  std::string bind = "127.0.0.1";  // loopback unless --bind says otherwise
   int gpu_device = 0;
   std::string worker_id;  // generated (v4) when absent
   bool worker_id_generated = false;
@@ -22,6 +22,7 @@ struct CliOptions {
   int32_t ctx_size = 0;  // 0: the model's training context
   size_t queue_depth = 16;
   double inference_timeout_sec = 300;  // fractions allowed (tests use sub-second limits)
+  double http_timeout_sec = 10;        // whole request head; the body gets 3x
   std::string api_key;
   std::string tokenizer;  // hf-json tokenizer.json
   std::string log_logits;
@@ -36,6 +37,8 @@ std::string cli_usage();
 std::string version_text();
 
 bool is_valid_uuid(const std::string& s);
+// 127.0.0.0/8, ::1, ::ffff:127.x or "localhost".
+bool is_loopback_address(const std::string& addr);
 std::string generate_uuid_v4();
 
 }  // namespace worker::server

@@ -7,7 +7,7 @@
 #include <sys/socket.h>
 
 #include "common/log.h"
-#include "server/peer_socket.h"
+#include "server/json_guard.h"
 #include "server/sse.h"
 #include "server/template_tokenizer.h"
 #include "tokenizer/tokenizer.h"
@@ -23,6 +23,12 @@ constexpr auto kQueuedCommentEvery = 1s;
 void send_json(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(dump_json(body), "application/json");
+}
+
+void send_too_large(httplib::Response& res) {
+  send_json(res, 413,
+            error_body("PAYLOAD_TOO_LARGE", "request body exceeds 1 MiB", "invalid_request_error",
+                       false));
 }
 
 std::string lower(std::string s) {
@@ -59,6 +65,24 @@ const char* error_type_for(int status) {
   return "invalid_request_error";
 }
 
+// Each open SSE stream holds one pool thread for its lifetime: keep enough threads warm that
+// a full queue of streams still leaves some for /health, /cancel and /metrics.
+HttpLimits limits_for(const ServerConfig& cfg) {
+  HttpLimits l = cfg.limits;
+  l.min_threads = std::max(l.min_threads, cfg.queue_depth + 24);
+  return l;
+}
+
+std::string early_error_json(int status, const std::string& message) {
+  const char* code = status == 431 ? "HEADERS_TOO_LARGE" : "WORKER_BUSY";
+  return dump_json(error_body(code, message, error_type_for(status), status == 503));
+}
+
+void close_after(httplib::Response& res) {
+  res.set_header("Connection", "close");
+  if (Connection* c = current_connection()) c->close_after_response();
+}
+
 }  // namespace
 
 json error_body(const std::string& code, const std::string& message, const std::string& type,
@@ -73,7 +97,7 @@ json error_body(ErrorCode code, const std::string& message) {
 }
 
 HttpServer::HttpServer(ServerConfig cfg, Metrics& metrics)
-    : cfg_(std::move(cfg)), metrics_(metrics) {
+    : cfg_(std::move(cfg)), metrics_(metrics), svr_(limits_for(cfg_), early_error_json) {
   routes();
 }
 
@@ -92,6 +116,7 @@ bool HttpServer::start(std::string& error) {
             " (port in use, not permitted, or bad address)";
     return false;
   }
+  svr_.widen_backlog();
   thread_ = std::thread([this] { svr_.listen_after_bind(); });
   // stop() is a no-op until the accept loop runs; wait for it so an early stop() (a failed
   // model load) cannot leave the loop running forever.
@@ -155,11 +180,18 @@ HttpServer::Handler HttpServer::guarded(unsigned guards, Handler h) {
                        error_body("UNAUTHORIZED", "missing or wrong Authorization: Bearer <key>",
                                   "authentication_error", false));
     }
-    if (((guards & kJson) || ((guards & kJsonIfBody) && !req.body.empty())) &&
-        !is_json_content_type(req))
+    if ((guards & kJson) && !is_json_content_type(req))
       return send_json(res, 415,
                        error_body("UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json",
                                   "invalid_request_error", false));
+    if ((guards & kJson) && !req.body.empty()) {
+      if (auto e = check_json_limits(req.body)) {
+        metrics_.count_request("invalid");
+        const std::vector<FieldViolation> v{{e->field, e->rule, e->message}};
+        return send_json(
+            res, 400, req.path.rfind("/v1/", 0) == 0 ? openai_invalid(v) : invalid_request_body(v));
+      }
+    }
     if ((guards & kAdmit) && draining_.load()) {
       metrics_.count_request("busy");
       res.set_header("Retry-After", "5");
@@ -176,10 +208,6 @@ HttpServer::Handler HttpServer::guarded(unsigned guards, Handler h) {
 }
 
 void HttpServer::routes() {
-  // Each open SSE stream holds one pool thread for its lifetime; size the pool so that a
-  // full queue of streams still leaves threads for /health, /cancel and /metrics.
-  const size_t threads = std::max<size_t>(32, cfg_.queue_depth + 24);
-  svr_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr_.set_payload_max_length(kMaxBodyBytes);
   // cpp-httplib's default also sets SO_REUSEPORT, which lets a second worker bind a port
   // that is in use; keep only SO_REUSEADDR so a busy port is an error (exit 1).
@@ -187,78 +215,94 @@ void HttpServer::routes() {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
-  svr_.set_keep_alive_timeout(5);
 
-  svr_.Get("/health",
-           [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
+  svr_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+    handle_health(req, res);
+  });
   svr_.Get("/metrics", guarded(kAuth, [this](const httplib::Request&, httplib::Response& res) {
              if (runner_) metrics_.set_queue_depth(static_cast<int64_t>(runner_->queue_size()));
              res.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");
            }));
   const Handler execute = guarded(kAuth | kJson | kReady | kAdmit,
                                   [this](const auto& req, auto& res) { handle_execute(req, res); });
-  svr_.Post("/execute", execute);
-  svr_.Post("/v2/execute", execute);
-  svr_.Post(
-      "/cancel", guarded(kAuth | kJson, [this](const auto& req, auto& res) {
-        json j;
-        try {
-          j = json::parse(req.body);
-        } catch (const json::parse_error&) {
-          return send_json(res, 400, invalid_request_body({{"body", "json", "invalid JSON"}}));
-        }
-        if (!j.is_object() || !j.contains("job_id") || !j["job_id"].is_string() ||
-            j["job_id"].get_ref<const std::string&>().empty())
-          return send_json(
-              res, 400,
-              invalid_request_body({{"job_id", "required", "job_id must be a non-empty string"}}));
-        handle_cancel(j["job_id"].get<std::string>(), res);
-      }));
-  const Handler cancel_path =
-      guarded(kAuth | kJsonIfBody, [this](const httplib::Request& req, httplib::Response& res) {
-        handle_cancel(req.path.substr(8), res);  // after "/cancel/"
-      });
-  const Handler shutdown = guarded(kAuth | kJsonIfBody, [this](const auto&, auto& res) {
-    draining_.store(true);
-    send_json(res, 202, {{"status", "shutting_down"}});
-    request_shutdown();
-  });
-  svr_.Post(R"(/cancel/([^/]+))", cancel_path);
-  svr_.Post("/shutdown", shutdown);
-  // A POST without Content-Length or chunked body (`curl -X POST`): cpp-httplib would read
-  // until EOF (the read timeout) before routing. Nothing follows the headers, so answer now.
-  svr_.set_pre_routing_handler([this, cancel_path, shutdown](const httplib::Request& req,
-                                                             httplib::Response& res) {
+  post("/execute", execute);
+  post("/v2/execute", execute);
+  // Control routes need Content-Type application/json and an empty or JSON-object body:
+  // neither a form nor a no-cors fetch can send that cross-origin without a preflight,
+  // which is never granted.
+  post("/cancel", guarded(kAuth | kJson, [this](const auto& req, auto& res) {
+         const json j = json::parse(req.body, nullptr, false);
+         if (j.is_discarded())
+           return send_json(res, 400, invalid_request_body({{"body", "json", "invalid JSON"}}));
+         if (!j.is_object() || !j.contains("job_id") || !j["job_id"].is_string() ||
+             j["job_id"].get_ref<const std::string&>().empty())
+           return send_json(
+               res, 400,
+               invalid_request_body({{"job_id", "required", "job_id must be a non-empty string"}}));
+         handle_cancel(j["job_id"].get<std::string>(), res);
+       }));
+  const auto json_object_body = [](const httplib::Request& req, httplib::Response& res) {
+    if (req.body.empty() || json::parse(req.body, nullptr, false).is_object()) return true;
+    send_json(res, 400,
+              invalid_request_body({{"body", "json", "the body must be empty or a JSON object"}}));
+    return false;
+  };
+  post(R"(/cancel/([^/]+))",
+       guarded(kAuth | kJson, [this, json_object_body](const auto& req, auto& res) {
+         if (json_object_body(req, res)) handle_cancel(req.path.substr(8), res);  // "/cancel/"
+       }));
+  post("/shutdown", guarded(kAuth | kJson, [this, json_object_body](const auto& req, auto& res) {
+         if (!json_object_body(req, res)) return;
+         draining_.store(true);
+         send_json(res, 202, {{"status", "shutting_down"}});
+         request_shutdown();
+       }));
+  // Decided from the head alone, before any body byte is read: anything no route takes is
+  // answered at once (httplib would first read a body until EOF), and so is a body over
+  // the limit; the connection then closes, as its body stays unread.
+  svr_.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     using R = httplib::Server::HandlerResponse;
-    if (req.method != "POST" || req.has_header("Content-Length") ||
-        req.has_header("Transfer-Encoding"))
+    const bool has_body =
+        req.has_header("Transfer-Encoding") ||
+        (req.has_header("Content-Length") && req.get_header_value("Content-Length") != "0");
+    if (req.method == "GET" || req.method == "HEAD") {
+      if (has_body) close_after(res);  // GET bodies are never read
       return R::Unhandled;
-    if (req.path == "/shutdown") {
-      shutdown(req, res);
-    } else if (req.path.rfind("/cancel/", 0) == 0 && req.path.size() > 8 &&
-               req.path.find('/', 8) == std::string::npos) {
-      cancel_path(req, res);
-    } else if (!authorized(req)) {
-      send_json(res, 401,
-                error_body("UNAUTHORIZED", "missing or wrong Authorization: Bearer <key>",
-                           "authentication_error", false));
-    } else if (allowed_methods(req.path) == "POST") {
-      send_json(res, 411,
-                error_body("LENGTH_REQUIRED", "a JSON body with Content-Length is required",
-                           "invalid_request_error", false));
-    } else {
-      send_json(res, 404, error_body("NOT_FOUND", "no such route", "invalid_request_error", false));
     }
-    return R::Handled;
+    if (req.method != "POST" || allowed_methods(req.path) != "POST") {
+      close_after(res);
+      not_routed(req, res);
+      return R::Handled;
+    }
+    if (!req.has_header("Content-Length") && !req.has_header("Transfer-Encoding")) {
+      // `curl -X POST`: nothing follows the headers; httplib would wait for EOF.
+      if (!authorized(req)) {
+        send_json(res, 401,
+                  error_body("UNAUTHORIZED", "missing or wrong Authorization: Bearer <key>",
+                             "authentication_error", false));
+      } else {
+        send_json(res, 411,
+                  error_body("LENGTH_REQUIRED", "a JSON body with Content-Length is required",
+                             "invalid_request_error", false));
+      }
+      return R::Handled;
+    }
+    if (req.has_header("Content-Length") &&
+        std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) >
+            kMaxBodyBytes) {
+      close_after(res);
+      send_too_large(res);
+      return R::Handled;
+    }
+    return R::Unhandled;
   });
-  svr_.Post("/v1/chat/completions",
-            guarded(kAuth | kJson | kReady | kAdmit, [this](const auto& req, auto& res) {
-              handle_openai(req, res, OpenAiKind::Chat);
-            }));
-  svr_.Post("/v1/completions",
-            guarded(kAuth | kJson | kReady | kAdmit, [this](const auto& req, auto& res) {
-              handle_openai(req, res, OpenAiKind::Completion);
-            }));
+  post("/v1/chat/completions",
+       guarded(kAuth | kJson | kReady | kAdmit,
+               [this](const auto& req, auto& res) { handle_openai(req, res, OpenAiKind::Chat); }));
+  post("/v1/completions",
+       guarded(kAuth | kJson | kReady | kAdmit, [this](const auto& req, auto& res) {
+         handle_openai(req, res, OpenAiKind::Completion);
+       }));
   svr_.Get("/v1/models", guarded(kAuth | kReady, [this](const auto&, auto& res) {
              send_json(res, 200,
                        {{"object", "list"},
@@ -269,30 +313,11 @@ void HttpServer::routes() {
            }));
 
   // Every error answer is JSON. Handlers that already wrote a body keep it.
+  // Every error answer is JSON. Handlers that already wrote a body keep it.
   svr_.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    if (res.status == 404 || res.status == 405) {
-      if (!authorized(req) && req.path != "/health") {
-        res.set_header("WWW-Authenticate", "Bearer");
-        return send_json(res, 401,
-                         error_body("UNAUTHORIZED", "missing or wrong Authorization: Bearer <key>",
-                                    "authentication_error", false));
-      }
-      const std::string allow = allowed_methods(req.path);
-      if (!allow.empty()) {
-        res.set_header("Allow", allow);
-        return send_json(
-            res, 405,
-            error_body("METHOD_NOT_ALLOWED", req.method + " is not allowed here; use " + allow,
-                       "invalid_request_error", false));
-      }
-      return send_json(res, 404,
-                       error_body("NOT_FOUND", "no such route", "invalid_request_error", false));
-    }
-    if (res.status == 413)
-      return send_json(res, 413,
-                       error_body("PAYLOAD_TOO_LARGE", "request body exceeds 1 MiB",
-                                  "invalid_request_error", false));
+    if (res.status == 404 || res.status == 405) return not_routed(req, res);
+    if (res.status == 413) return send_too_large(res);
     send_json(res, res.status,
               error_body(res.status >= 500 ? "INTERNAL" : "BAD_REQUEST",
                          "HTTP " + std::to_string(res.status), error_type_for(res.status), false));
@@ -311,10 +336,62 @@ void HttpServer::routes() {
       });
 }
 
-void HttpServer::handle_health(httplib::Response& res) {
+void HttpServer::not_routed(const httplib::Request& req, httplib::Response& res) const {
+  if (!authorized(req) && req.path != "/health") {
+    res.set_header("WWW-Authenticate", "Bearer");
+    return send_json(res, 401,
+                     error_body("UNAUTHORIZED", "missing or wrong Authorization: Bearer <key>",
+                                "authentication_error", false));
+  }
+  const std::string allow = allowed_methods(req.path);
+  if (!allow.empty()) {
+    res.set_header("Allow", allow);
+    return send_json(
+        res, 405,
+        error_body("METHOD_NOT_ALLOWED", req.method + " is not allowed here; use " + allow,
+                   "invalid_request_error", false));
+  }
+  send_json(res, 404, error_body("NOT_FOUND", "no such route", "invalid_request_error", false));
+}
+
+void HttpServer::post(const std::string& pattern, Handler h) {
+  svr_.Post(pattern, [h = std::move(h)](const httplib::Request& req, httplib::Response& res,
+                                        const httplib::ContentReader& read) {
+    if (req.is_multipart_form_data()) {  // httplib reads those only part by part
+      close_after(res);
+      return send_json(res, 415,
+                       error_body("UNSUPPORTED_MEDIA_TYPE", "Content-Type must be application/json",
+                                  "invalid_request_error", false));
+    }
+    std::string body;
+    bool too_large = false;
+    const bool ok = read([&](const char* data, size_t n) {
+      too_large = body.size() + n > kMaxBodyBytes;
+      if (!too_large) body.append(data, n);
+      return !too_large;
+    });
+    if (too_large || res.status == 413) {
+      close_after(res);
+      return send_too_large(res);
+    }
+    if (!ok) {
+      close_after(res);
+      return send_json(res, 400,
+                       error_body("BAD_REQUEST", "the request body could not be read",
+                                  "invalid_request_error", false));
+    }
+    httplib::Request with_body = req;
+    with_body.body = std::move(body);
+    h(with_body, res);
+  });
+}
+
+void HttpServer::handle_health(const httplib::Request& req, httplib::Response& res) {
   // Cached state only: atomics and the JSON fixed at attach(); never the inference thread.
   const bool ready = ready_.load(std::memory_order_acquire);
   json h = ready ? health_static_ : json::object();
+  // Filesystem paths only for a caller holding the key (none when no key is configured).
+  if (cfg_.api_key.empty() || !authorized(req)) h.erase("model_path");
   std::string status = "loading";
   if (ready)
     status = (draining_.load() || (runner_ && runner_->degraded())) ? "unhealthy" : "healthy";
@@ -327,6 +404,11 @@ void HttpServer::handle_health(httplib::Response& res) {
   // Updated by the inference thread after every job (KV cache + scratch included).
   h["vram_bytes_used"] = metrics_.vram_bytes();
   send_json(res, status == "loading" ? 503 : 200, h);
+}
+
+void HttpServer::client_gone(const std::shared_ptr<Job>& job) {
+  log::info("client_gone", {{"job_id", job->id}});
+  runner_->cancel_job(job, CancelReason::Disconnect);
 }
 
 void HttpServer::handle_cancel(const std::string& job_id, httplib::Response& res) {
@@ -392,22 +474,22 @@ void HttpServer::handle_execute(const httplib::Request& req, httplib::Response& 
   }
   auto job = make_job(er, prompt_tokens.size());
   if (!admit(job, res)) return;
-  stream_job(req, res, job, [](const JobEvent& ev) { return sse_event(ev.type(), ev.data); });
+  stream_job(res, job, [](const JobEvent& ev) { return sse_event(ev.type(), ev.data); });
 }
 
-void HttpServer::stream_job(const httplib::Request& req, httplib::Response& res,
-                            const std::shared_ptr<Job>& job, Formatter fmt) {
+void HttpServer::stream_job(httplib::Response& res, const std::shared_ptr<Job>& job,
+                            Formatter fmt) {
   struct StreamState {
     std::shared_ptr<Job> job;
     Formatter fmt;
-    int fd = -1;
+    Connection* conn = nullptr;
     size_t last_pos = 0;
     std::chrono::steady_clock::time_point last_comment{};
   };
   auto st = std::make_shared<StreamState>();
   st->job = job;
   st->fmt = std::move(fmt);
-  st->fd = find_connection_fd(req.remote_addr, req.remote_port, req.local_port);
+  st->conn = current_connection();
   open_streams_.fetch_add(1);
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
@@ -417,8 +499,18 @@ void HttpServer::stream_job(const httplib::Request& req, httplib::Response& res,
       "text/event-stream",
       [this, st](size_t, httplib::DataSink& sink) -> bool {
         auto gone = [&] {
-          runner_->cancel_job(st->job, CancelReason::Disconnect);
+          client_gone(st->job);
           return false;
+        };
+        // A FIN means close or half-close: a comment probes it (a closed peer answers RST,
+        // seen by the next check); a half-closed client still gets the whole stream.
+        auto peer_gone = [&] {
+          if (!st->conn) return false;
+          if (st->conn->peer() == Connection::Peer::Gone) return true;
+          if (!st->conn->probe_due()) return false;
+          st->conn->probed();
+          const std::string probe = sse_comment("ping");
+          return !sink.write(probe.data(), probe.size());
         };
         auto first = st->job->events.pop(kPollInterval);
         std::string out;
@@ -435,7 +527,7 @@ void HttpServer::stream_job(const httplib::Request& req, httplib::Response& res,
             }
           }
         } else {
-          if (peer_closed(st->fd) || !sink.is_writable()) return gone();
+          if (peer_gone()) return gone();
           const size_t pos = runner_->queue_position(*st->job);
           const auto now = std::chrono::steady_clock::now();
           if (pos > 0 && (pos != st->last_pos || now - st->last_comment >= kQueuedCommentEvery)) {
@@ -449,7 +541,7 @@ void HttpServer::stream_job(const httplib::Request& req, httplib::Response& res,
           sink.done();
           return true;
         }
-        if (peer_closed(st->fd)) return gone();
+        if (peer_gone()) return gone();
         return true;
       },
       [this, st](bool) {
@@ -499,57 +591,59 @@ void HttpServer::handle_openai(const httplib::Request& req, httplib::Response& r
 
   if (oreq.stream) {
     const bool include_usage = oreq.include_usage;
-    return stream_job(
-        req, res, job, [os, prompt_n, include_usage](const JobEvent& ev) -> std::string {
-          const bool chat = os.kind == OpenAiKind::Chat;
-          switch (ev.kind) {
-            case JobEvent::Kind::Started:
-              return chat ? sse_data(dump_json(
-                                os.chunk({{"role", "assistant"}, {"content", ""}}, nullptr)))
-                          : std::string();
-            case JobEvent::Kind::Token: {
-              const json t = ev.data.value("t", "");
-              return sse_data(dump_json(os.chunk(chat ? json{{"content", t}} : t, nullptr)));
-            }
-            case JobEvent::Kind::End: {
-              const int64_t n = ev.data.value("tokens_out", int64_t{0});
-              json fin = os.chunk(chat ? json::object() : json(""),
-                                  openai_finish_reason(ev.data.value("stop_reason", "")));
-              if (ev.data.contains("receipt")) fin["receipt"] = ev.data["receipt"];  // WRK-D18
-              std::string out;
-              if (include_usage) {
-                out = sse_data(dump_json(fin)) + sse_data(dump_json(os.usage_chunk(prompt_n, n)));
-              } else {
-                fin["usage"] = openai_usage(prompt_n, n);
-                out = sse_data(dump_json(fin));
-              }
-              return out + sse_data("[DONE]");
-            }
-            case JobEvent::Kind::Error: {
-              const std::string code = ev.data.value("code", "INTERNAL");
-              json e =
-                  error_body(code, ev.data.value("message", ""),
-                             code == "INVALID_REQUEST" ? "invalid_request_error" : "server_error",
-                             ev.data.value("retriable", false));
-              return sse_data(dump_json(e)) + sse_data("[DONE]");
-            }
+    return stream_job(res, job, [os, prompt_n, include_usage](const JobEvent& ev) -> std::string {
+      const bool chat = os.kind == OpenAiKind::Chat;
+      switch (ev.kind) {
+        case JobEvent::Kind::Started:
+          return chat ? sse_data(
+                            dump_json(os.chunk({{"role", "assistant"}, {"content", ""}}, nullptr)))
+                      : std::string();
+        case JobEvent::Kind::Token: {
+          const json t = ev.data.value("t", "");
+          return sse_data(dump_json(os.chunk(chat ? json{{"content", t}} : t, nullptr)));
+        }
+        case JobEvent::Kind::End: {
+          const int64_t n = ev.data.value("tokens_out", int64_t{0});
+          json fin = os.chunk(chat ? json::object() : json(""),
+                              openai_finish_reason(ev.data.value("stop_reason", "")));
+          if (ev.data.contains("receipt")) fin["receipt"] = ev.data["receipt"];  // WRK-D18
+          std::string out;
+          if (include_usage) {
+            out = sse_data(dump_json(fin)) + sse_data(dump_json(os.usage_chunk(prompt_n, n)));
+          } else {
+            fin["usage"] = openai_usage(prompt_n, n);
+            out = sse_data(dump_json(fin));
           }
-          return {};
-        });
+          return out + sse_data("[DONE]");
+        }
+        case JobEvent::Kind::Error: {
+          const std::string code = ev.data.value("code", "INTERNAL");
+          json e = error_body(code, ev.data.value("message", ""),
+                              code == "INVALID_REQUEST" ? "invalid_request_error" : "server_error",
+                              ev.data.value("retriable", false));
+          return sse_data(dump_json(e)) + sse_data("[DONE]");
+        }
+      }
+      return {};
+    });
   }
 
-  // Not streaming: collect on this HTTP thread, still watching for a client hang-up.
-  const int fd = find_connection_fd(req.remote_addr, req.remote_port, req.local_port);
+  // Not streaming: collect on this HTTP thread, still watching for a client hang-up (a
+  // FIN is probed with an interim 100 Continue; a closed peer answers it with RST).
+  // Checked every poll interval even while tokens keep arriving.
+  Connection* conn = current_connection();
   std::string text;
+  auto next_check = std::chrono::steady_clock::now();
   for (;;) {
     auto ev = job->events.pop(kPollInterval);
-    if (!ev) {
-      if (peer_closed(fd)) {
-        runner_->cancel_job(job, CancelReason::Disconnect);
-        return;
+    if (conn && std::chrono::steady_clock::now() >= next_check) {
+      next_check = std::chrono::steady_clock::now() + kPollInterval;
+      if (conn->peer() == Connection::Peer::Gone || (conn->probe_due() && !conn->send_continue())) {
+        client_gone(job);
+        return close_after(res);
       }
-      continue;
     }
+    if (!ev) continue;
     if (ev->kind == JobEvent::Kind::Token) text += ev->data.value("t", "");
     if (ev->kind == JobEvent::Kind::End) {
       json full = os.full(text, openai_finish_reason(ev->data.value("stop_reason", "")), prompt_n,

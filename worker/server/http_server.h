@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "server/http_conn.h"
 #include "server/job_runner.h"
 #include "server/metrics.h"
 #include "server/openai.h"
@@ -22,11 +23,12 @@
 namespace worker::server {
 
 struct ServerConfig {
-  std::string bind = "0.0.0.0";
+  std::string bind = "127.0.0.1";
   int port = 8080;  // 0: any free port (tests)
   std::string api_key;
   size_t queue_depth = 16;
   std::string worker_id;
+  HttpLimits limits;
 };
 
 inline constexpr size_t kMaxBodyBytes = 1 << 20;
@@ -61,10 +63,9 @@ class HttpServer {
  private:
   enum Guard : unsigned {
     kAuth = 1,
-    kJson = 2,        // Content-Type must be application/json
-    kJsonIfBody = 4,  // ... when a body is present
-    kReady = 8,       // model loaded
-    kAdmit = 16,      // refuses while draining
+    kJson = 2,    // Content-Type must be application/json
+    kReady = 8,   // model loaded
+    kAdmit = 16,  // refuses while draining
   };
   using Handler = std::function<void(const httplib::Request&, httplib::Response&)>;
   Handler guarded(unsigned guards, Handler h);
@@ -73,19 +74,25 @@ class HttpServer {
   void handle_execute(const httplib::Request& req, httplib::Response& res);
   void handle_openai(const httplib::Request& req, httplib::Response& res, OpenAiKind kind);
   void handle_cancel(const std::string& job_id, httplib::Response& res);
-  void handle_health(httplib::Response& res);
+  void handle_health(const httplib::Request& req, httplib::Response& res);
+  // POST routes read their body through this: the size limit holds for every transfer
+  // encoding while the bytes arrive (httplib 0.11 does not bound chunked bodies).
+  void post(const std::string& pattern, Handler h);
+  // 401, 405 (with Allow) or 404 for a request no route takes.
+  void not_routed(const httplib::Request& req, httplib::Response& res) const;
 
   // Admission result -> HTTP error (false) or true when queued.
   bool admit(const std::shared_ptr<Job>& job, httplib::Response& res);
   using Formatter = std::function<std::string(const JobEvent&)>;
-  void stream_job(const httplib::Request& req, httplib::Response& res,
-                  const std::shared_ptr<Job>& job, Formatter fmt);
+  void stream_job(httplib::Response& res, const std::shared_ptr<Job>& job, Formatter fmt);
   std::shared_ptr<Job> make_job(const ExecuteRequest& er, size_t prompt_tokens);
   bool authorized(const httplib::Request& req) const;
+  // The client of `job` went away: logged (client_gone) and the job cancelled.
+  void client_gone(const std::shared_ptr<Job>& job);
 
   ServerConfig cfg_;
   Metrics& metrics_;
-  httplib::Server svr_;
+  GuardedServer svr_;
   std::thread thread_;
   int port_ = -1;
   const std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();

@@ -1,12 +1,15 @@
 #include "server/worker_main.h"
 
 #include <httplib.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <memory>
@@ -39,14 +42,15 @@ int fail(const std::string& code, const std::string& message, json extra = json:
   return 1;
 }
 
-// Blocks SIGTERM/SIGINT in every thread (call before creating any) and waits for them on
-// one thread, so shutdown runs as ordinary code instead of inside a signal handler.
+// Blocks SIGTERM/SIGINT/SIGHUP/SIGQUIT in every thread (call before creating any) and waits for
+// them on one thread, so shutdown runs as ordinary code instead of inside a signal handler.
 class SignalWatcher {
  public:
   explicit SignalWatcher(std::function<void(int)> on_signal) {
     sigemptyset(&set_);
-    sigaddset(&set_, SIGTERM);
-    sigaddset(&set_, SIGINT);
+    // SIGHUP (terminal gone) and SIGQUIT would otherwise kill the worker with no terminal
+    // event: they stop it like SIGTERM.
+    for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT}) sigaddset(&set_, sig);
     pthread_sigmask(SIG_BLOCK, &set_, nullptr);
     signal(SIGPIPE, SIG_IGN);  // a dead client is a failed write, never a dead worker
     thread_ = std::thread([this, cb = std::move(on_signal)] {
@@ -175,6 +179,10 @@ int worker_main(int argc, char** argv) {
     std::fputs(cli_usage().c_str(), stdout);
     return 0;
   }
+  // A fixed mmap threshold: buffers of 128 KiB and more (request bodies up to the 1 MiB
+  // limit) are mapped and go back to the system when freed. glibc's default raises the
+  // threshold after the first such free, and attack-sized bodies then stay in the arenas.
+  mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   log::set_context(
       {{"worker_id", opt.worker_id}, {"model_ref", opt.model}, {"gpu_device", opt.gpu_device}});
   const json where = {{"gpu_device", opt.gpu_device}, {"model_path", opt.model}};
@@ -186,9 +194,12 @@ int worker_main(int argc, char** argv) {
   scfg.api_key = opt.api_key;
   scfg.queue_depth = opt.queue_depth;
   scfg.worker_id = opt.worker_id;
+  scfg.limits.head_timeout = std::chrono::milliseconds(std::llround(opt.http_timeout_sec * 1000));
+  scfg.limits.body_timeout = 3 * scfg.limits.head_timeout;
   HttpServer http(scfg, metrics);
   std::atomic<int> signal_seen{0};
   SignalWatcher signals([&](int sig) {
+    log::info("signal", {{"signal", sig}, {"name", sigabbrev_np(sig)}, {"action", "shutdown"}});
     signal_seen.store(sig);
     http.begin_drain();
     http.request_shutdown();
@@ -200,6 +211,12 @@ int worker_main(int argc, char** argv) {
                         {"worker_id_generated", opt.worker_id_generated},
                         {"queue_depth", opt.queue_depth},
                         {"inference_timeout_sec", opt.inference_timeout_sec}});
+  if (!is_loopback_address(opt.bind) && opt.api_key.empty())
+    log::warn("insecure_bind",
+              {{"bind", opt.bind},
+               {"message", "listening on " + opt.bind +
+                               " WITHOUT --api-key: anyone who can reach this port can run jobs, "
+                               "cancel them and shut the worker down"}});
 
   // The port is claimed first so a busy port fails in milliseconds, not after the load;
   // /health answers "loading" meanwhile (D12) and job routes 503.

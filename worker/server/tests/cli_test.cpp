@@ -14,7 +14,7 @@ TEST(ServerCli, DefaultsMatchD13) {
   const auto o = parse({"--model", "/m.gguf"});
   EXPECT_EQ(o.model, "/m.gguf");
   EXPECT_EQ(o.port, 8080);
-  EXPECT_EQ(o.bind, "0.0.0.0");
+  EXPECT_EQ(o.bind, "127.0.0.1");
   EXPECT_EQ(o.gpu_device, 0);
   EXPECT_EQ(o.backend, "cuda");
   EXPECT_EQ(o.queue_depth, 16u);

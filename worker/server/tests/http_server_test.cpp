@@ -337,7 +337,7 @@ TEST_F(ServerHttp, CancelEndpointStopsTheStreamAndIsIdempotent) {
   });
   ASSERT_TRUE(wait_busy(true));
   std::this_thread::sleep_for(60ms);
-  auto c1 = client_->Post("/cancel/c1");  // no body at all, as `curl -X POST` sends
+  auto c1 = client_->Post("/cancel/c1", "{}", "application/json");
   ASSERT_TRUE(c1);
   EXPECT_EQ(c1->status, 202);
   streamer.join();
@@ -494,7 +494,7 @@ TEST_F(ServerHttp, MetricsCountRequestsAndTokens) {
 // REQ: M0-W-1340 WRK-D13
 TEST_F(ServerHttp, ShutdownIsAcceptedAndNewJobsGet503) {
   start();
-  auto r = client_->Post("/shutdown");
+  auto r = client_->Post("/shutdown", "{}", "application/json");
   ASSERT_TRUE(r);
   EXPECT_EQ(r->status, 202);
   EXPECT_TRUE(http_->wait_shutdown_requested(1s));
