@@ -188,6 +188,8 @@ void HttpServer::routes() {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
   svr_.set_keep_alive_timeout(5);
+  // Behind a load balancer every answer names the worker that gave it (errors included).
+  svr_.set_default_headers({{"X-Worker-Id", cfg_.worker_id}});
 
   svr_.Get("/health",
            [this](const httplib::Request&, httplib::Response& res) { handle_health(res); });
@@ -354,6 +356,7 @@ std::shared_ptr<Job> HttpServer::make_job(const ExecuteRequest& er, size_t promp
   job->request.stop = er.stop;
   job->prompt_token_count = prompt_tokens;
   job->model = model_name_;
+  job->worker_id = cfg_.worker_id;
   return job;
 }
 
