@@ -260,7 +260,7 @@ int retries(const std::vector<Nginx::Entry>& es) {
 
 // 30 concurrent streams through nginx: every one complete and in order, each naming its
 // worker (X-Worker-Id == started.worker_id), and all three workers used.
-// REQ: WRK-D21 M0-W-1311 WRK-D6
+// REQ: WRK-D21 WRK-D6
 TEST(ScaleOutNginx, ThirtyConcurrentStreamsSpreadOverThreeWorkers) {
   Cluster c("spread", stories_model(), 16);
   constexpr int kRequests = 30;
@@ -311,7 +311,7 @@ TEST(ScaleOutNginx, ThirtyConcurrentStreamsSpreadOverThreeWorkers) {
 // Queue depth 0: each worker takes one job and answers 503 WORKER_BUSY to the next. nginx
 // must retry a busy worker's 503 on the others (the POST included) and answer 503 only when
 // every worker is busy; once one is free again, requests succeed at once.
-// REQ: WRK-D21 M0-W-1301 WRK-D9
+// REQ: WRK-D21 WRK-D9
 TEST(ScaleOutNginx, BusyWorkersAreSkippedAnd503OnlyWhenAllAreBusy) {
   Cluster c("busy", slow_model(), 0);
   // Three long jobs through nginx: every worker gets one, whatever the round-robin order.
@@ -393,7 +393,7 @@ TEST(ScaleOutNginx, BusyWorkersAreSkippedAnd503OnlyWhenAllAreBusy) {
 
 // A client that goes away through nginx: nginx closes its upstream connection and the
 // worker cancels the job and is free again.
-// REQ: WRK-D21 WRK-D10 M0-W-1611
+// REQ: WRK-D21 WRK-D10
 TEST(ScaleOutNginx, ClientDisconnectThroughNginxCancelsTheJobOnItsWorker) {
   Cluster c("disconnect", slow_model(), 0);
   Running r = start_long(c.port, "disc");
@@ -418,7 +418,7 @@ TEST(ScaleOutNginx, ClientDisconnectThroughNginxCancelsTheJobOnItsWorker) {
 // One worker killed (SIGKILL) while it streams: the client's stream must end visibly (no
 // `end` event; the chunked body is cut off), the other streams finish, and every later
 // request succeeds on the two survivors.
-// REQ: WRK-D21 M0-W-1311
+// REQ: WRK-D21
 TEST(ScaleOutNginx, KilledWorkerEndsItsStreamVisiblyAndTheRestServe) {
   Cluster c("kill", slow_model(), 0);
   std::vector<Running> jobs;

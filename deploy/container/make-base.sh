@@ -45,5 +45,5 @@ if [[ ! -s "$tarball" ]]; then
   rm -rf "$root"
   echo "make-base: rootfs $(du -sh "$tarball" | cut -f1) in $((SECONDS - t0)) s"
 fi
-"${PODMAN[@]}" import --change 'CMD ["/bin/bash"]' "$tarball" "$image" >/dev/null
+"${PODMAN[@]}" import -q --change 'CMD ["/bin/bash"]' "$tarball" "$image" >/dev/null
 echo "make-base: imported $image"

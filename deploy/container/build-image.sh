@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the worker-orcd CPU image with podman from a locally made Debian base (no image
+# registry): make-base.sh (debootstrap + podman import, cached in WORKDIR), then
+# `podman build` of deploy/container/Containerfile on the source tree.
+#   Usage: build-image.sh WORKDIR TAG
+# Exit 77 with "not run: <reason>" on stdout when podman cannot run containers on this
+# machine (the caller reports the test as not run); any other failure exits 1.
+set -euo pipefail
+work="$(mkdir -p "$1" && cd "$1" && pwd)" tag="$2"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+src="$(cd "$here/../.." && pwd)"
+notrun() { echo "not run: $*"; exit 77; }
+for tool in podman debootstrap runc; do
+  command -v "$tool" >/dev/null || notrun "$tool is not installed (ci/setup.sh installs it)"
+done
+[[ $(id -u) -eq 0 ]] || notrun "needs root (rootless podman needs subuid ranges this setup does not make)"
+export PODMAN_ROOT="$work/podman"
+# shellcheck source=deploy/container/podman.sh
+source "$here/podman.sh"
+suite="$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")"
+base="localhost/worker-orcd-base:$suite"
+t0=$SECONDS
+"$here/make-base.sh" "$work" "$base"
+echo "build-image: base ready in $((SECONDS - t0)) s"
+# Can this machine run a container at all (nested sandbox, cgroups, limits)?
+if ! out="$("${PODMAN[@]}" run --rm --network host "${PODMAN_LIMITS[@]}" "$base" /bin/true 2>&1)"; then
+  notrun "podman cannot run a container here: ${out//$'\n'/ }"
+fi
+# The build context: the source tree as git sees it (tracked + untracked, not ignored),
+# without build outputs, node_modules or fixtures.
+ctx="$work/context"
+rm -rf "$ctx"
+mkdir -p "$ctx"
+(cd "$src" && git ls-files -z -co --exclude-standard |
+  tar --null -T - -cf - --exclude='*/node_modules/*') | tar -C "$ctx" -xf -
+t1=$SECONDS
+"${PODMAN[@]}" build --network host "${PODMAN_LIMITS[@]}" --layers \
+  --build-arg "BASE=$base" --build-arg "JOBS=$(nproc)" \
+  -f "$ctx/deploy/container/Containerfile" -t "$tag" "$ctx" >"$work/build.log" 2>&1 ||
+  { tail -40 "$work/build.log"; echo "build-image: podman build failed (log: $work/build.log)" >&2; exit 1; }
+echo "build-image: $tag built in $((SECONDS - t1)) s ($("${PODMAN[@]}" image inspect --format '{{.Size}}' "$tag") bytes)"
