@@ -32,7 +32,7 @@ ctx="$work/context"
 rm -rf "$ctx"
 mkdir -p "$ctx"
 (cd "$src" && git ls-files -z -co --exclude-standard |
-  tar --null -T - -cf - --exclude='*/node_modules/*') | tar -C "$ctx" -xf -
+  tar --null --exclude='*/node_modules/*' -T - -cf -) | tar -C "$ctx" -xf -
 t1=$SECONDS
 "${PODMAN[@]}" build --network host "${PODMAN_LIMITS[@]}" --layers \
   --build-arg "BASE=$base" --build-arg "JOBS=$(nproc)" \

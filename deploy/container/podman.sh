@@ -2,7 +2,9 @@
 # storage under $PODMAN_ROOT (a build tree, vfs: no overlay mounts needed), cgroupfs and
 # file events (no systemd), runc (crun refuses hybrid cgroup v1/v2 hosts).
 PODMAN_ROOT="${PODMAN_ROOT:?set PODMAN_ROOT to a folder in the build tree}"
-PODMAN=(podman --root "$PODMAN_ROOT/storage" --runroot "$PODMAN_ROOT/run"
+# The runroot (sockets, locks) must be a short path: one per storage folder under /tmp.
+PODMAN_RUNROOT="/tmp/worker-orcd-podman-$(printf %s "$PODMAN_ROOT" | md5sum | cut -c1-12)"
+PODMAN=(podman --root "$PODMAN_ROOT/storage" --runroot "$PODMAN_RUNROOT"
   --storage-driver vfs --cgroup-manager cgroupfs --events-backend file
   --runtime "${PODMAN_RUNTIME:-runc}")
 # Containers may not raise limits above the caller's (no CAP_SYS_RESOURCE in a sandbox).
