@@ -49,7 +49,11 @@ TEST(ContainerImage, BuildsFromALocalDebianBaseAndServesOnTheCpuBackend) {
   const Cmd build =
       sh("bash " + src + "/deploy/container/build-image.sh " + work.string() + " " + tag);
   std::printf("%s", build.out.c_str());
-  if (build.rc == 77) GTEST_SKIP() << trim(build.out.substr(build.out.rfind("not run:")));
+  if (build.rc == 77) {
+    const std::string why = trim(build.out.substr(build.out.rfind("not run:")));
+    std::printf("[deploy] container: %s\n", why.c_str());
+    GTEST_SKIP() << why;
+  }
   ASSERT_EQ(build.rc, 0) << build.out;
   const double build_s = ms_between(t0, Clock::now()) / 1000.0;
 
