@@ -330,6 +330,7 @@ TEST(ScaleOutNginx, BusyWorkersAreSkippedAnd503OnlyWhenAllAreBusy) {
   EXPECT_EQ(busy.status, 503) << busy.body;
   EXPECT_EQ(busy.json()["error"]["code"], "WORKER_BUSY") << busy.body;
   EXPECT_TRUE(busy.header("retry-after").has_value());
+  EXPECT_GE(c.index_of(busy.header("x-worker-id").value_or("")), 0) << "errors name the worker too";
   const auto all = c.nginx->access_for("busy-all", 1);
   ASSERT_EQ(all.size(), 1u) << c.nginx->logs();
   std::map<int, int> tried;

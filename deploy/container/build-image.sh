@@ -33,9 +33,20 @@ rm -rf "$ctx"
 mkdir -p "$ctx"
 (cd "$src" && git ls-files -z -co --exclude-standard |
   tar --null --exclude='*/node_modules/*' -T - -cf -) | tar -C "$ctx" -xf -
+# Built already from exactly this context (the image carries its hash): nothing to do.
+sum="$(cd "$ctx" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
+have="$("${PODMAN[@]}" image inspect --format '{{index .Labels "worker-orcd.context"}}' "$tag" 2>/dev/null || true)"
+if [[ "$have" == "$sum" ]]; then
+  echo "build-image: $tag is up to date (context $sum)"
+  exit 0
+fi
+# --layers=false: with vfs every committed layer is a full copy of the rootfs; commit only
+# each stage's result (the context hash above is the cache).
 t1=$SECONDS
-"${PODMAN[@]}" build --network host "${PODMAN_LIMITS[@]}" --layers \
-  --build-arg "BASE=$base" --build-arg "JOBS=$(nproc)" \
+"${PODMAN[@]}" build --format docker --network host "${PODMAN_LIMITS[@]}" --layers=false \
+  --label "worker-orcd.context=$sum" --build-arg "BASE=$base" --build-arg "JOBS=$(nproc)" \
   -f "$ctx/deploy/container/Containerfile" -t "$tag" "$ctx" >"$work/build.log" 2>&1 ||
   { tail -40 "$work/build.log"; echo "build-image: podman build failed (log: $work/build.log)" >&2; exit 1; }
+# Untagged leftovers of earlier builds.
+"${PODMAN[@]}" image prune -f >/dev/null 2>&1 || true
 echo "build-image: $tag built in $((SECONDS - t1)) s ($("${PODMAN[@]}" image inspect --format '{{.Size}}' "$tag") bytes)"
