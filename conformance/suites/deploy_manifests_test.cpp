@@ -79,7 +79,7 @@ TEST(K8sManifests, BrokenCopiesFailTheCheck) {
   };
   const std::vector<Breakage> cases = {
       {"yaml", "service.yaml", "    - name: http\n      port: 80",
-       "    - name: http\n     port: [80", "cannot decode"},
+       "    - name: http\n     port: [80", "cannot parse"},
       {"schema", "deployment.yaml", "replicas: 2", "replicas: two", "must be integer"},
       {"gpu", "deployment.yaml", "nvidia.com/gpu: 1", "nvidia.com/gpu: 2",
        "nvidia.com/gpu must be 1"},
