@@ -105,6 +105,35 @@ TEST(K8sManifests, BrokenCopiesFailTheCheck) {
   }
 }
 
+// The complete example deploy/nginx/nginx.conf, with its Debian paths moved into the build
+// tree, passes `nginx -t` with a generated upstream block and the shipped locations.
+// REQ: WRK-D21
+TEST(NginxConfig, ExampleConfigPassesNginxTest) {
+  const fs::path dir = kWork / "nginx-example";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string d = dir.string() + "/";
+  std::string conf = slurp(source_dir() + "/deploy/nginx/nginx.conf");
+  for (const std::string from : {"/etc/nginx/", "/var/log/nginx/", "/run/"}) {
+    ASSERT_NE(conf.find(from), std::string::npos) << from;
+    for (size_t pos; (pos = conf.find(from)) != std::string::npos;)
+      conf.replace(pos, from.size(), d);
+  }
+  std::ofstream(dir / "nginx.conf") << conf;
+  fs::copy_file(source_dir() + "/deploy/nginx/worker-orcd-locations.conf",
+                dir / "worker-orcd-locations.conf");
+  const Cmd up =
+      sh("bash " + source_dir() +
+         "/deploy/nginx/make-upstream.sh 5ca1e0d0-0000-4000-8000-000000000001=127.0.0.1:8081"
+         " 5ca1e0d0-0000-4000-8000-000000000002=127.0.0.1:8082 > " +
+         d + "worker-orcd-upstream.conf");
+  ASSERT_EQ(up.rc, 0) << up.out;
+  const Cmd t = sh("/usr/sbin/nginx -t -p " + d + " -e " + d + "error.log -c " + d + "nginx.conf");
+  EXPECT_EQ(t.rc, 0) << t.out;
+  // A malformed worker spec is refused instead of writing a broken block.
+  EXPECT_NE(sh("bash " + source_dir() + "/deploy/nginx/make-upstream.sh not-a-worker").rc, 0);
+}
+
 bool port_free(int port) {
   try {
     HttpConnection c("127.0.0.1", port);
