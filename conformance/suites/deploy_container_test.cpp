@@ -61,10 +61,10 @@ TEST(ContainerImage, BuildsFromALocalDebianBaseAndServesOnTheCpuBackend) {
                              "/deploy/container/podman.sh && \"${PODMAN[@]}\" \"$@\"' podman ";
   const std::string limits = "--ulimit nofile=4096:4096 --ulimit nproc=4096:4096 ";
   // The runtime stage has no compiler or -dev packages.
-  const Cmd tools =
-      sh(podman + "run --rm --network host " + limits + "--entrypoint /bin/bash " + tag +
-         " -c 'command -v g++ cc cmake; test -e /usr/include/httplib.h && echo "
-         "httplib.h; exit 0'");
+  const Cmd tools = sh(podman + "run --rm --no-healthcheck --network host " + limits +
+                       "--entrypoint /bin/bash " + tag +
+                       " -c 'command -v g++ cc cmake; test -e /usr/include/httplib.h && echo "
+                       "httplib.h; exit 0'");
   EXPECT_EQ(tools.rc, 0) << tools.out;
   EXPECT_EQ(trim(tools.out), "") << "build tools in the runtime image";
 
@@ -74,9 +74,10 @@ TEST(ContainerImage, BuildsFromALocalDebianBaseAndServesOnTheCpuBackend) {
   sh(podman + "rm -f " + name);
   // Host network (loopback only): the image's default command binds 0.0.0.0:8080; here the
   // port must be free on the host, so the test picks it and binds loopback.
-  const Cmd run = sh(podman + "run -d --name " + name + " --network host " + limits + "-v " +
-                     models.string() + ":/models:ro " + tag + " --backend=cpu --bind=127.0.0.1" +
-                     " --port=" + std::to_string(port) + " --model=/models/stories260K.gguf");
+  const Cmd run =
+      sh(podman + "run -d --no-healthcheck --name " + name + " --network host " + limits + "-v " +
+         models.string() + ":/models:ro " + tag + " --backend=cpu --bind=127.0.0.1" +
+         " --port=" + std::to_string(port) + " --model=/models/stories260K.gguf");
   ASSERT_EQ(run.rc, 0) << run.out;
   const auto started = Clock::now();
   HttpResponse health;

@@ -33,8 +33,11 @@ rm -rf "$ctx"
 mkdir -p "$ctx"
 (cd "$src" && git ls-files -z -co --exclude-standard |
   tar --null --exclude='*/node_modules/*' -T - -cf -) | tar -C "$ctx" -xf -
-# Built already from exactly this context (the image carries its hash): nothing to do.
-sum="$(cd "$ctx" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
+# Built already from the same inputs (the image carries their hash): nothing to do. The
+# image depends on the build files, the worker's sources and this folder; the rest of the
+# tree is in the context only so that configure finds every CMakeLists.txt.
+sum="$(cd "$ctx" && find CMakeLists.txt cmake worker kernels deploy/container -type f -print0 |
+  LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)"
 have="$("${PODMAN[@]}" image inspect --format '{{index .Labels "worker-orcd.context"}}' "$tag" 2>/dev/null || true)"
 if [[ "$have" == "$sum" ]]; then
   echo "build-image: $tag is up to date (context $sum)"
