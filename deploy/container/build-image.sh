@@ -48,8 +48,11 @@ fi
 t1=$SECONDS
 "${PODMAN[@]}" build --format docker --network host "${PODMAN_LIMITS[@]}" --layers=false \
   --label "worker-orcd.context=$sum" --build-arg "BASE=$base" --build-arg "JOBS=$(nproc)" \
-  -f "$ctx/deploy/container/Containerfile" -t "$tag" "$ctx" >"$work/build.log" 2>&1 ||
+  -f "$ctx/deploy/container/Containerfile" -t "$tag" "$ctx" 2>&1 |
+  while IFS= read -r line; do echo "[+$((SECONDS - t1))s] $line"; done >"$work/build.log" ||
   { tail -40 "$work/build.log"; echo "build-image: podman build failed (log: $work/build.log)" >&2; exit 1; }
+# Where the time went, per step (the log has the elapsed seconds of every line).
+grep -E '^\[\+[0-9]+s\] (\[[0-9]/[0-9]\] STEP|\[[0-9]/[0-9]\] COMMIT)' "$work/build.log" | cut -c1-90
 # Untagged leftovers of earlier builds.
 "${PODMAN[@]}" image prune -f >/dev/null 2>&1 || true
 echo "build-image: $tag built in $((SECONDS - t1)) s ($("${PODMAN[@]}" image inspect --format '{{.Size}}' "$tag") bytes)"
