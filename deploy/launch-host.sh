@@ -36,8 +36,10 @@ if [[ -n "${GPUS:-}" ]]; then
 else
   gpus="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)"
 fi
-[[ "$gpus" =~ ^[0-9]+$ ]] && ((gpus > 0)) ||
-  { echo "launch-host: no GPU visible (nvidia-smi -L); set GPUS=N to override" >&2; exit 1; }
+if ! [[ "$gpus" =~ ^[0-9]+$ ]] || ((gpus == 0)); then
+  echo "launch-host: no GPU visible (nvidia-smi -L); set GPUS=N to override" >&2
+  exit 1
+fi
 backend="${BACKEND:-cuda}"
 mkdir -p "$out"
 

@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced; the arrays are used by the caller
 # Sourced: PODMAN=(podman + the options that let it run nested in a CI sandbox as root):
 # storage under $PODMAN_ROOT (a build tree, vfs: no overlay mounts needed), cgroupfs and
 # file events (no systemd), runc (crun refuses hybrid cgroup v1/v2 hosts).
