@@ -39,6 +39,7 @@ EXPECTED = [
     ("model_load_complete", ["architecture", "context_length", "duration_ms", "quant_kind",
                              "vram_bytes"]),
     ("ready", ["backend", "port", "vram_bytes"]),
+    ("signal", ["action", "name", "signal"]),  # issue 15: every stop signal is logged
     ("shutdown", ["reason", "signal"]),
     ("shutdown_complete", ["duration_ms"]),
 ]
