@@ -82,7 +82,7 @@ TEST_P(ReceiptTest, EveryReceiptVerifiesOnTheCpuReference) {
   const std::string model = GetParam();
   // Chat needs ChatML tokens: the qwen2 models (the llama ones have no chat template).
   const bool chatml = stem(model).rfind("qwen2", 0) == 0;
-  const int n_execute = on_gpu() ? 50 : 8, n_chat = !chatml ? 0 : on_gpu() ? 10 : 4;
+  const int n_execute = on_gpu() ? 50 : 8, n_chat = !chatml ? 0 : on_gpu() ? 50 : 4;
   const int max_tokens = on_gpu() ? 32 : 24;
   WorkerOptions o;
   o.model = model;
@@ -188,44 +188,86 @@ void change_one_weight(const std::string& path, const std::string& tensor, int64
   io.write(&c, 1);
 }
 
-// REQ: WRK-D18
-TEST(Receipts, AlteredTokenAndChangedWeightAreRejectedAtTheRightStep) {
-  const std::string model = receipt_models()[1];
-  WorkerOptions o;
-  o.model = model;
-  WorkerProcess w(o);
-  json req = {{"job_id", unique_job_id("receipt")},
-              {"prompt", "Once upon a time"},
+// The receipt of one seeded request on `route` ("execute" or "chat": a streamed
+// /v1/chat/completions request whose final chunk carries it), as a saved JSON document.
+json one_receipt(int port, const std::string& route) {
+  if (route == "execute") {
+    const JobStream s = run_job(port, {{"job_id", unique_job_id("receipt")},
+                                       {"prompt", "Once upon a time"},
+                                       {"max_tokens", 24},
+                                       {"temperature", 0.7},
+                                       {"seed", 4242},
+                                       {"top_k", 40}});
+    EXPECT_TRUE(s.terminal() && s.terminal()->contains("receipt")) << s.describe();
+    return s.terminal() ? *s.terminal() : json();
+  }
+  json req = {{"model", "worker-orcd"},
+              {"messages",
+               {{{"role", "system"}, {"content", "You write short stories."}},
+                {{"role", "user"}, {"content", "Tell me about a cat."}}}},
               {"max_tokens", 24},
               {"temperature", 0.7},
               {"seed", 4242},
-              {"top_k", 40}};
-  const JobStream s = run_job(w.port(), req);
-  ASSERT_TRUE(s.terminal() && s.terminal()->contains("receipt")) << s.describe();
-  const json end = *s.terminal();
-  EXPECT_EQ(w.stop(), 0);
-  const auto tokens = end["receipt"]["tokens"].get<std::vector<int>>();
-  ASSERT_GE(tokens.size(), 12u);
+              {"top_k", 40},
+              {"stream", true}};
+  SseStream s(port, "/v1/chat/completions", req);
+  json receipt;
+  for (const auto& e : s.read_all()) {
+    if (e.data == "[DONE]") continue;
+    const json c = json::parse(e.data);
+    if (c.contains("receipt")) receipt = c["receipt"];
+  }
+  EXPECT_TRUE(receipt.is_object()) << "no receipt in the chat stream";
+  return receipt;
+}
 
-  const std::string good = save("tamper-original.json", end);
+class TamperTest : public ::testing::TestWithParam<std::string> {};
+
+// A receipt with one generated token altered is rejected at that step; replayed against a
+// copy of the model with one weight changed, at the first step whose input holds the changed
+// token. Both routes: /execute's end event and the OpenAI chat stream's final chunk.
+// REQ: WRK-D18
+TEST_P(TamperTest, AlteredTokenAndChangedWeightAreRejectedAtTheRightStep) {
+  const std::string route = GetParam();
+  const std::string model = receipt_models()[1];  // a qwen2 (ChatML) model
+  WorkerOptions o;
+  o.model = model;
+  WorkerProcess w(o);
+  const json doc = one_receipt(w.port(), route);
+  EXPECT_EQ(w.stop(), 0);
+  ASSERT_TRUE(doc.is_object());
+  const json& r = doc.contains("receipt") ? doc["receipt"] : doc;
+  const auto tokens = r["tokens"].get<std::vector<int>>();
+  ASSERT_GE(tokens.size(), 12u);
+  const auto tokens_path = [&](json& d) -> json& {
+    return d.contains("receipt") ? d["receipt"]["tokens"] : d["tokens"];
+  };
+
+  const std::string good = save("tamper-" + route + "-original.json", doc);
   Verified v = run_verify(good, model);
   ASSERT_EQ(v.exit_code, 0) << v.out;
 
   // One generated token altered at step 7: the replay picks another id there.
-  json altered = end;
-  altered["receipt"]["tokens"][7] = (tokens[7] + 1) % 1000;
-  v = run_verify(save("tamper-token.json", altered), model);
+  json altered = doc;
+  tokens_path(altered)[7] = (tokens[7] + 1) % 1000;
+  v = run_verify(save("tamper-" + route + "-token.json", altered), model);
   EXPECT_EQ(v.exit_code, 1) << v.out;
   EXPECT_NE(v.out.find("step 7: token"), std::string::npos) << v.out;
 
   // One weight changed: the embedding row of the first token generated after step 3 that
   // neither the prompt nor an earlier step used. Its logits change from the next step on
-  // (from step 0 when the LM head shares the embedding).
-  // The prompt's ids, as the worker's own tokenizer tool gives them (BOS included).
+  // (from step 0 when the LM head shares the embedding). The prompt's ids come from the
+  // worker's own tokenizer tool (BOS included; chat markup parsed as the route does).
   std::set<int> seen(tokens.begin(), tokens.begin() + 3);
   {
-    const std::string cmd =
-        "'" + worker_bin() + "' tokenize --model '" + model + "' 'Once upon a time'";
+    const bool templated = r["request"]["prompt_is_template"].get<bool>();
+    const std::string prompt_file = results_dir() + "/receipts/tamper-" + route + "-prompt.txt";
+    write_result("receipts/tamper-" + route + "-prompt.txt",
+                 r["request"]["prompt"].get<std::string>());
+    // (read through the shell with its trailing newline kept: `$(...)` would drop it)
+    const std::string cmd = "p=\"$(cat '" + prompt_file + "'; printf x)\"; '" + worker_bin() +
+                            "' tokenize --model '" + model + "'" +
+                            (templated ? " --specials" : "") + " -- \"${p%x}\"";
     FILE* p = popen(cmd.c_str(), "r");
     ASSERT_NE(p, nullptr);
     std::string out;
@@ -233,7 +275,7 @@ TEST(Receipts, AlteredTokenAndChangedWeightAreRejectedAtTheRightStep) {
     while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
     ASSERT_EQ(pclose(p), 0) << out;
     const json ids = json::parse(out);
-    ASSERT_EQ(ids.size(), end["receipt"]["prompt_tokens"]["count"].get<size_t>()) << out;
+    ASSERT_EQ(ids.size(), r["prompt_tokens"]["count"].get<size_t>()) << out;
     for (const auto& id : ids) seen.insert(id.get<int>());
   }
   size_t k = 0;
@@ -244,8 +286,9 @@ TEST(Receipts, AlteredTokenAndChangedWeightAreRejectedAtTheRightStep) {
     }
     seen.insert(tokens[i]);
   }
-  ASSERT_GT(k, 0u);
-  const std::string changed = results_dir() + "/receipts/changed-" + stem(model) + ".gguf";
+  ASSERT_GT(k, 0u) << "no fresh token after step 3";
+  const std::string changed =
+      results_dir() + "/receipts/changed-" + route + "-" + stem(model) + ".gguf";
   std::filesystem::copy_file(model, changed, std::filesystem::copy_options::overwrite_existing);
   change_one_weight(changed, "token_embd.weight", tokens[k]);
   bool tied = false;
@@ -259,10 +302,12 @@ TEST(Receipts, AlteredTokenAndChangedWeightAreRejectedAtTheRightStep) {
   const std::string want = "step " + std::to_string(tied ? 0 : k + 1) + ": logits hash";
   EXPECT_NE(v.out.find(want), std::string::npos) << "expected '" << want << "': " << v.out;
   std::printf(
-      "tamper: token altered at step 7 -> rejected; embedding row of token %d (first "
-      "generated at step %zu) changed -> %s",
-      tokens[k], k, v.out.c_str());
+      "tamper (%s, %s): token altered at step 7 -> rejected; embedding row of token %d "
+      "(first generated at step %zu) changed -> %s",
+      route.c_str(), test_backend().c_str(), tokens[k], k, v.out.c_str());
 }
+
+INSTANTIATE_TEST_SUITE_P(Routes, TamperTest, ::testing::Values("execute", "chat"));
 
 }  // namespace
 }  // namespace conformance
