@@ -30,6 +30,7 @@ struct WorkerOptions {
   std::string model;                    // passed as --model unless empty
   std::string backend;                  // empty: test_backend() (env WORKER_BACKEND, cpu)
   std::vector<std::string> extra_args;  // appended last
+  std::vector<std::string> env;         // "NAME=value" added to the inherited environment
   int port = 0;                         // 0: a free port is found
   bool pass_port = true;                // false: no --port argument
   bool wait_ready = true;               // constructor waits for /health 200

@@ -187,8 +187,9 @@ TEST_F(StreamingTest, SecondRequestWaitsInTheQueueThenRuns) {
   EXPECT_EQ((*jb.terminal())["tokens_out"], 5);
 }
 
-// A queued job cancelled by /cancel leaves the queue; the running one goes on.
-// REQ: M0-W-1330 WRK-D10 WRK-D9
+// A queued job cancelled by /cancel leaves the queue; the running one goes on. Its stream is
+// still `started` then `error` (D6; issue 15 row 9: it used to get `error` alone).
+// REQ: M0-W-1330 WRK-D10 WRK-D9 WRK-D6 M0-W-1311
 TEST_F(StreamingTest, CancellingAQueuedJobRemovesIt) {
   const std::string ida = unique_job_id("qa"), idb = unique_job_id("qb");
   SseStream a(port(), "/execute", long_job(ida));
@@ -198,6 +199,8 @@ TEST_F(StreamingTest, CancellingAQueuedJobRemovesIt) {
   EXPECT_EQ(http_post_json(port(), "/cancel", {{"job_id", idb}}).status, 202);
   JobStream jb = collect(b, 5s);
   ASSERT_FALSE(jb.events.empty());
+  EXPECT_EQ(jb.events.front().event, "started") << jb.describe();
+  EXPECT_TRUE(jb.violations.empty()) << jb.describe();
   EXPECT_EQ(jb.events.back().event, "error");
   EXPECT_EQ((*jb.terminal())["code"], "CANCELLED");
   auto next = a.next_event(10s);  // a still streams
