@@ -134,6 +134,8 @@ TEST_F(ValidationTest, TinyTemperatureIsGreedy) {
     EXPECT_EQ(text.find("\xEF\xBF\xBD"), std::string::npos) << t;
     EXPECT_EQ(text, greedy.text()) << "temperature " << t;
   }
+  // The repetition penalty divides logits too; below its minimum it is a 400.
+  expect_invalid(with("repetition_penalty", 1e-40), "repetition_penalty", "range");
   // The OpenAI route shares the rule.
   const nlohmann::json oai = {{"model", "x"},
                               {"prompt", "Once upon a time"},

@@ -126,9 +126,15 @@ std::vector<FieldViolation> validate_execute_json(const json& j, ExecuteRequest&
     if (auto x = c.number(j["top_p"], "top_p", 0, 1)) r.sampling.top_p = static_cast<float>(*x);
   if (j.contains("min_p"))
     if (auto x = c.number(j["min_p"], "min_p", 0, 1)) r.sampling.min_p = static_cast<float>(*x);
-  if (j.contains("repetition_penalty"))
-    if (auto x = c.number(j["repetition_penalty"], "repetition_penalty", 0, 2, true))
-      r.sampling.repetition_penalty = static_cast<float>(*x);
+  if (j.contains("repetition_penalty")) {
+    if (auto x = c.number(j["repetition_penalty"], "repetition_penalty", 0, 2, true)) {
+      if (*x < kMinRepetitionPenalty)
+        c.add("repetition_penalty", "range",
+              "repetition_penalty must be >= 1e-05 (a smaller one overflows the logits)");
+      else
+        r.sampling.repetition_penalty = static_cast<float>(*x);
+    }
+  }
   if (j.contains("top_k")) {
     const json& x = j["top_k"];
     if (!x.is_number_integer())

@@ -44,6 +44,9 @@ inline constexpr size_t kMaxJobIdLen = 128;
 // logit becomes +-inf and the probabilities NaN); 1e-5 keeps a margin of ~1e29 for
 // logits up to 1e4, and a distribution that sharp is greedy for any logit gap >= 1e-3.
 inline constexpr double kMinTemperature = 1e-5;
+// WRK-D27: the repetition penalty divides positive logits; below this it overflows them the
+// same way, and no value stands in for it, so it is a range violation.
+inline constexpr double kMinRepetitionPenalty = 1e-5;
 
 // Parses the raw body: JSON syntax (invalid UTF-8 inside a string is reported against the
 // field that holds it), types, ranges, unknown fields. Fills `out` when no violation.

@@ -32,7 +32,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (s.temperature >= static_cast<float>(kMinTemperature) && s.temperature <= 2.0f));
   require(std::isfinite(s.top_p) && s.top_p >= 0.0f && s.top_p <= 1.0f);
   require(std::isfinite(s.min_p) && s.min_p >= 0.0f && s.min_p <= 1.0f);
-  require(s.repetition_penalty > 0.0f && s.repetition_penalty <= 2.0f);
+  require(s.repetition_penalty >= static_cast<float>(kMinRepetitionPenalty) &&
+          s.repetition_penalty <= 2.0f);
   require(s.top_k >= 0);
   require(r.stop.size() <= kMaxStopSequences);
   for (const auto& st : r.stop) require(!st.empty() && worker::utf8::is_valid(st));

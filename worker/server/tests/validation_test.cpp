@@ -118,6 +118,10 @@ TEST(ServerValidation, TinyTemperatureIsGreedy) {
     EXPECT_TRUE(parse_execute_body(with(std::string(R"("temperature":)") + t), r).empty()) << t;
     EXPECT_EQ(r.sampling.temperature, 0.0f) << t;
   }
+  // The repetition penalty has no neutral stand-in: below its minimum it is refused.
+  EXPECT_TRUE(has(check(with(R"("repetition_penalty":1e-40)")), "repetition_penalty", "range"));
+  EXPECT_TRUE(has(check(with(R"("repetition_penalty":9e-6)")), "repetition_penalty", "range"));
+  EXPECT_TRUE(check(with(R"("repetition_penalty":1e-5)")).empty());
   ExecuteRequest r;
   ASSERT_TRUE(parse_execute_body(with(R"("temperature":1e-5)"), r).empty());
   EXPECT_FLOAT_EQ(r.sampling.temperature, 1e-5f);
