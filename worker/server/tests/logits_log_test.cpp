@@ -155,8 +155,11 @@ TEST(ServerLogitsLog, UnwritableLogWarnsAndServingContinues) {
   for (const auto* evs : {&a, &b}) {
     ASSERT_EQ(evs->size(), plain.size());
     EXPECT_EQ(evs->back().data["type"], "end");
-    for (size_t i = 1; i < plain.size(); ++i)
-      if (plain[i].kind == JobEvent::Kind::Token) EXPECT_EQ((*evs)[i].data, plain[i].data);
+    for (size_t i = 1; i < plain.size(); ++i) {
+      if (plain[i].kind == JobEvent::Kind::Token) {
+        EXPECT_EQ((*evs)[i].data, plain[i].data);
+      }
+    }
   }
 }
 
