@@ -88,7 +88,7 @@ if [[ "${WORKER_SANITIZERS:-1}" != 0 ]]; then
   step "TSan build (CPU, -O1) + job runner / HTTP tests and concurrent conformance suites"
   tsan_dir=build-tsan
   san_tsan="server_runner_tests server_http_tests conformance_streaming conformance_service"
-  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$ROOT/$tsan_dir/sanitizer-reports/tsan" \
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/ci/tsan-suppressions.txt:log_path=$ROOT/$tsan_dir/sanitizer-reports/tsan" \
     san_step "$tsan_dir" "-DWORKER_TSAN=ON" "$(echo $san_tsan worker-orcd)" \
     "^($(echo $san_tsan | tr ' ' '|'))\$" || ctest_rc=1
 fi
