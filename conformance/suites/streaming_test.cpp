@@ -328,9 +328,13 @@ TEST(ConformanceConcurrency, TwoHundredMixedRequestsFromSixteenClients) {
   EXPECT_GE(wait_idle(w.port(), 30s), 0);
   auto h = http_get(w.port(), "/health").json();
   EXPECT_EQ(h["status"], "healthy");
-  // Memory back to baseline: allow allocator slack, not per-request growth.
+  // Memory back to baseline: allow allocator slack, not per-request growth. Not in sanitizer
+  // builds (ci/test.sh's ASan/TSan steps): ASan's quarantine and TSan's shadow memory grow RSS
+  // by design; LeakSanitizer checks leaks there instead. The plain build checks the bound.
   const long rss1 = rss_kb(w.pid());
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   EXPECT_LT(rss1 - rss0, 64 * 1024) << "RSS grew from " << rss0 << " kB to " << rss1 << " kB";
+#endif
   RecordProperty("seconds", std::to_string(secs));
   RecordProperty("rss_growth_kb", std::to_string(rss1 - rss0));
   EXPECT_EQ(w.stop(), 0);
