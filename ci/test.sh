@@ -42,9 +42,64 @@ ctest --test-dir "$BUILD" --output-on-failure --timeout 900 || ctest_rc=$?
 # The scale-out and deployment tests (issue 16) print their counts; show them here.
 grep -hE '^\[(scaleout|deploy)\]' "$BUILD/Testing/Temporary/LastTest.log" 2>/dev/null || true
 
-# Fuzzers (issue 3): the GGUF reader and each tokenizer under libFuzzer + ASan/UBSan for
-# WORKER_FUZZ_SECONDS each (default 60; 0 skips, for quick local runs only).
-FUZZ_SECONDS="${WORKER_FUZZ_SECONDS:-60}"
+# Sanitizers (issue 15): CPU-only builds at -O1 of just the binaries the chosen tests need.
+# ASan + UBSan: every unit test and the conformance suites (the worker processes they start
+# are built with the same flags). TSan: the server unit tests (job runner, HTTP) and the two
+# most concurrent conformance suites. Reports halt the process (exit code != 0) and are also
+# written to <build>/sanitizer-reports/, from the worker processes too; any file there fails
+# the step. WORKER_SANITIZERS=0 skips both (quick local runs only).
+# san_step DIR "CMAKE ARGS" "TARGETS" CTEST_REGEX: configure, build, run, check the reports.
+san_step() {
+  local dir=$1 cmake_args=$2 targets=$3 regex=$4
+  # shellcheck disable=SC2086
+  if ! cmake -S . -B "$dir" -G Ninja -DWORKER_WERROR=ON -DWORKER_CUDA=OFF $cmake_args \
+      -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+      >"$dir.configure.log" 2>&1; then
+    cat "$dir.configure.log"; echo "test.sh: $dir configure failed" >&2; return 1
+  fi
+  # shellcheck disable=SC2086
+  if ! cmake --build "$dir" -j "$JOBS" --target $targets >"$dir.build.log" 2>&1; then
+    grep -E -A12 "^FAILED:|error:" "$dir.build.log" | head -120
+    echo "test.sh: $dir build failed (full log: $dir.build.log)" >&2; return 1
+  fi
+  local reports=$ROOT/$dir/sanitizer-reports rc=0
+  rm -rf "$reports" "$dir/test-results"
+  mkdir -p "$reports"
+  ctest --test-dir "$dir" -R "$regex" --output-on-failure --timeout 900 || rc=1
+  if compgen -G "$reports/*" >/dev/null; then
+    echo "test.sh: sanitizer reports in $reports:" >&2
+    head -n 60 "$reports"/* >&2
+    rc=1
+  fi
+  return $rc
+}
+if [[ "${WORKER_SANITIZERS:-1}" != 0 ]]; then
+  san_units="common_tests gguf_tests gguf_fixture_tests tokenizer_tests engine_sampler_tests
+    engine_act_quant_tests engine_cpu_tests engine_generation_tests engine_parity_tests
+    engine_compare_tool_tests engine_backend_factory_tests engine_cpu_kv16_tests
+    engine_cpu_kv16_parity_tests server_unit_tests server_runner_tests server_http_tests"
+  san_conf="conformance_harness_test conformance_startup conformance_execute
+    conformance_validation conformance_streaming conformance_service conformance_openai
+    conformance_parity conformance_fault"
+  step "ASan+UBSan build (CPU, -O1) + unit and conformance suites"
+  asan_dir=build-asan
+  ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:log_path=$ROOT/$asan_dir/sanitizer-reports/asan" \
+  UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$ROOT/$asan_dir/sanitizer-reports/ubsan" \
+    san_step "$asan_dir" "-DWORKER_SANITIZE=ON" "$(echo $san_units worker-orcd $san_conf)" \
+    "^($(echo $san_units $san_conf | tr ' ' '|'))\$" || ctest_rc=1
+  step "TSan build (CPU, -O1) + job runner / HTTP tests and concurrent conformance suites"
+  tsan_dir=build-tsan
+  san_tsan="server_runner_tests server_http_tests conformance_streaming conformance_service"
+  TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$ROOT/ci/tsan-suppressions.txt:log_path=$ROOT/$tsan_dir/sanitizer-reports/tsan" \
+    san_step "$tsan_dir" "-DWORKER_TSAN=ON" "$(echo $san_tsan worker-orcd)" \
+    "^($(echo $san_tsan | tr ' ' '|'))\$" || ctest_rc=1
+fi
+
+# Fuzzers (issues 3, 15): the GGUF reader, each tokenizer, the /execute and OpenAI request
+# validators and the harness's SSE parser under libFuzzer + ASan/UBSan for
+# WORKER_FUZZ_SECONDS each (default 35: seven fuzzers, two at a time, about the 2 minutes
+# that four fuzzers of 60 s took; 0 skips, for quick local runs only).
+FUZZ_SECONDS="${WORKER_FUZZ_SECONDS:-35}"
 if [[ "$FUZZ_SECONDS" != 0 ]]; then
   step "fuzz build (clang, libFuzzer) + fuzzers, ${FUZZ_SECONDS} s each"
   FUZZ=build-fuzz
@@ -53,7 +108,8 @@ if [[ "$FUZZ_SECONDS" != 0 ]]; then
     cat "$FUZZ.configure.log"; echo "test.sh: fuzz configure failed" >&2; exit 1
   fi
   if ! cmake --build "$FUZZ" -j "$JOBS" --target fuzz_gguf fuzz_tokenizer_gguf fuzz_tokenizer_vocab \
-      fuzz_tokenizer_hf_json >"$FUZZ.build.log" 2>&1; then
+      fuzz_tokenizer_hf_json fuzz_execute_validator fuzz_openai_validator fuzz_sse_parser \
+      >"$FUZZ.build.log" 2>&1; then
     grep -E -A12 "^FAILED:|error:" "$FUZZ.build.log" | head -120
     echo "test.sh: fuzz build failed (full log: $FUZZ.build.log)" >&2
     exit 1

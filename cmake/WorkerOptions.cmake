@@ -14,6 +14,20 @@ if(WORKER_SANITIZE)
                       $<$<COMPILE_LANGUAGE:CXX>:-fno-sanitize-recover=undefined>)
   add_link_options(-fsanitize=address,undefined)
 endif()
+if(WORKER_SANITIZE OR WORKER_TSAN)
+  # GCC's flow analysis gives false maybe-uninitialized warnings in libstdc++ (<regex>,
+  # std::function) under the sanitizers' instrumentation; the plain build keeps the warning.
+  add_compile_options($<$<AND:$<COMPILE_LANGUAGE:CXX>,$<CXX_COMPILER_ID:GNU>>:-Wno-maybe-uninitialized>)
+endif()
+if(WORKER_TSAN)
+  if(WORKER_SANITIZE)
+    message(FATAL_ERROR "WORKER_TSAN and WORKER_SANITIZE cannot be combined (ThreadSanitizer "
+                        "excludes AddressSanitizer); use two build folders")
+  endif()
+  add_compile_options($<$<COMPILE_LANGUAGE:CXX>:-fsanitize=thread>
+                      $<$<COMPILE_LANGUAGE:CXX>:-fno-omit-frame-pointer>)
+  add_link_options(-fsanitize=thread)
+endif()
 if(WORKER_COVERAGE)
   add_compile_options($<$<COMPILE_LANGUAGE:CXX>:--coverage> $<$<COMPILE_LANGUAGE:CXX>:-O0>)
   add_link_options(--coverage)

@@ -1,5 +1,7 @@
 #include "harness/sse_parser.h"
 
+#include <algorithm>
+
 namespace conformance {
 
 void SseParser::feed(std::string_view bytes, Clock::time_point now) {
@@ -7,17 +9,26 @@ void SseParser::feed(std::string_view bytes, Clock::time_point now) {
     violations_.push_back("bytes received after the end of the stream");
     return;
   }
-  size_t start = 0;
-  if (!bom_checked_ && !bytes.empty()) {
-    bom_checked_ = true;
-    // The specification allows one leading BOM; the worker never sends one.
-    if (bytes.substr(0, 3) == "\xEF\xBB\xBF") {
-      violations_.push_back("stream starts with a UTF-8 BOM");
-      start = 3;
-    }
+  if (bom_checked_) return consume(bytes, now);
+  // The specification allows one leading BOM; the worker never sends one. It may arrive split
+  // across reads: hold the first bytes until they can or cannot be a BOM.
+  static constexpr std::string_view kBom = "\xEF\xBB\xBF";
+  head_.append(bytes);
+  const size_t n = std::min(head_.size(), kBom.size());
+  if (n < kBom.size() && std::string_view(head_) == kBom.substr(0, n)) return;
+  bom_checked_ = true;
+  const std::string held = std::move(head_);
+  head_.clear();
+  std::string_view rest = held;
+  if (rest.substr(0, kBom.size()) == kBom) {
+    violations_.push_back("stream starts with a UTF-8 BOM");
+    rest.remove_prefix(kBom.size());
   }
-  for (size_t k = start; k < bytes.size(); ++k) {
-    const char c = bytes[k];
+  consume(rest, now);
+}
+
+void SseParser::consume(std::string_view bytes, Clock::time_point now) {
+  for (const char c : bytes) {
     if (pending_cr_) {
       pending_cr_ = false;
       if (c == '\n') continue;  // CRLF split across (or within) reads: one line end
@@ -37,6 +48,11 @@ void SseParser::feed(std::string_view bytes, Clock::time_point now) {
 
 void SseParser::finish() {
   if (finished_) return;
+  if (!bom_checked_) {  // fewer bytes than a BOM arrived, all of them a BOM's start
+    bom_checked_ = true;
+    consume(head_, Clock::now());
+    head_.clear();
+  }
   finished_ = true;
   if (!line_.empty()) violations_.push_back("stream ended inside a line: '" + line_ + "'");
   if (current_started_) violations_.push_back("stream ended inside an event (no blank line)");

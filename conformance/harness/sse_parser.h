@@ -43,12 +43,14 @@ class SseParser {
   std::vector<SseEvent> take_new_events();
 
  private:
+  void consume(std::string_view bytes, Clock::time_point now);
   void process_line(std::string_view line, Clock::time_point now);
   void dispatch(Clock::time_point now);
 
   std::string line_;         // bytes of the line being received
   bool pending_cr_ = false;  // last byte seen was CR: a following LF belongs to it
   bool bom_checked_ = false;
+  std::string head_;  // first bytes, held while they may still be a split BOM
   SseEvent current_;
   bool current_has_data_ = false;
   bool current_started_ = false;  // any field line seen since the last dispatch

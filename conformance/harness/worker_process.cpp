@@ -49,6 +49,13 @@ void WorkerProcess::spawn() {
   std::vector<char*> cargv;
   for (auto& a : argv_) cargv.push_back(a.data());
   cargv.push_back(nullptr);
+  // The child's environment is built before fork: nothing is allocated between fork and exec.
+  // opts_.env first: getenv() takes the first of duplicate names.
+  std::vector<std::string> env_store = opts_.env;
+  for (char** e = environ; *e != nullptr; ++e) env_store.emplace_back(*e);
+  std::vector<char*> cenv;
+  for (auto& e : env_store) cenv.push_back(e.data());
+  cenv.push_back(nullptr);
   started_at_ = Clock::now();
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
@@ -57,7 +64,7 @@ void WorkerProcess::spawn() {
     ::dup2(out_pipe[1], 1);
     const int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0) ::dup2(devnull, 0);
-    ::execv(cargv[0], cargv.data());
+    ::execve(cargv[0], cargv.data(), cenv.data());
     const char msg[] = "conformance harness: execv failed\n";
     [[maybe_unused]] auto w = ::write(2, msg, sizeof msg - 1);
     ::_exit(127);

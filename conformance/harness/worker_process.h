@@ -30,6 +30,7 @@ struct WorkerOptions {
   std::string model;                    // passed as --model unless empty
   std::string backend;                  // empty: test_backend() (env WORKER_BACKEND, cpu)
   std::vector<std::string> extra_args;  // appended last
+  std::vector<std::string> env;         // "NAME=value" added to the inherited environment
   int port = 0;                         // 0: a free port is found
   bool pass_port = true;                // false: no --port argument
   bool pass_bind = true;                // false: no --bind 127.0.0.1 (default-bind tests)

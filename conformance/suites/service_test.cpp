@@ -215,6 +215,28 @@ TEST(ConformanceShutdown, SigtermWithARunningJob) {
   EXPECT_ANY_THROW(http_get(w.port(), "/health"));
 }
 
+// A job still queued at SIGTERM ends `started` then `error` CANCELLED (D6; issue 15 row 9:
+// it used to get `error` alone).
+// REQ: M0-W-1340 WRK-D13 WRK-D6 M0-W-1311
+TEST(ConformanceShutdown, SigtermWithAQueuedJob) {
+  WorkerOptions o;
+  o.model = slow_model();
+  WorkerProcess w(o);
+  SseStream a(w.port(), "/execute", long_job(unique_job_id("run")));
+  read_tokens(a, 1);
+  SseStream b(w.port(), "/execute", long_job(unique_job_id("queued")));
+  ASSERT_EQ(b.status(), 200);  // the response head follows admission: b is queued behind a
+  w.send_signal(SIGTERM);
+  JobStream jb = collect(b, 10s);
+  EXPECT_TRUE(jb.violations.empty()) << jb.describe();
+  ASSERT_NE(jb.terminal(), nullptr) << jb.describe();
+  EXPECT_EQ(jb.events.front().event, "started") << jb.describe();
+  EXPECT_EQ((*jb.terminal())["code"], "CANCELLED") << jb.describe();
+  JobStream ja = collect(a, 10s);
+  EXPECT_NE(ja.terminal(), nullptr) << ja.describe();
+  EXPECT_TRUE(w.wait_exit(5s).has_value());
+}
+
 // REQ: M0-W-1340 WRK-D13
 TEST(ConformanceShutdown, SigtermIdleExitsZero) {
   WorkerProcess w(stories_options());

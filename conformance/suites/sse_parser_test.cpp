@@ -63,6 +63,41 @@ TEST_F(ConformanceSseParser, EventSplitAtEveryByte) {
   EXPECT_TRUE(p.violations().empty());
 }
 
+// Found by fuzz_sse_parser (issue 15): a leading BOM split across reads was taken as line
+// bytes instead of being reported, so the verdict depended on how the socket split the body.
+// REQ: WRK-D6
+TEST_F(ConformanceSseParser, LeadingBomSplitAcrossReadsIsStillReported) {
+  const std::string wire =
+      "\xEF\xBB\xBF"
+      "event: a\ndata: 1\n\n";
+  SseParser whole;
+  whole.feed(wire);
+  whole.finish();
+  std::vector<std::string> reads;
+  for (char c : wire) reads.emplace_back(1, c);
+  auto ev = parse(reads);
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].event, "a");
+  ASSERT_EQ(p.violations().size(), 1u);
+  EXPECT_NE(p.violations()[0].find("BOM"), std::string::npos);
+  EXPECT_EQ(p.violations(), whole.violations());
+  // The fuzzer's input: a BOM, then bytes that start like one but are not.
+  const std::string crash = "\xEF\xBB\xBF\xEFt" + std::string(1, '\0') + "da\x03\xEFtaa:\xF8";
+  SseParser a, b;
+  a.feed(crash);
+  a.finish();
+  for (char c : crash) b.feed(std::string(1, c));
+  b.finish();
+  EXPECT_EQ(a.violations(), b.violations());
+  // Only part of a BOM, then the end: those bytes are an unterminated line, not a BOM.
+  SseParser c;
+  c.feed("\xEF");
+  c.feed("\xBB");
+  c.finish();
+  ASSERT_EQ(c.violations().size(), 1u);
+  EXPECT_NE(c.violations()[0].find("inside a line"), std::string::npos);
+}
+
 TEST_F(ConformanceSseParser, EventIsOnlyCompleteAtTheBlankLine) {
   p.feed("event: token\ndata: {}\n");
   EXPECT_TRUE(p.events().empty());

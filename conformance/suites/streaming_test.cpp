@@ -187,8 +187,9 @@ TEST_F(StreamingTest, SecondRequestWaitsInTheQueueThenRuns) {
   EXPECT_EQ((*jb.terminal())["tokens_out"], 5);
 }
 
-// A queued job cancelled by /cancel leaves the queue; the running one goes on.
-// REQ: M0-W-1330 WRK-D10 WRK-D9
+// A queued job cancelled by /cancel leaves the queue; the running one goes on. Its stream is
+// still `started` then `error` (D6; issue 15 row 9: it used to get `error` alone).
+// REQ: M0-W-1330 WRK-D10 WRK-D9 WRK-D6 M0-W-1311
 TEST_F(StreamingTest, CancellingAQueuedJobRemovesIt) {
   const std::string ida = unique_job_id("qa"), idb = unique_job_id("qb");
   SseStream a(port(), "/execute", long_job(ida));
@@ -198,6 +199,8 @@ TEST_F(StreamingTest, CancellingAQueuedJobRemovesIt) {
   EXPECT_EQ(http_post_json(port(), "/cancel", {{"job_id", idb}}).status, 202);
   JobStream jb = collect(b, 5s);
   ASSERT_FALSE(jb.events.empty());
+  EXPECT_EQ(jb.events.front().event, "started") << jb.describe();
+  EXPECT_TRUE(jb.violations.empty()) << jb.describe();
   EXPECT_EQ(jb.events.back().event, "error");
   EXPECT_EQ((*jb.terminal())["code"], "CANCELLED");
   auto next = a.next_event(10s);  // a still streams
@@ -240,8 +243,14 @@ TEST(ConformanceQueue, InferenceTimeoutEndsTheJob) {
   // The limit must be shorter than 2000 tokens of the slow model and longer than the short
   // follow-up job: 1 s on the CPU; the cuda backend finishes all 2000 tokens inside 1 s
   // (~0.2 s on an H200), so there the limit is 50 ms.
+  // Sanitizer builds (ci/test.sh) run the worker 5-20x slower: 4 s keeps both sides true.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  constexpr double cpu_limit_s = 4;
+#else
+  constexpr double cpu_limit_s = 1;
+#endif
   const bool gpu = test_backend() == "cuda";
-  o.extra_args = {"--inference-timeout-sec", gpu ? "0.05" : "1"};
+  o.extra_args = {"--inference-timeout-sec", gpu ? "0.05" : std::to_string(cpu_limit_s)};
   WorkerProcess w(o);
   const auto t0 = Clock::now();
   JobStream js = run_job(w.port(), long_job(unique_job_id("timeout")));
@@ -249,7 +258,7 @@ TEST(ConformanceQueue, InferenceTimeoutEndsTheJob) {
   ASSERT_NE(js.terminal(), nullptr);
   EXPECT_EQ(js.events.back().event, "error");
   EXPECT_EQ((*js.terminal())["code"], "INFERENCE_TIMEOUT");
-  EXPECT_LT(ms_between(t0, Clock::now()), 5000.0);
+  EXPECT_LT(ms_between(t0, Clock::now()), 4000.0 + 1000.0 * cpu_limit_s);
   JobStream next = run_job(w.port(), job_request("The cat", 3, 0.0));
   EXPECT_EQ(next.events.back().event, "end") << next.describe();
   EXPECT_EQ(w.stop(), 0);
@@ -325,9 +334,13 @@ TEST(ConformanceConcurrency, TwoHundredMixedRequestsFromSixteenClients) {
   EXPECT_GE(wait_idle(w.port(), 30s), 0);
   auto h = http_get(w.port(), "/health").json();
   EXPECT_EQ(h["status"], "healthy");
-  // Memory back to baseline: allow allocator slack, not per-request growth.
+  // Memory back to baseline: allow allocator slack, not per-request growth. Not in sanitizer
+  // builds (ci/test.sh's ASan/TSan steps): ASan's quarantine and TSan's shadow memory grow RSS
+  // by design; LeakSanitizer checks leaks there instead. The plain build checks the bound.
   const long rss1 = rss_kb(w.pid());
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   EXPECT_LT(rss1 - rss0, 64 * 1024) << "RSS grew from " << rss0 << " kB to " << rss1 << " kB";
+#endif
   RecordProperty("seconds", std::to_string(secs));
   RecordProperty("rss_growth_kb", std::to_string(rss1 - rss0));
   EXPECT_EQ(w.stop(), 0);

@@ -110,6 +110,43 @@ TEST_F(ValidationTest, ContextLength) {
   expect_invalid(j, "prompt", "context_length");
 }
 
+// Issue 15 row 5: temperature 1e-40 overflowed logit / temperature and streamed NUL bytes
+// and U+FFFD. WRK-D27: below 1e-5 it is greedy, on /execute and on the OpenAI routes.
+// REQ: WRK-D27 M0-W-1032
+TEST_F(ValidationTest, TinyTemperatureIsGreedy) {
+  auto req = [](double t) {
+    auto j = base();
+    j["max_tokens"] = 24;
+    j["temperature"] = t;
+    j["seed"] = 7;
+    return j;
+  };
+  const JobStream greedy = run_job(port(), req(0));
+  ASSERT_EQ(greedy.status, 200) << greedy.describe();
+  ASSERT_TRUE(greedy.violations.empty()) << greedy.describe();
+  ASSERT_FALSE(greedy.text().empty());
+  for (double t : {1e-40, 1e-38, 1e-6}) {
+    const JobStream js = run_job(port(), req(t));
+    ASSERT_EQ(js.status, 200) << t << "\n" << js.describe();
+    EXPECT_TRUE(js.violations.empty()) << js.describe();
+    const std::string text = js.text();
+    EXPECT_EQ(text.find('\0'), std::string::npos) << t;
+    EXPECT_EQ(text.find("\xEF\xBF\xBD"), std::string::npos) << t;
+    EXPECT_EQ(text, greedy.text()) << "temperature " << t;
+  }
+  // The repetition penalty divides logits too; below its minimum it is a 400.
+  expect_invalid(with("repetition_penalty", 1e-40), "repetition_penalty", "range");
+  // The OpenAI route shares the rule.
+  const nlohmann::json oai = {{"model", "x"},
+                              {"prompt", "Once upon a time"},
+                              {"max_tokens", 24},
+                              {"temperature", 1e-40},
+                              {"seed", 7}};
+  auto r = http_request(port(), "POST", "/v1/completions", oai.dump());
+  ASSERT_EQ(r.status, 200) << r.body.substr(0, 300);
+  EXPECT_EQ(r.json()["choices"][0]["text"], greedy.text());
+}
+
 // REQ: M0-W-1302 WRK-D8
 TEST_F(ValidationTest, MaxTokens) {
   expect_invalid(with("max_tokens", 0), "max_tokens", "range");

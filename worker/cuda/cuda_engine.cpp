@@ -20,6 +20,7 @@
 
 #include "attention.cuh"
 #include "common/errors.h"
+#include "common/fault_injection.h"
 #include "common/log.h"
 #include "cuda/cuda_context.h"
 #include "cuda/device_buffer.h"
@@ -875,8 +876,14 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     const int B = std::max(1, std::min(opt_.max_batch, n_ctx_));
     batch_.buf.reset();
     batch_.B = 0;
-    batch_.allocate(cfg_, B, std::min(B, kLogitRows),
-                    exact_sizes(cfg_, B, n_ctx_, opt_.exact, opt_.kv_cache_f32), "prefill scratch");
+    const ExactSizes ex = exact_sizes(cfg_, B, n_ctx_, opt_.exact, opt_.kv_cache_f32);
+    if (fault::inject_alloc_failure()) {  // WRK-D28, test-only: this cudaMalloc fails
+      throw WorkerError(
+          ErrorCode::VramOom,
+          fault::injected_alloc_message(Scratch::bytes(cfg_, B, std::min(B, kLogitRows), ex),
+                                        "prefill scratch"));
+    }
+    batch_.allocate(cfg_, B, std::min(B, kLogitRows), ex, "prefill scratch");
     std::string why;
     if (!cuda::is_device_resident(batch_.buf.data(), device_, &why)) {
       throw WorkerError(ErrorCode::CudaError, "prefill scratch not in VRAM: " + why);

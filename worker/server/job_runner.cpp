@@ -66,6 +66,26 @@ bool Job::send_terminal(JobEvent ev) {
   return true;
 }
 
+JobEvent Job::started_event() const {
+  return {JobEvent::Kind::Started,
+          {{"type", "started"},
+           {"job_id", id},
+           {"model", model},
+           {"worker_id", worker_id},
+           {"started_at", log::rfc3339_now()},
+           {"seed", request.sampling.seed},
+           {"prompt_tokens", prompt_token_count}}};
+}
+
+bool Job::end_unstarted(JobEvent terminal) {
+  std::lock_guard lock(terminal_mu_);
+  if (terminal_sent_.load()) return false;
+  terminal_sent_.store(true);
+  events.push(started_event());
+  events.push(std::move(terminal));
+  return true;
+}
+
 JobRunner::JobRunner(Engine& engine, const Tokenizer& tok, JobRunnerOptions opts, Metrics* metrics,
                      LogitsLog* logits_log, std::shared_ptr<const ReceiptContext> receipt)
     : engine_(engine),
@@ -115,7 +135,7 @@ void JobRunner::cancel_job(const std::shared_ptr<Job>& job, CancelReason why) {
   }
   if (removed) {
     job->request_cancel(why);
-    if (job->send_terminal(make_error_event(ErrorCode::Cancelled, "job cancelled while queued")) &&
+    if (job->end_unstarted(make_error_event(ErrorCode::Cancelled, "job cancelled while queued")) &&
         metrics_)
       metrics_->count_request("cancelled");
     if (metrics_) metrics_->set_queue_depth(static_cast<int64_t>(queued_count_.load()));
@@ -162,7 +182,7 @@ void JobRunner::stop(std::chrono::milliseconds grace) {
     cv_.notify_all();
     for (const auto& j : queued) {
       j->request_cancel(CancelReason::Shutdown);
-      if (j->send_terminal(make_error_event(ErrorCode::Cancelled, "worker is shutting down")) &&
+      if (j->end_unstarted(make_error_event(ErrorCode::Cancelled, "worker is shutting down")) &&
           metrics_)
         metrics_->count_request("cancelled");
     }
@@ -235,19 +255,13 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
   const auto t0 = Clock::now();
   if (job->cancel_reason() != CancelReason::None) {
     if (metrics_) metrics_->count_request("cancelled");
+    job->send(job->started_event());  // D6: `started` precedes every terminal event
     return make_error_event(ErrorCode::Cancelled, "job cancelled before start");
   }
   log::info("execute_start", {{"job_id", job->id},
                               {"prompt_tokens", job->prompt_token_count},
                               {"max_tokens", job->request.max_tokens}});
-  job->send({JobEvent::Kind::Started,
-             {{"type", "started"},
-              {"job_id", job->id},
-              {"model", job->model},
-              {"worker_id", job->worker_id},
-              {"started_at", log::rfc3339_now()},
-              {"seed", job->request.sampling.seed},
-              {"prompt_tokens", job->prompt_token_count}}});
+  job->send(job->started_event());
 
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(opts_.inference_timeout_sec));

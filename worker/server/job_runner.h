@@ -69,6 +69,10 @@ struct Job {
   CancelReason cancel_reason() const { return static_cast<CancelReason>(cancel.load()); }
   // Pushes `ev` only if no terminal event was sent yet: exactly one per stream.
   bool send_terminal(JobEvent ev);
+  // Ends a job that never ran (cancelled while queued, shutdown, cancelled before start):
+  // `started` then `terminal`, so the stream keeps D6's order. False if already ended.
+  bool end_unstarted(JobEvent terminal);
+  JobEvent started_event() const;
   void send(JobEvent ev) { events.push(std::move(ev)); }
   bool terminated() const { return terminal_sent_.load(); }
 

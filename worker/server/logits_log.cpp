@@ -1,6 +1,8 @@
 #include "server/logits_log.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -9,7 +11,7 @@
 namespace worker::server {
 
 LogitsLog::LogitsLog(const std::string& path, size_t max_records, size_t max_bytes)
-    : max_records_(max_records), max_bytes_(max_bytes) {
+    : path_(path), max_records_(max_records), max_bytes_(max_bytes) {
   f_ = std::fopen(path.c_str(), "w");
   if (!f_)
     throw WorkerError(ErrorCode::Internal, "--log-logits: cannot open '" + path + "' for writing");
@@ -72,6 +74,25 @@ uint64_t LogitsLog::dropped() const {
   return dropped_;
 }
 
+uint64_t LogitsLog::write_errors() const {
+  std::lock_guard lock(mu_);
+  return write_errors_;
+}
+
+// A full or failing disk costs the records, never the stream (WRK-D28): warn, clear the
+// stream's error flag so later writes are tried again, go on.
+void LogitsLog::write_failed(int err) {
+  uint64_t n = 0;
+  {
+    std::lock_guard lock(mu_);
+    n = ++write_errors_;
+  }
+  std::clearerr(f_);
+  if ((n & (n - 1)) == 0)  // power-of-two counts keep the warning rate bounded
+    log::warn("log_logits_write_failed",
+              {{"path", path_}, {"error", std::strerror(err)}, {"failures_total", n}});
+}
+
 uint64_t LogitsLog::written() const {
   std::lock_guard lock(mu_);
   return written_;
@@ -92,13 +113,14 @@ void LogitsLog::run() {
                                                              item.token_idx, kLogitsValues);
       const std::string line =
           rec.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-      std::fwrite(line.data(), 1, line.size(), f_);
+      const bool wrote = std::fwrite(line.data(), 1, line.size(), f_) == line.size();
+      if (!wrote) write_failed(errno);
       lock.lock();
       queued_bytes_ -= bytes;
       ++written_;
     }
     lock.unlock();
-    std::fflush(f_);
+    if (std::fflush(f_) != 0) write_failed(errno);
     lock.lock();
     flushed_upto_ = written_;
     done_cv_.notify_all();

@@ -5,7 +5,8 @@
 // The inference thread only copies the logits row (tens of microseconds); the writer
 // summarizes and writes. When the queue's byte budget is spent (a long prompt's prefill),
 // the row is summarized in place instead, so nothing is lost; past the record cap, records
-// are dropped and counted, with a warning.
+// are dropped and counted, with a warning. A write that fails (disk full) is a warning too:
+// the jobs go on.
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
@@ -36,6 +37,8 @@ class LogitsLog {
   bool flush(int timeout_ms);
   uint64_t dropped() const;
   uint64_t written() const;
+  // Failed writes or flushes (each logged as a warning at power-of-two counts).
+  uint64_t write_errors() const;
 
  private:
   struct Item {
@@ -45,7 +48,9 @@ class LogitsLog {
     nlohmann::json record;
   };
   void run();
+  void write_failed(int err);
 
+  std::string path_;
   std::FILE* f_ = nullptr;
   size_t max_records_, max_bytes_;
   mutable std::mutex mu_;
@@ -53,7 +58,7 @@ class LogitsLog {
   std::condition_variable done_cv_;
   std::deque<Item> q_;
   size_t queued_bytes_ = 0;
-  uint64_t pushed_ = 0, written_ = 0, dropped_ = 0, flushed_upto_ = 0;
+  uint64_t pushed_ = 0, written_ = 0, dropped_ = 0, flushed_upto_ = 0, write_errors_ = 0;
   bool stop_ = false;
   std::thread thread_;
 };

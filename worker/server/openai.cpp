@@ -13,8 +13,9 @@ bool content_text(const json& c, std::string& out) {
   if (!c.is_array()) return false;
   out.clear();
   for (const auto& part : c) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
-        !part["text"].is_string())
+    // `== "text"` rather than value(): a non-string "type" is a bad part, not an exception.
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+        !part.contains("text") || !part["text"].is_string())
       return false;
     out += part["text"].get<std::string>();
   }
@@ -60,6 +61,8 @@ std::vector<FieldViolation> parse_openai_body(const std::string& body, OpenAiKin
     j = json::parse(body);
   } catch (const json::parse_error& e) {
     return {{"body", "json", std::string("request body is not valid JSON: ") + e.what()}};
+  } catch (const json::out_of_range&) {  // a number past double's range (1e400)
+    return {{"body", "json", "request body holds a number out of range"}};
   }
   if (!j.is_object()) return {{"body", "type", "request body must be a JSON object"}};
   std::vector<FieldViolation> v;
@@ -78,8 +81,14 @@ std::vector<FieldViolation> parse_openai_body(const std::string& body, OpenAiKin
     else
       r.stream = j["stream"].get<bool>();
   }
-  if (j.contains("stream_options") && j["stream_options"].is_object())
-    r.include_usage = j["stream_options"].value("include_usage", false);
+  if (j.contains("stream_options") && j["stream_options"].is_object() &&
+      j["stream_options"].contains("include_usage")) {
+    const json& u = j["stream_options"]["include_usage"];
+    if (u.is_boolean())
+      r.include_usage = u.get<bool>();
+    else if (!u.is_null())
+      v.push_back({"stream_options.include_usage", "type", "include_usage must be a boolean"});
+  }
   if (j.contains("n") && !j["n"].is_null() && j["n"] != 1)
     v.push_back({"n", "range", "only n = 1 is supported"});
 

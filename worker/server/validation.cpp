@@ -121,14 +121,20 @@ std::vector<FieldViolation> validate_execute_json(const json& j, ExecuteRequest&
   }
   if (j.contains("temperature"))
     if (auto x = c.number(j["temperature"], "temperature", 0, 2))
-      r.sampling.temperature = static_cast<float>(*x);
+      r.sampling.temperature = *x < kMinTemperature ? 0.0f : static_cast<float>(*x);
   if (j.contains("top_p"))
     if (auto x = c.number(j["top_p"], "top_p", 0, 1)) r.sampling.top_p = static_cast<float>(*x);
   if (j.contains("min_p"))
     if (auto x = c.number(j["min_p"], "min_p", 0, 1)) r.sampling.min_p = static_cast<float>(*x);
-  if (j.contains("repetition_penalty"))
-    if (auto x = c.number(j["repetition_penalty"], "repetition_penalty", 0, 2, true))
-      r.sampling.repetition_penalty = static_cast<float>(*x);
+  if (j.contains("repetition_penalty")) {
+    if (auto x = c.number(j["repetition_penalty"], "repetition_penalty", 0, 2, true)) {
+      if (*x < kMinRepetitionPenalty)
+        c.add("repetition_penalty", "range",
+              "repetition_penalty must be >= 1e-05 (a smaller one overflows the logits)");
+      else
+        r.sampling.repetition_penalty = static_cast<float>(*x);
+    }
+  }
   if (j.contains("top_k")) {
     const json& x = j["top_k"];
     if (!x.is_number_integer())
@@ -198,6 +204,8 @@ std::vector<FieldViolation> parse_execute_body(const std::string& body, ExecuteR
     }
     return {
         {"body", "json", "request body is not valid JSON (byte " + std::to_string(e.byte) + ")"}};
+  } catch (const json::out_of_range&) {  // a number past double's range (1e400)
+    return {{"body", "json", "request body holds a number out of range"}};
   }
   return validate_execute_json(j, out);
 }

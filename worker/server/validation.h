@@ -39,6 +39,14 @@ inline constexpr int32_t kMaxTokensLimit = 2048;
 inline constexpr size_t kMaxStopSequences = 4;
 inline constexpr size_t kMaxStopTokens = 32;
 inline constexpr size_t kMaxJobIdLen = 128;
+// WRK-D27: a temperature in (0, kMinTemperature) is sampled as 0 (greedy). Below it the
+// sampler's logit / temperature overflows float for realistic logits (at 1e-40 every
+// logit becomes +-inf and the probabilities NaN); 1e-5 keeps a margin of ~1e29 for
+// logits up to 1e4, and a distribution that sharp is greedy for any logit gap >= 1e-3.
+inline constexpr double kMinTemperature = 1e-5;
+// WRK-D27: the repetition penalty divides positive logits; below this it overflows them the
+// same way, and no value stands in for it, so it is a range violation.
+inline constexpr double kMinRepetitionPenalty = 1e-5;
 
 // Parses the raw body: JSON syntax (invalid UTF-8 inside a string is reported against the
 // field that holds it), types, ranges, unknown fields. Fills `out` when no violation.

@@ -18,6 +18,7 @@
 
 #include "build_info.h"
 #include "common/errors.h"
+#include "common/fault_injection.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "engine/engine.h"
@@ -274,6 +275,8 @@ int worker_main(int argc, char** argv) {
     return fail("MODEL_LOAD_FAILED", e.what(), f);
   }
 
+  if (fault::alloc_fault_at() > 0)  // WRK-D28: say loudly that a test switch is armed
+    log::warn("test_fault_armed", {{"switch", fault::kAllocEnv}, {"at", fault::alloc_fault_at()}});
   std::unique_ptr<LogitsLog> logits_log;
   if (!opt.log_logits.empty()) {
     try {

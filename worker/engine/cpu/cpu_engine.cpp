@@ -22,6 +22,7 @@
 #endif
 
 #include "common/errors.h"
+#include "common/fault_injection.h"
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
 
@@ -368,6 +369,13 @@ void CpuEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t D = cfg_.n_embd, hd = cfg_.head_dim, nh = cfg_.n_head, nkv = cfg_.n_head_kv;
   const int64_t q_dim = nh * hd, kv_dim = nkv * hd, F = cfg_.n_ff;
+  // WRK-D28: the activation scratch below stands in for the device scratch of the CUDA
+  // engine; an injected failure leaves the engine's state untouched, as a real one would.
+  if (fault::inject_alloc_failure()) {
+    const size_t floats = static_cast<size_t>(n * (4 * D + 2 * q_dim + 2 * kv_dim + 2 * F));
+    throw WorkerError(ErrorCode::VramOom,
+                      fault::injected_alloc_message(floats * sizeof(float), "activation scratch"));
+  }
   const int64_t group = nh / nkv;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const auto& te = *w_.token_embd;

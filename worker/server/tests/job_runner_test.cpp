@@ -45,8 +45,8 @@ std::vector<JobEvent> collect(Job& job, std::chrono::milliseconds limit = 20s) {
 // started, token*, exactly one terminal; token indices 0..n-1.
 void expect_well_formed(const std::vector<JobEvent>& evs, const std::string& terminal_type) {
   ASSERT_FALSE(evs.empty());
-  size_t k = 0;
-  if (evs[0].kind == JobEvent::Kind::Started) ++k;
+  ASSERT_EQ(evs[0].kind, JobEvent::Kind::Started) << "D6: started comes first, always";
+  size_t k = 1;
   int32_t i = 0;
   for (; k < evs.size() && evs[k].kind == JobEvent::Kind::Token; ++k, ++i)
     EXPECT_EQ(evs[k].data["i"], i);
@@ -169,7 +169,8 @@ TEST_F(ServerJobRunner, CancelRunningJobStopsWithinOneForwardPass) {
   EXPECT_EQ(metrics_.requests("cancelled"), 1u);
 }
 
-// REQ: M0-W-1330 WRK-D10
+// Issue 15 row 9: a job cancelled while queued got `error` without `started` first.
+// REQ: M0-W-1330 WRK-D10 WRK-D6 M0-W-1311
 TEST_F(ServerJobRunner, CancelQueuedJobRemovesItWithOneTerminal) {
   engine_->eval_delay_ms = 10;
   auto r = runner();
@@ -180,11 +181,47 @@ TEST_F(ServerJobRunner, CancelQueuedJobRemovesItWithOneTerminal) {
   while (!r->busy() && Clock::now() < until) std::this_thread::sleep_for(1ms);
   EXPECT_EQ(r->cancel("b"), JobRunner::CancelResult::RemovedQueued);
   const auto evs = collect(*b);
-  ASSERT_EQ(evs.size(), 1u);
-  EXPECT_EQ(evs[0].data["code"], "CANCELLED");
+  ASSERT_EQ(evs.size(), 2u);
+  EXPECT_EQ(evs[0].data["type"], "started");
+  EXPECT_EQ(evs[0].data["job_id"], "b");
+  EXPECT_EQ(evs[0].data["seed"], 42u);
+  EXPECT_EQ(evs[1].data["code"], "CANCELLED");
   EXPECT_EQ(r->queue_size(), 0u);
   expect_well_formed(collect(*a), "end");
   EXPECT_TRUE(b->events.drain().empty());
+}
+
+// A queued job whose client went away (cancel_job, the HTTP layer's disconnect path) ends
+// `started` then `error`, like every other stream (issue 15 row 9).
+// REQ: M0-W-1611 WRK-D6 M0-W-1311
+TEST_F(ServerJobRunner, DisconnectWhileQueuedSendsStartedThenError) {
+  engine_->eval_delay_ms = 10;
+  auto r = runner();
+  auto a = make_job("a", "Once", 20), b = make_job("b", "Once", 20);
+  ASSERT_EQ(r->submit(a), JobRunner::Admission::Accepted);
+  ASSERT_EQ(r->submit(b), JobRunner::Admission::Accepted);
+  r->cancel_job(b, CancelReason::Disconnect);
+  const auto evs = collect(*b);
+  expect_well_formed(evs, "error");
+  EXPECT_EQ(evs.size(), 2u);
+  EXPECT_EQ(evs.back().data["code"], "CANCELLED");
+  expect_well_formed(collect(*a), "end");
+}
+
+// A job flagged cancelled before the inference thread takes it (the race between a cancel
+// and the start) ends `started` then `error` and never runs the engine.
+// REQ: M0-W-1330 WRK-D6 M0-W-1311
+TEST_F(ServerJobRunner, JobCancelledBeforeStartSendsStartedThenError) {
+  auto r = runner();
+  auto a = make_job("a", "Once", 20);
+  a->request_cancel(CancelReason::Request);
+  ASSERT_EQ(r->submit(a), JobRunner::Admission::Accepted);
+  const auto evs = collect(*a);
+  expect_well_formed(evs, "error");
+  EXPECT_EQ(evs.size(), 2u);
+  EXPECT_EQ(evs.back().data["code"], "CANCELLED");
+  EXPECT_EQ(engine_->evals.load(), 0);
+  EXPECT_EQ(metrics_.requests("cancelled"), 1u);
 }
 
 // REQ: M0-W-1611 WRK-D10
@@ -235,7 +272,8 @@ TEST_F(ServerJobRunner, VramOomMidJobIsAnErrorEventAndTheRunnerKeepsServing) {
   EXPECT_FALSE(r->degraded());
 }
 
-// REQ: M0-W-1340 M0-W-1630 WRK-D13
+// Queued jobs ended by the shutdown get `started` first too (issue 15 row 9).
+// REQ: M0-W-1340 M0-W-1630 WRK-D13 WRK-D6
 TEST_F(ServerJobRunner, StopEndsEveryJobWithExactlyOneTerminal) {
   engine_->eval_delay_ms = 20;
   auto r = runner();
@@ -251,7 +289,7 @@ TEST_F(ServerJobRunner, StopEndsEveryJobWithExactlyOneTerminal) {
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - t0).count(), 1.0);
   for (auto& j : jobs) {
     const auto evs = collect(*j, 1s);
-    ASSERT_FALSE(evs.empty());
+    expect_well_formed(evs, "error");
     EXPECT_EQ(evs.back().data["code"], "CANCELLED") << j->id;
     EXPECT_TRUE(j->events.drain().empty());
   }

@@ -126,5 +126,42 @@ TEST(ServerLogitsLog, OverByteBudgetSummarizesInPlaceWithoutLoss) {
   std::filesystem::remove(path);
 }
 
+// WRK-D28 (issue 15): a parity log that cannot be written (/dev/full: every write fails with
+// ENOSPC) is a warning; the jobs still stream every event and end, one after the other.
+// REQ: WRK-D28 WRK-D16
+TEST(ServerLogitsLog, UnwritableLogWarnsAndServingContinues) {
+  ASSERT_TRUE(testing::stories().model);
+  ASSERT_TRUE(std::filesystem::exists("/dev/full")) << "needs Linux's /dev/full";
+  auto engine = make_engine("cpu", testing::stories().model, 512);
+  std::vector<JobEvent> plain;
+  {
+    JobRunner r(*engine, *testing::stories().tok, {});
+    plain = run_one(r, "plain");
+  }
+  ::testing::internal::CaptureStderr();
+  std::vector<JobEvent> a, b;
+  uint64_t errors = 0;
+  {
+    LogitsLog log("/dev/full");
+    JobRunner r(*engine, *testing::stories().tok, {}, nullptr, &log);
+    a = run_one(r, "full-a");
+    b = run_one(r, "full-b");
+    errors = log.write_errors();
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_GT(errors, 0u);
+  EXPECT_NE(err.find("\"log_logits_write_failed\""), std::string::npos) << err;
+  EXPECT_NE(err.find("\"warn\""), std::string::npos) << err;
+  for (const auto* evs : {&a, &b}) {
+    ASSERT_EQ(evs->size(), plain.size());
+    EXPECT_EQ(evs->back().data["type"], "end");
+    for (size_t i = 1; i < plain.size(); ++i) {
+      if (plain[i].kind == JobEvent::Kind::Token) {
+        EXPECT_EQ((*evs)[i].data, plain[i].data);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace worker::server

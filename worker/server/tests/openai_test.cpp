@@ -53,6 +53,32 @@ TEST(ServerOpenAi, BadRequestsAreReported) {
   EXPECT_TRUE(e["error"]["message"].is_string());
 }
 
+// Shapes that used to escape the validator as a JSON library exception (a 500 with its
+// internal text): a non-boolean include_usage, a content part whose "type" is not a
+// string, a number past double's range. Each is a 400 naming the field now.
+// REQ: WRK-D5 M0-W-1302
+TEST(ServerOpenAi, WrongTypesAreViolationsNotExceptions) {
+  auto check = [](const std::string& body, OpenAiKind kind, const std::string& field) {
+    OpenAiRequest r;
+    std::vector<FieldViolation> v;
+    EXPECT_NO_THROW(v = parse_openai_body(body, kind, r)) << body;
+    bool found = false;
+    for (const auto& f : v) found |= f.field == field;
+    EXPECT_TRUE(found) << body;
+  };
+  check(R"({"prompt":"x","stream_options":{"include_usage":"yes"}})", OpenAiKind::Completion,
+        "stream_options.include_usage");
+  check(R"({"messages":[{"role":"user","content":[{"type":5,"text":"x"}]}]})", OpenAiKind::Chat,
+        "messages[0].content");
+  check(R"({"prompt":"x","temperature":1e400})", OpenAiKind::Completion, "body");
+  check(R"({"messages":[],"max_tokens":-1e999})", OpenAiKind::Chat, "body");
+  OpenAiRequest r;
+  EXPECT_TRUE(parse_openai_body(R"({"prompt":"x","stream_options":{"include_usage":null}})",
+                                OpenAiKind::Completion, r)
+                  .empty());
+  EXPECT_FALSE(r.include_usage);
+}
+
 // REQ: WRK-D5
 TEST(ServerOpenAi, CompletionDefaultsAndChunkShapes) {
   OpenAiRequest r;

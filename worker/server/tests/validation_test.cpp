@@ -97,6 +97,38 @@ TEST(ServerValidation, MaxTokensRules) {
   EXPECT_TRUE(check(with(R"("max_tokens":1)")).empty());
 }
 
+// A number past double's range used to escape as the JSON library's out_of_range (a 500).
+// REQ: M0-W-1302 WRK-D8
+TEST(ServerValidation, NumberOutOfRangeIsAJsonViolation) {
+  for (const char* body :
+       {R"({"prompt":"x","temperature":1e400})", R"({"prompt":"x","seed":-1e999})",
+        R"({"prompt":"x","stop":[1E+400]})"}) {
+    std::vector<FieldViolation> v;
+    EXPECT_NO_THROW(v = check(body)) << body;
+    EXPECT_TRUE(has(v, "body", "json")) << body;
+  }
+}
+
+// WRK-D27: temperatures below the documented minimum are sampled greedily (the sampler's
+// logit / temperature would overflow to inf and NaN at 1e-40); the minimum itself samples.
+// REQ: WRK-D27 M0-W-1032
+TEST(ServerValidation, TinyTemperatureIsGreedy) {
+  for (const char* t : {"1e-40", "1e-38", "1e-300", "9.99e-6", "5e-324"}) {
+    ExecuteRequest r;
+    EXPECT_TRUE(parse_execute_body(with(std::string(R"("temperature":)") + t), r).empty()) << t;
+    EXPECT_EQ(r.sampling.temperature, 0.0f) << t;
+  }
+  // The repetition penalty has no neutral stand-in: below its minimum it is refused.
+  EXPECT_TRUE(has(check(with(R"("repetition_penalty":1e-40)")), "repetition_penalty", "range"));
+  EXPECT_TRUE(has(check(with(R"("repetition_penalty":9e-6)")), "repetition_penalty", "range"));
+  EXPECT_TRUE(check(with(R"("repetition_penalty":1e-5)")).empty());
+  ExecuteRequest r;
+  ASSERT_TRUE(parse_execute_body(with(R"("temperature":1e-5)"), r).empty());
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1e-5f);
+  ASSERT_TRUE(parse_execute_body(with(R"("temperature":0.7)"), r).empty());
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.7f);
+}
+
 // REQ: M0-W-1302 WRK-D8 M0-W-1032
 TEST(ServerValidation, SamplingRanges) {
   EXPECT_TRUE(has(check(with(R"("temperature":-0.1)")), "temperature", "range"));
