@@ -112,8 +112,9 @@ TEST(ConformanceStartup, NarrationInLoadOrder) {
   // A job adds execute_start / execute_end with the job id.
   auto req = job_request("Hi", 2, 0.0);
   run_job(w.port(), req);
-  auto end = w.wait_for_log("execute_end", 5s, [&](const nlohmann::json& j) {
-    return j.value("job_id", "") == req["job_id"];
+  const std::string job_id = req["job_id"].get<std::string>();
+  auto end = w.wait_for_log("execute_end", 5s, [&](const nlohmann::json& j) -> bool {
+    return j.value("job_id", std::string()) == job_id;
   });
   EXPECT_TRUE(end.has_value());
   EXPECT_FALSE(w.log_events("execute_start").empty());
