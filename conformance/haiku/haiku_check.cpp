@@ -63,16 +63,16 @@ UtcNow utc_now() {
   return {tm.tm_min, static_cast<uint64_t>(t), buf};
 }
 
-Attempt run_once(int port) {
+}  // namespace
+
+Attempt run_check(int port, int minute, uint64_t seed, const std::string& started_at_utc) {
   Attempt a;
-  // The minute word comes from the clock when the request is built (D17).
-  const UtcNow now = utc_now();
-  a.minute_at_build = now.minute;
-  a.word = minute_word(now.minute);
+  a.minute_at_build = minute;
+  a.word = minute_word(minute);
   a.nonce = make_nonce();
   a.prompt = anti_cheat_prompt(a.word, a.nonce);
-  a.seed = now.unix_seconds;
-  a.started_at_utc = now.iso;
+  a.seed = seed;
+  a.started_at_utc = started_at_utc;
   a.job_id = "haiku-" + a.nonce;
   const nlohmann::json req = {{"job_id", a.job_id}, {"prompt", a.prompt}, {"chat", true},
                               {"max_tokens", 100},  {"temperature", 0.7}, {"seed", a.seed}};
@@ -107,7 +107,7 @@ Attempt run_once(int port) {
     a.failures.push_back(std::string("request failed: ") + e.what());
   }
   a.total_ms = ms_between(t0, Clock::now());
-  a.minute_at_end = utc_now().minute;
+  a.minute_at_end = minute;
   a.occurrences = count_occurrences(a.text, a.word);
   if (a.first_event != "started")
     a.failures.push_back("first event is '" + a.first_event + "', not started");
@@ -118,6 +118,16 @@ Attempt run_once(int port) {
                          " times (expected exactly 1)");
   if (a.total_ms > 30000)
     a.failures.push_back("took " + std::to_string(a.total_ms) + " ms (> 30 s)");
+  return a;
+}
+
+namespace {
+
+// D17's form: the minute word and the seed come from the clock when the request is built.
+Attempt run_once(int port) {
+  const UtcNow now = utc_now();
+  Attempt a = run_check(port, now.minute, now.unix_seconds, now.iso);
+  a.minute_at_end = utc_now().minute;
   return a;
 }
 

@@ -34,6 +34,10 @@ struct Attempt {
   std::string started_at_utc;
 };
 
+// One check for a given minute word and seed, without the clock (the mutation test runs it
+// for every minute word; run_anti_cheat() runs it with the clock's).
+Attempt run_check(int port, int minute, uint64_t seed, const std::string& started_at_utc);
+
 // Runs the anti-cheat check against a worker listening on `port`, with one retry only if
 // the UTC minute changed during the run. Writes verification.json, sse_transcript.ndjson and
 // report.md under <results>/<artifact_dir>/. Returns the attempts made (the last decides).

@@ -122,9 +122,11 @@ TEST(ConformanceHaiku, PlainFormTwiceIdentical) {
 
 // Mutation check: the same check against a worker serving deliberately corrupted weights
 // (haiku/corrupt_model.py permutes the blocks within every tensor) must FAIL; a check that
-// passed here would prove nothing. Three runs with fresh nonces/seeds; the trained model
-// passes every run, so >= 2 failures are required. (Corrupted output can still hold the
-// minute word exactly once by chance, so this is a bound on chance, not a certainty.)
+// passed here would prove nothing. Corrupted output is a jumble of the trained vocabulary, in
+// which the short minute words ("three", "ten") can occur exactly once by chance, so one run
+// at the current minute would pass or fail with the clock. Instead the check runs for every
+// one of the 60 minute words (fixed seeds) and must fail for at least 40 of them; the trained
+// model passes it at whatever minute the AntiCheat test runs.
 // REQ: WRK-D17
 TEST(ConformanceHaiku, MutationCorruptWeightsFailsTheCheck) {
   const std::string model = require_model();
@@ -137,17 +139,22 @@ TEST(ConformanceHaiku, MutationCorruptWeightsFailsTheCheck) {
   o.model = bad;
   WorkerProcess w(o);
   int failed = 0;
-  std::string seen;
-  for (int run = 1; run <= 3; ++run) {
-    auto attempts =
-        haiku::run_anti_cheat(w.port(), bad, "haiku-mutation/run" + std::to_string(run));
-    ASSERT_FALSE(attempts.empty());
-    failed += !attempts.back().failures.empty();
-    seen += describe(attempts);
-    // Seeds are Unix seconds: make the next run's differ.
-    std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  std::string passed_words;
+  nlohmann::json runs = nlohmann::json::array();
+  for (int minute = 0; minute < 60; ++minute) {
+    const haiku::Attempt a = haiku::run_check(w.port(), minute, 20261126u + minute, "fixed");
+    ASSERT_TRUE(a.first_event == "started" && a.last_event == "end") << a.text;
+    failed += !a.failures.empty();
+    if (a.failures.empty()) passed_words += " " + a.word;
+    runs.push_back({{"word", a.word}, {"occurrences", a.occurrences}, {"text", a.text}});
   }
-  EXPECT_GE(failed, 2) << "the anti-cheat check passed against corrupted weights:" << seen;
+  write_result("haiku-mutation/runs.json", runs.dump(1) + "\n");
+  std::printf(
+      "haiku mutation: the check failed for %d of 60 minute words against corrupted "
+      "weights (passed by chance:%s)\n",
+      failed, passed_words.empty() ? " none" : passed_words.c_str());
+  EXPECT_GE(failed, 40) << "the anti-cheat check passed against corrupted weights for:"
+                        << passed_words;
   std::filesystem::remove(bad);
   EXPECT_EQ(w.stop(), 0);
 }
