@@ -41,7 +41,7 @@ std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<
   if (backend == "cpu") {
     page_in(*model->file, progress);
     CpuEngineOptions opt;
-    opt.kv_f16 = kv_cache == "f16";
+    opt.kv_f16 = kv_cache != "f32";
     return make_cpu_engine(std::move(model), ctx_size, nullptr, opt);
   }
   if (backend == "cuda") {

@@ -96,7 +96,8 @@ using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
 
 // Backend factory. backend = "cpu" | "cuda"; throws WorkerError with a clear message
 // (no silent fallback, D4). ctx_size 0 = the model's training context (capped at 32768).
-// kv_cache: "f16" | "f32" | "" (the backend's default: f16 for cuda, f32 for cpu).
+// kv_cache: "f16" | "f32" | "" (the default, f16 on both backends: with exact numerics the two
+// then give the same logits bit for bit, WRK-D31).
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<const Model> model,
                                     int32_t ctx_size, int gpu_device = 0,
                                     bool fast_numerics = false, const std::string& kv_cache = "",

@@ -28,7 +28,7 @@ struct CliArgs {
   std::vector<int32_t> tokens;
   bool have_tokens = false, have_prompt = false, chat = false, all_logits = false;
   bool ignore_eos = false;
-  bool kv_f16 = false;
+  std::string kv_cache = "f16";  // both backends' default (--kv-cache)
   int32_t n = 64, ctx = 0, gpu = 0;
   size_t log_values = std::numeric_limits<size_t>::max();
   SamplingParams sampling;
@@ -38,7 +38,8 @@ const char* kUsage =
     "usage: worker-orcd generate --model F [--backend cpu|cuda] [--tokens 1,2,3 | --prompt "
     "TEXT [--chat]] [--n 64] [--temp 0] [--seed S] [--top-k K] [--top-p P] [--min-p P] "
     "[--repeat-penalty R] [--ctx N] [--gpu N] [--ignore-eos] [--log-logits FILE "
-    "[--log-values N] [--all-logits]] [--dump-checkpoints FILE] [--kv-f16] [--job-id ID]\n";
+    "[--log-values N] [--all-logits]] [--dump-checkpoints FILE] [--kv-cache f16|f32] [--job-id "
+    "ID]\n";
 
 std::vector<int32_t> parse_ids(const std::string& s) {
   std::vector<int32_t> ids;
@@ -100,8 +101,8 @@ CliArgs parse(int argc, char** argv) {
       a.all_logits = true;
     else if (k == "--dump-checkpoints")
       a.dump_checkpoints = val();
-    else if (k == "--kv-f16")
-      a.kv_f16 = true;
+    else if (k == "--kv-cache")
+      a.kv_cache = val();
     else if (k == "--job-id")
       a.job_id = val();
     else
@@ -114,8 +115,8 @@ CliArgs parse(int argc, char** argv) {
   if (a.n < 0) throw std::invalid_argument("--n must be >= 0");
   if (!a.dump_checkpoints.empty() && a.backend != "cpu")
     throw std::invalid_argument("--dump-checkpoints is implemented by the cpu backend only");
-  if (a.kv_f16 && a.backend != "cpu")
-    throw std::invalid_argument("--kv-f16 is implemented by the cpu backend only");
+  if (a.kv_cache != "f16" && a.kv_cache != "f32")
+    throw std::invalid_argument("--kv-cache must be f16 or f32, got '" + a.kv_cache + "'");
   return a;
 }
 
@@ -149,7 +150,7 @@ int engine_cli_main(int argc, char** argv) {
     std::ofstream ckpt;
     std::unique_ptr<Engine> engine;
     CpuEngineOptions cpu_options;
-    cpu_options.kv_f16 = a.kv_f16;
+    cpu_options.kv_f16 = a.kv_cache == "f16";
     if (!a.dump_checkpoints.empty()) {
       ckpt.open(a.dump_checkpoints);
       if (!ckpt) throw WorkerError(ErrorCode::Internal, "cannot open " + a.dump_checkpoints);
@@ -170,10 +171,8 @@ int engine_cli_main(int argc, char** argv) {
                  << '\n';
           },
           cpu_options);
-    } else if (a.kv_f16) {
-      engine = make_cpu_engine(model, ctx, nullptr, cpu_options);
     } else {
-      engine = make_engine(a.backend, model, ctx, a.gpu);
+      engine = make_engine(a.backend, model, ctx, a.gpu, false, a.kv_cache);
     }
 
     std::ofstream log;

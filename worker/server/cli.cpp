@@ -52,8 +52,8 @@ options:
   --backend cuda|cpu         inference backend (default cuda; no fallback)
   --numerics exact|fast      cuda: exact = the CPU reference's logits bit for bit (default),
                              fast = other summation orders, FP16 KV cache
-  --kv-cache f16|f32         KV cache element type (default: f16 for cuda, f32 for cpu; the
-                             same type on both backends gives the same logits, exact numerics)
+  --kv-cache f16|f32         KV cache element type (default f16, both backends; with exact
+                             numerics cpu and cuda then give the same logits bit for bit)
   --ctx-size N               KV cache context size (default: the model's, capped at 32768)
   --queue-depth N            waiting jobs admitted before 503 WORKER_BUSY (default 16)
   --inference-timeout-sec S  per-job limit in seconds (fractions allowed), then INFERENCE_TIMEOUT (default 300)

@@ -18,7 +18,7 @@
 // all written, in graph order), or "list" to print every node's name, op and shape.
 // ("none": no tensors). GREEDY N: afterwards decode N-1 greedy tokens one at a time (the
 // one-token kernels), as `worker-orcd generate --n N --all-logits` does. KV: the K and V
-// cache type, f16 (the default, llama.cpp's own default; compare with `generate --kv-f16`) or
+// cache type, f16 (the default, llama.cpp's own default; compare with `generate --kv-cache f16`) or
 // f32 (logprobs.mjs's setting, the CPU engine's default).
 // Records: {"checkpoint": name, "values": [...]} per row, then {"token_idx": i, "values":
 // logits} per position (prompt, then decode steps).
