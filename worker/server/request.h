@@ -65,13 +65,13 @@ inline constexpr double kMinRepetitionPenalty = 1e-5;
 enum class JsonType { Any, Bool, String, Integer, Uint64, Number };
 
 struct Field {
-  std::string_view name;   // the /execute name, and the OpenAI one unless `alias` is set
+  std::string_view name;   // the field name on every route the row applies to
   std::string_view alias;  // a second name on the OpenAI routes (same row, same rules)
   unsigned routes;
   JsonType type;
   double lo, hi;  // Integer / Number range (inclusive; lo excluded when lo_open)
   bool lo_open;
-  std::string_view default_value;  // as documented; the struct defaults hold it
+  std::string_view default_value;  // documentation (struct defaults hold it); or "required"
   std::string_view lands;          // where the value lands
   // Stores a value that passed the type and range checks (and checks what those cannot).
   void (*land)(const nlohmann::json& v, const std::string& name, ParsedRequest& r, Violations& out);
