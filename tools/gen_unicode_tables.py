@@ -6,8 +6,9 @@ CompositionExclusions.txt). Output: C++ tables used by the tokenizers:
   - general-category flags per code point range (\\p{L}, \\p{N}, \\p{P}, ...), the way
     llama.cpp groups categories into flags (Cn -> undefined, Cc/Cf/Co/Cs -> control, ...),
   - the White_Space property,
-  - canonical combining classes, canonical decompositions and the canonical composition
-    pairs (for NFC, used by the hf-json tokenizer's normalizer).
+  - canonical combining classes, canonical decompositions and the composition exclusions
+    (for NFC, used by the hf-json tokenizer's normalizer; unicode.cpp derives the
+    composition pairs from the decompositions).
 
 Usage: tools/gen_unicode_tables.py [UCD_DIR] > worker/tokenizer/unicode_tables.cpp
 Only the Python standard library is needed.
@@ -98,20 +99,17 @@ def main():
         if not ranges or ranges[-1][1] != flags[cp]:
             ranges.append((cp, flags[cp]))
 
-    ccc_ranges = []  # (first, last, class)
-    for cp in sorted(ccc):
-        if ccc_ranges and ccc_ranges[-1][1] == cp - 1 and ccc_ranges[-1][2] == ccc[cp]:
-            ccc_ranges[-1] = (ccc_ranges[-1][0], cp, ccc[cp])
-        else:
-            ccc_ranges.append((cp, cp, ccc[cp]))
+    # Combining classes as boundaries, like the category ranges: code points from `first`
+    # up to the next boundary share the class (0 between the listed ones).
+    ccc_ranges = []
+    for cp in range(MAX_CP):
+        if not ccc_ranges or ccc_ranges[-1][1] != ccc.get(cp, 0):
+            ccc_ranges.append((cp, ccc.get(cp, 0)))
 
-    # Canonical composition pairs: two-code-point canonical decompositions whose composite
-    # is not excluded and whose first element is a starter (ccc 0) (UAX #15 primary composites).
-    compositions = []
-    for cp, d in sorted(decomp.items()):
-        if len(d) == 2 and cp not in exclusions and ccc.get(d[0], 0) == 0:
-            compositions.append((d[0], d[1], cp))
-    compositions.sort()
+    # The canonical composition pairs are not written: unicode.cpp derives them from the
+    # decompositions (UAX #15 primary composites: two-code-point decompositions whose first
+    # element is a starter, minus these exclusions).
+    excluded = sorted(cp for cp in exclusions if len(decomp.get(cp, [])) == 2)
 
     version = "unknown"
     readme = os.path.join(ucd, "ReadMe.txt")
@@ -129,7 +127,7 @@ def main():
     w('#include "tokenizer/unicode_tables.h"\n\n')
     w("// clang-format off\n")
     w("namespace worker::unicode::tables {\n\n")
-    w(f"const CategoryRange kCategoryRanges[] = {{\n")
+    w("const Range kCategoryRanges[] = {\n")
     for i in range(0, len(ranges), 6):
         w("    " + " ".join(f"{{0x{a:X}, 0x{b:02X}}}," for a, b in ranges[i:i + 6]) + "\n")
     w("};\n")
@@ -138,9 +136,9 @@ def main():
     w(", ".join(f"0x{c:X}" for c in sorted(whitespace)))
     w("};\n")
     w(f"const size_t kWhitespaceCount = {len(whitespace)};\n\n")
-    w("const CombiningClassRange kCombiningClasses[] = {\n")
-    for i in range(0, len(ccc_ranges), 4):
-        w("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, {c}}}," for a, b, c in ccc_ranges[i:i + 4]) + "\n")
+    w("const Range kCombiningClasses[] = {\n")
+    for i in range(0, len(ccc_ranges), 8):
+        w("    " + " ".join(f"{{0x{a:X}, {c}}}," for a, c in ccc_ranges[i:i + 8]) + "\n")
     w("};\n")
     w(f"const size_t kCombiningClassCount = {len(ccc_ranges)};\n\n")
     w("const Decomposition kDecompositions[] = {\n")
@@ -153,12 +151,11 @@ def main():
         w("    " + " ".join(parts) + "\n")
     w("};\n")
     w(f"const size_t kDecompositionCount = {len(items)};\n\n")
-    w("const Composition kCompositions[] = {\n")
-    for i in range(0, len(compositions), 4):
-        w("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}," for a, b, c in compositions[i:i + 4])
-          + "\n")
+    w("const uint32_t kCompositionExclusions[] = {\n")
+    for i in range(0, len(excluded), 10):
+        w("    " + " ".join(f"0x{c:X}," for c in excluded[i:i + 10]) + "\n")
     w("};\n")
-    w(f"const size_t kCompositionCount = {len(compositions)};\n\n")
+    w(f"const size_t kCompositionExclusionCount = {len(excluded)};\n\n")
     w("// clang-format on\n")
     w("}  // namespace worker::unicode::tables\n")
     assert all(len(d) <= 2 for d in decomp.values())

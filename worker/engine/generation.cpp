@@ -96,10 +96,10 @@ GenerationResult generate(Engine& engine, const Tokenizer& tok, const Generation
   if (req.max_tokens < 1) {
     throw WorkerError(ErrorCode::InvalidRequest, "max_tokens must be >= 1");
   }
-  res.prompt_tokens = tokenize_prompt(tok, req.prompt, req.chat);
-  if (res.prompt_tokens.empty()) {
+  if (req.prompt_tokens.empty()) {
     throw WorkerError(ErrorCode::InvalidRequest, "the prompt tokenizes to zero tokens");
   }
+  res.prompt_tokens = req.prompt_tokens;
   const int64_t n_prompt = static_cast<int64_t>(res.prompt_tokens.size());
   if (n_prompt >= engine.n_ctx()) {
     throw WorkerError(ErrorCode::InvalidRequest, "prompt of " + std::to_string(n_prompt) +

@@ -1,7 +1,7 @@
 #pragma once
 // The generation loop shared by both backends and by every front end (SSE, OpenAI, CLI):
-// tokenize -> eval prompt -> (sample -> stream text -> stop checks -> eval) until EOS,
-// max_tokens, a stop sequence or cancellation.
+// eval prompt ids -> (sample -> stream text -> stop checks -> eval) until EOS, max_tokens, a
+// stop sequence or cancellation. The caller tokenizes the prompt (tokenize_prompt), once.
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -15,8 +15,9 @@
 namespace worker {
 
 struct GenerationRequest {
-  std::string prompt;
-  bool chat = false;  // wrap the prompt with the model's chat template
+  std::vector<int32_t> prompt_tokens;  // what the engine evaluates
+  std::string prompt;                  // the text the ids came from (for the receipt)
+  bool chat = false;                   // the ids hold the model's chat template
   int32_t max_tokens = 2048;
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop sequences matched on decoded text (D7)
@@ -28,12 +29,12 @@ const char* stop_reason_name(StopReason r);  // "max_tokens" | "eos" | "stop_seq
 struct GenerationResult {
   StopReason stop_reason = StopReason::MaxTokens;
   std::string stop_sequence_matched;
-  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> prompt_tokens;   // the request's, as evaluated
   std::vector<int32_t> tokens;          // generated ids
   std::vector<uint64_t> logits_hashes;  // per generated id: hash of the logits it came from
   std::string text;                     // concatenated text sent to the client
-  double first_token_ms = 0;  // generate() entry -> first token sampled (tokenize + prefill)
-  double decode_time_ms = 0;  // generate() entry -> generation ended (the whole job)
+  double first_token_ms = 0;            // generate() entry -> first token sampled (prefill)
+  double decode_time_ms = 0;            // generate() entry -> generation ended (the whole job)
 };
 
 struct GenerationCallbacks {
@@ -50,8 +51,9 @@ struct GenerationCallbacks {
 // BOS per the vocabulary, specials parsed only inside the template.
 std::vector<int32_t> tokenize_prompt(const Tokenizer& tok, const std::string& prompt, bool chat);
 
-// Runs one job from an empty KV cache (engine.reset() first). max_tokens is capped by the
-// context left after the prompt. A prompt that fills the context, or max_tokens < 1, is
+// Runs one job from an empty KV cache (engine.reset() first) on req.prompt_tokens; `tok`
+// only decodes and spots end-of-generation ids. max_tokens is capped by the context left
+// after the prompt. No prompt ids, a prompt that fills the context, or max_tokens < 1 is
 // WorkerError(InvalidRequest); engine errors propagate unchanged.
 GenerationResult generate(Engine& engine, const Tokenizer& tok, const GenerationRequest& req,
                           const GenerationCallbacks& cb);

@@ -43,13 +43,17 @@ void apply_repetition_penalty(std::span<float> logits, float penalty,
   }
 }
 
+void check_sampling_params(const SamplingParams& p) {
+  if (!(p.repetition_penalty > 0.0f))
+    throw WorkerError(ErrorCode::InvalidRequest, "repetition_penalty must be > 0");
+  if (p.top_k < 0) throw WorkerError(ErrorCode::InvalidRequest, "top_k must be >= 0");
+}
+
 namespace {
 
 void check_params(std::span<const float> logits, const SamplingParams& p) {
   if (logits.empty()) throw WorkerError(ErrorCode::Internal, "sampling from empty logits");
-  if (!(p.repetition_penalty > 0.0f))
-    throw WorkerError(ErrorCode::InvalidRequest, "repetition_penalty must be > 0");
-  if (p.top_k < 0) throw WorkerError(ErrorCode::InvalidRequest, "top_k must be >= 0");
+  check_sampling_params(p);
 }
 
 }  // namespace

@@ -32,6 +32,11 @@ namespace worker {
 // backend consumes randomness, so cpu and cuda draw identical streams.
 uint64_t sampler_draw(std::mt19937_64& rng);
 
+// The engine's guard for callers that bypass the server's request table (CLI, receipt
+// replay): parameters the sampler cannot run are WorkerError(InvalidRequest), for either
+// backend's sample(). The HTTP ranges live in server/request.cpp.
+void check_sampling_params(const SamplingParams& p);
+
 int32_t sample_logits(std::span<const float> logits, const SamplingParams& params,
                       std::span<const int32_t> history, std::mt19937_64& rng);
 

@@ -9,7 +9,6 @@
 #include "common/log.h"
 #include "server/json_guard.h"
 #include "server/sse.h"
-#include "server/template_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace worker::server {
@@ -427,16 +426,22 @@ void HttpServer::handle_cancel(const std::string& job_id, httplib::Response& res
   send_json(res, 202, {{"job_id", job_id}, {"status", status}});
 }
 
-std::shared_ptr<Job> HttpServer::make_job(const ExecuteRequest& er, size_t prompt_tokens) {
+bool HttpServer::parse(const httplib::Request& req, httplib::Response& res, Route route,
+                       ParsedRequest& out) {
+  auto v = parse_request(req.body, route, out);
+  if (v.empty()) v = prepare_prompt(out, *tok_, n_ctx_);
+  if (v.empty()) return true;
+  metrics_.count_request("invalid");
+  send_json(res, 400, route == kExecute ? invalid_request_body(v) : openai_invalid(v));
+  return false;
+}
+
+std::shared_ptr<Job> HttpServer::make_job(ParsedRequest&& pr) {
   auto job = std::make_shared<Job>();
-  job->id = er.job_id.empty() ? new_job_id() : er.job_id;
-  job->request.prompt = er.prompt;
-  job->request.chat = er.chat;
-  job->request.max_tokens = er.max_tokens.value_or(kMaxTokensLimit);
-  job->request.sampling = er.sampling;
-  if (!er.seed_given) job->request.sampling.seed = random_seed();
-  job->request.stop = er.stop;
-  job->prompt_token_count = prompt_tokens;
+  job->id = pr.job_id.empty() ? new_job_id() : pr.job_id;
+  job->request = std::move(pr.gen);
+  if (!pr.seed_given) job->request.sampling.seed = random_seed();
+  job->prompt_is_template = pr.prompt_is_template;
   job->model = model_name_;
   job->worker_id = cfg_.worker_id;
   return job;
@@ -467,15 +472,9 @@ bool HttpServer::admit(const std::shared_ptr<Job>& job, httplib::Response& res) 
 }
 
 void HttpServer::handle_execute(const httplib::Request& req, httplib::Response& res) {
-  ExecuteRequest er;
-  std::vector<int32_t> prompt_tokens;
-  auto v = parse_execute_body(req.body, er);
-  if (v.empty()) v = check_token_limits(er, *tok_, n_ctx_, prompt_tokens);
-  if (!v.empty()) {
-    metrics_.count_request("invalid");
-    return send_json(res, 400, invalid_request_body(v));
-  }
-  auto job = make_job(er, prompt_tokens.size());
+  ParsedRequest pr;
+  if (!parse(req, res, kExecute, pr)) return;
+  auto job = make_job(std::move(pr));
   if (!admit(job, res)) return;
   stream_job(res, job, [](const JobEvent& ev) { return sse_event(ev.type(), ev.data); });
 }
@@ -557,43 +556,21 @@ void HttpServer::stream_job(httplib::Response& res, const std::shared_ptr<Job>& 
 
 void HttpServer::handle_openai(const httplib::Request& req, httplib::Response& res,
                                OpenAiKind kind) {
-  OpenAiRequest oreq;
-  auto v = parse_openai_body(req.body, kind, oreq);
-  ExecuteRequest er;
-  std::vector<int32_t> prompt_tokens;
-  if (v.empty()) v = validate_execute_json(oreq.execute, er);
-  if (v.empty()) {
-    if (oreq.prebuilt_template) {
-      // The ChatML text built from several messages: its markers are special tokens, and
-      // the model must have a ChatML template (apply_chat_template says why not).
-      try {
-        (void)apply_chat_template(*tok_, "");
-        const TemplatedPromptTokenizer templated(*tok_);
-        v = check_token_limits(er, templated, n_ctx_, prompt_tokens);
-      } catch (const std::exception& e) {
-        v.push_back({"messages", "chat_template", e.what()});
-      }
-    } else {
-      v = check_token_limits(er, *tok_, n_ctx_, prompt_tokens);
-    }
-  }
-  if (!v.empty()) {
-    metrics_.count_request("invalid");
-    return send_json(res, 400, openai_invalid(v));
-  }
-  auto job = make_job(er, prompt_tokens.size());
-  job->prompt_is_template = oreq.prebuilt_template;
+  ParsedRequest pr;
+  if (!parse(req, res, kind == OpenAiKind::Chat ? kChat : kCompletion, pr)) return;
+  const std::string model = pr.model.empty() ? model_name_ : pr.model;
+  const bool stream = pr.stream;
+  const bool include_usage = pr.include_usage;
+  auto job = make_job(std::move(pr));
   if (!admit(job, res)) return;
 
-  OpenAiStream os{kind, (kind == OpenAiKind::Chat ? "chatcmpl-" : "cmpl-") + job->id,
-                  oreq.model.empty() ? model_name_ : oreq.model,
+  OpenAiStream os{kind, (kind == OpenAiKind::Chat ? "chatcmpl-" : "cmpl-") + job->id, model,
                   std::chrono::duration_cast<std::chrono::seconds>(
                       std::chrono::system_clock::now().time_since_epoch())
                       .count()};
-  const auto prompt_n = static_cast<int64_t>(prompt_tokens.size());
+  const auto prompt_n = static_cast<int64_t>(job->request.prompt_tokens.size());
 
-  if (oreq.stream) {
-    const bool include_usage = oreq.include_usage;
+  if (stream) {
     return stream_job(res, job, [os, prompt_n, include_usage](const JobEvent& ev) -> std::string {
       const bool chat = os.kind == OpenAiKind::Chat;
       switch (ev.kind) {

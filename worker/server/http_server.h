@@ -18,7 +18,7 @@
 #include "server/job_runner.h"
 #include "server/metrics.h"
 #include "server/openai.h"
-#include "server/validation.h"
+#include "server/request.h"
 
 namespace worker::server {
 
@@ -85,7 +85,9 @@ class HttpServer {
   bool admit(const std::shared_ptr<Job>& job, httplib::Response& res);
   using Formatter = std::function<std::string(const JobEvent&)>;
   void stream_job(httplib::Response& res, const std::shared_ptr<Job>& job, Formatter fmt);
-  std::shared_ptr<Job> make_job(const ExecuteRequest& er, size_t prompt_tokens);
+  // The request table, then the one tokenization; false (400 sent) on any violation.
+  bool parse(const httplib::Request& req, httplib::Response& res, Route route, ParsedRequest& out);
+  std::shared_ptr<Job> make_job(ParsedRequest&& pr);
   bool authorized(const httplib::Request& req) const;
   // The client of `job` went away: logged (client_gone) and the job cancelled.
   void client_gone(const std::shared_ptr<Job>& job);

@@ -5,7 +5,6 @@
 #include "common/log.h"
 #include "server/logits_log.h"
 #include "server/metrics.h"
-#include "server/template_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace worker::server {
@@ -74,7 +73,7 @@ JobEvent Job::started_event() const {
            {"worker_id", worker_id},
            {"started_at", log::rfc3339_now()},
            {"seed", request.sampling.seed},
-           {"prompt_tokens", prompt_token_count}}};
+           {"prompt_tokens", request.prompt_tokens.size()}}};
 }
 
 bool Job::end_unstarted(JobEvent terminal) {
@@ -259,7 +258,7 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
     return make_error_event(ErrorCode::Cancelled, "job cancelled before start");
   }
   log::info("execute_start", {{"job_id", job->id},
-                              {"prompt_tokens", job->prompt_token_count},
+                              {"prompt_tokens", job->request.prompt_tokens.size()},
                               {"max_tokens", job->request.max_tokens}});
   job->send(job->started_event());
 
@@ -297,8 +296,7 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
   std::optional<JobEvent> failure;
   std::string outcome = "ok";
   try {
-    const TemplatedPromptTokenizer templated(tok_);
-    result = generate(engine_, job->prompt_is_template ? templated : tok_, job->request, cb);
+    result = generate(engine_, tok_, job->request, cb);
   } catch (const WorkerError& e) {
     failure = make_error_event(e.code(), e.what());
     if (e.code() == ErrorCode::VramOom) degraded_.store(true);

@@ -52,9 +52,8 @@ enum class CancelReason : int { None = 0, Request, Disconnect, Timeout, Shutdown
 
 struct Job {
   std::string id;
-  GenerationRequest request;
-  size_t prompt_token_count = 0;    // from validation; reported in `started`
-  bool prompt_is_template = false;  // prompt holds chat markup: tokenize with specials parsed
+  GenerationRequest request;        // prompt ids included: tokenized once, at validation
+  bool prompt_is_template = false;  // prompt holds chat markup (recorded in the receipt)
   std::string model;                // reported in `started`
   std::string worker_id;            // reported in `started` (which worker behind a proxy)
   std::chrono::steady_clock::time_point admitted = std::chrono::steady_clock::now();

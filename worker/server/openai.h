@@ -1,40 +1,25 @@
 #pragma once
-// OpenAI-compatible front end (D5): /v1/chat/completions and /v1/completions map onto the
-// same job runner as /execute. Request fields OpenAI clients send but this worker does not
-// use are ignored (clients send many); the ones it uses are type- and range-checked by the
-// /execute validator, so both APIs obey the same rules.
+// OpenAI-compatible front end (D5): /v1/chat/completions and /v1/completions run through the
+// same request table (request.h) and job runner as /execute; this file holds what only the
+// OpenAI shapes need: ChatML for several messages, error bodies, response chunks.
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "server/validation.h"
+#include "server/request.h"
 
 namespace worker::server {
 
 enum class OpenAiKind { Chat, Completion };
 
-struct OpenAiRequest {
-  OpenAiKind kind = OpenAiKind::Chat;
-  bool stream = false;
-  bool include_usage = false;
-  std::string model;       // echoed back (empty: the worker's model name)
-  nlohmann::json execute;  // the equivalent /execute body, for validate_execute_json
-  // Multi-turn/system chat: the ChatML text built here (must be tokenized with specials).
-  bool prebuilt_template = false;
-};
-
 // Builds ChatML for all messages and opens the assistant turn.
 std::string chatml(const std::vector<std::pair<std::string, std::string>>& messages);
-
-// Maps the OpenAI body; violations use OpenAI parameter names where they differ.
-std::vector<FieldViolation> parse_openai_body(const std::string& body, OpenAiKind kind,
-                                              OpenAiRequest& out);
 
 // {"error":{"message","type","param","code"}}
 nlohmann::json openai_error(const std::string& message, const std::string& type,
                             const std::string& code, const std::string& param = {});
-nlohmann::json openai_invalid(const std::vector<FieldViolation>& v);
+nlohmann::json openai_invalid(const Violations& v);
 
 // "stop" for eos/stop_sequence, "length" for max_tokens.
 const char* openai_finish_reason(const std::string& stop_reason);

@@ -21,7 +21,7 @@ const std::vector<uint16_t>& flag_table() {
       const uint32_t begin = tables::kCategoryRanges[i].first;
       const uint32_t end =
           i + 1 < tables::kCategoryRangeCount ? tables::kCategoryRanges[i + 1].first : kMaxCp;
-      std::fill(t.begin() + begin, t.begin() + end, tables::kCategoryRanges[i].flags);
+      std::fill(t.begin() + begin, t.begin() + end, tables::kCategoryRanges[i].value);
     }
     for (size_t i = 0; i < tables::kWhitespaceCount; ++i) t[tables::kWhitespace[i]] |= kWhitespace;
     return t;
@@ -76,6 +76,24 @@ void decompose_into(uint32_t cp, std::vector<uint32_t>& out) {
   if (it->second != 0) decompose_into(it->second, out);
 }
 
+// Primary composites {first, second, composite}, sorted: the two-code-point canonical
+// decompositions read backwards, for a starter first and a composite not excluded (UAX #15).
+const std::vector<std::array<uint32_t, 3>>& compositions() {
+  static const std::vector<std::array<uint32_t, 3>> pairs = [] {
+    std::vector<std::array<uint32_t, 3>> out;
+    const auto* ex = tables::kCompositionExclusions;
+    const auto* ex_end = ex + tables::kCompositionExclusionCount;
+    for (size_t i = 0; i < tables::kDecompositionCount; ++i) {
+      const auto& d = tables::kDecompositions[i];
+      if (d.second != 0 && !std::binary_search(ex, ex_end, d.cp) && combining_class(d.first) == 0)
+        out.push_back({d.first, d.second, d.cp});
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }();
+  return pairs;
+}
+
 uint32_t compose_pair(uint32_t a, uint32_t b) {
   if (a >= kLBase && a < kLBase + kLCount && b >= kVBase && b < kVBase + kVCount) {
     return kSBase + ((a - kLBase) * kVCount + (b - kVBase)) * kTCount;
@@ -84,14 +102,10 @@ uint32_t compose_pair(uint32_t a, uint32_t b) {
       b < kTBase + kTCount) {
     return a + (b - kTBase);
   }
-  const auto* begin = tables::kCompositions;
-  const auto* end = begin + tables::kCompositionCount;
-  const auto* it =
-      std::lower_bound(begin, end, std::make_pair(a, b),
-                       [](const tables::Composition& c, std::pair<uint32_t, uint32_t> k) {
-                         return std::make_pair(c.first, c.second) < k;
-                       });
-  if (it != end && it->first == a && it->second == b) return it->composite;
+  const auto& pairs = compositions();
+  const auto it = std::lower_bound(pairs.begin(), pairs.end(), std::array<uint32_t, 3>{a, b, 0});
+  const auto end = pairs.end();
+  if (it != end && (*it)[0] == a && (*it)[1] == b) return (*it)[2];
   return 0;
 }
 
@@ -179,11 +193,9 @@ int unicode_to_byte(uint32_t cp) {
 uint8_t combining_class(uint32_t cp) {
   const auto* begin = tables::kCombiningClasses;
   const auto* end = begin + tables::kCombiningClassCount;
-  const auto* it = std::upper_bound(
-      begin, end, cp, [](uint32_t c, const tables::CombiningClassRange& r) { return c < r.first; });
-  if (it == begin) return 0;
-  --it;
-  return cp <= it->last ? it->ccc : 0;
+  const auto* it = std::upper_bound(begin, end, cp,
+                                    [](uint32_t c, const tables::Range& r) { return c < r.first; });
+  return it == begin ? 0 : (it - 1)->value;
 }
 
 std::string nfc(std::string_view s) {

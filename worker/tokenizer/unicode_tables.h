@@ -5,15 +5,11 @@
 
 namespace worker::unicode::tables {
 
-// Code points from `first` up to the next range's `first` share `flags` (unicode.h bits).
-struct CategoryRange {
+// Code points from `first` up to the next range's `first` share `value`: the category flags
+// (unicode.h bits) in kCategoryRanges, the canonical combining class in kCombiningClasses.
+struct Range {
   uint32_t first;
-  uint8_t flags;
-};
-struct CombiningClassRange {
-  uint32_t first;
-  uint32_t last;
-  uint8_t ccc;
+  uint8_t value;
 };
 // Canonical decomposition of `cp`: one or two code points (`second` == 0 when one).
 struct Decomposition {
@@ -21,22 +17,16 @@ struct Decomposition {
   uint32_t first;
   uint32_t second;
 };
-// Primary composite: `first` + `second` -> `composite` (sorted by first, second).
-struct Composition {
-  uint32_t first;
-  uint32_t second;
-  uint32_t composite;
-};
-
-extern const CategoryRange kCategoryRanges[];
+extern const Range kCategoryRanges[];
 extern const size_t kCategoryRangeCount;
 extern const uint32_t kWhitespace[];
 extern const size_t kWhitespaceCount;
-extern const CombiningClassRange kCombiningClasses[];
+extern const Range kCombiningClasses[];
 extern const size_t kCombiningClassCount;
 extern const Decomposition kDecompositions[];
 extern const size_t kDecompositionCount;
-extern const Composition kCompositions[];
-extern const size_t kCompositionCount;
+// Composites with a two-code-point decomposition that are never composed (sorted).
+extern const uint32_t kCompositionExclusions[];
+extern const size_t kCompositionExclusionCount;
 
 }  // namespace worker::unicode::tables

@@ -83,6 +83,7 @@ Run run(const std::string& script, std::vector<std::string> stop, int32_t max_to
   ByteTokenizer tok;
   GenerationRequest req;
   req.prompt = "hi";
+  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
   req.max_tokens = max_tokens;
   req.sampling.temperature = 0.0f;
   req.stop = std::move(stop);
@@ -165,6 +166,7 @@ TEST(EngineGeneration, ShouldStopPolledBeforeEveryForwardPass) {
   ByteTokenizer tok;
   GenerationRequest req;
   req.prompt = "p";
+  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
   req.max_tokens = 100;
   req.sampling.temperature = 0.0f;
   int polls = 0;
@@ -184,6 +186,7 @@ TEST(EngineGeneration, MaxTokensCappedByContextAndValidated) {
   ByteTokenizer tok;
   GenerationRequest req;
   req.prompt = "pp";  // 2 tokens, context 6 -> at most 4 new tokens
+  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
   req.max_tokens = 100;
   req.sampling.temperature = 0.0f;
   const auto res = generate(eng, tok, req, {});
@@ -191,8 +194,10 @@ TEST(EngineGeneration, MaxTokensCappedByContextAndValidated) {
   EXPECT_EQ(res.stop_reason, StopReason::MaxTokens);
   EXPECT_LE(eng.n_past(), 6);
   req.prompt = "pppppp";
+  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
   EXPECT_THROW(generate(eng, tok, req, {}), WorkerError);
   req.prompt = "p";
+  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
   req.max_tokens = 0;
   EXPECT_THROW(generate(eng, tok, req, {}), WorkerError);
 }

@@ -51,7 +51,9 @@ std::unique_ptr<Engine> cpu_engine(const Loaded& l, bool kv_f16) {
 
 json run_and_receipt(const Loaded& l, bool kv_f16, const GenerationRequest& req) {
   auto engine = cpu_engine(l, kv_f16);
-  const GenerationResult res = generate(*engine, *l.tok, req, {});
+  GenerationRequest with_ids = req;
+  with_ids.prompt_tokens = tokenize_prompt(*l.tok, req.prompt, false);
+  const GenerationResult res = generate(*engine, *l.tok, with_ids, {});
   ReceiptContext ctx;
   std::promise<std::string> p;
   p.set_value(l.hash);

@@ -1,5 +1,5 @@
-// libFuzzer target: arbitrary bytes as a POST /execute body. The validator must never throw
-// and never crash; an accepted request must hold only values the engine can run safely
+// libFuzzer target: arbitrary bytes as a POST /execute body. The request table must never
+// throw and never crash; an accepted request must hold only values the engine can run safely
 // (valid UTF-8, ranges of D8, a temperature that is 0 or >= the WRK-D27 minimum), and a
 // rejected one must render as a JSON 400 body.
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "common/utf8.h"
+#include "server/request.h"
 #include "server/sse.h"
-#include "server/validation.h"
 
 namespace {
 void require(bool ok) {
@@ -19,15 +19,15 @@ void require(bool ok) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace worker::server;
   const std::string body(reinterpret_cast<const char*>(data), size);
-  ExecuteRequest r;
-  const auto v = parse_execute_body(body, r);
+  ParsedRequest r;
+  const auto v = parse_request(body, kExecute, r);
   if (!v.empty()) {
     require(!dump_json(invalid_request_body(v)).empty());
     return 0;
   }
-  const auto& s = r.sampling;
-  require(worker::utf8::is_valid(r.prompt) && !r.prompt.empty());
-  require(!r.max_tokens || (*r.max_tokens >= 1 && *r.max_tokens <= kMaxTokensLimit));
+  const auto& s = r.gen.sampling;
+  require(worker::utf8::is_valid(r.gen.prompt) && !r.gen.prompt.empty());
+  require(!r.max_tokens_given || (r.gen.max_tokens >= 1 && r.gen.max_tokens <= kMaxTokensLimit));
   require(s.temperature == 0.0f ||
           (s.temperature >= static_cast<float>(kMinTemperature) && s.temperature <= 2.0f));
   require(std::isfinite(s.top_p) && s.top_p >= 0.0f && s.top_p <= 1.0f);
@@ -35,8 +35,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   require(s.repetition_penalty >= static_cast<float>(kMinRepetitionPenalty) &&
           s.repetition_penalty <= 2.0f);
   require(s.top_k >= 0);
-  require(r.stop.size() <= kMaxStopSequences);
-  for (const auto& st : r.stop) require(!st.empty() && worker::utf8::is_valid(st));
+  require(r.gen.stop.size() <= kMaxStopSequences);
+  for (const auto& st : r.gen.stop) require(!st.empty() && worker::utf8::is_valid(st));
   require(r.job_id.size() <= kMaxJobIdLen);
   return 0;
 }

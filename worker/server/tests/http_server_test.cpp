@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <thread>
 
 #include "server/http_server.h"
@@ -77,12 +78,13 @@ class ServerHttp : public ::testing::Test {
     cfg.port = 0;
     cfg.worker_id = "123e4567-e89b-12d3-a456-426614174000";
     ro.queue_depth = cfg.queue_depth;
-    runner_ = std::make_unique<JobRunner>(*engine_, *testing::stories().tok, ro, &metrics_);
+    const Tokenizer& tok = tok_ ? *tok_ : *testing::stories().tok;
+    runner_ = std::make_unique<JobRunner>(*engine_, tok, ro, &metrics_);
     http_ = std::make_unique<HttpServer>(cfg, metrics_);
     std::string err;
     ASSERT_TRUE(http_->start(err)) << err;
     if (attach)
-      http_->attach(*runner_, *testing::stories().tok, engine_->n_ctx(), "stories260K",
+      http_->attach(*runner_, tok, engine_->n_ctx(), "stories260K",
                     {{"backend", "cpu"},
                      {"model", "stories260K"},
                      {"tokenizer_kind", "gguf-spm"},
@@ -111,6 +113,7 @@ class ServerHttp : public ::testing::Test {
     return runner_->busy() == want;
   }
 
+  const Tokenizer* tok_ = nullptr;  // set before start(): replaces stories260K's
   std::unique_ptr<testing::ControlledEngine> engine_;
   Metrics metrics_;
   std::unique_ptr<JobRunner> runner_;
@@ -472,6 +475,67 @@ TEST_F(ServerHttp, OpenAiChatErrorsUseOpenAiShape) {
   auto bad = post("/v1/chat/completions", {{"messages", json::array()}});
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
+}
+
+// stories260K's tokenizer, counting how often each text is encoded.
+class CountingTokenizer final : public Tokenizer {
+ public:
+  explicit CountingTokenizer(const Tokenizer& inner) : inner_(inner) {}
+  int encodes_of(const std::string& text) const {
+    std::lock_guard lock(mu_);
+    return static_cast<int>(std::count(seen_.begin(), seen_.end(), text));
+  }
+  std::string kind() const override { return inner_.kind(); }
+  int32_t vocab_size() const override { return inner_.vocab_size(); }
+  std::vector<int32_t> encode(std::string_view text, bool add_special,
+                              bool parse_special) const override {
+    {
+      std::lock_guard lock(mu_);
+      seen_.emplace_back(text);
+    }
+    return inner_.encode(text, add_special, parse_special);
+  }
+  std::string token_to_piece(int32_t id, bool special) const override {
+    return inner_.token_to_piece(id, special);
+  }
+  std::optional<int32_t> bos_id() const override { return inner_.bos_id(); }
+  std::optional<int32_t> eos_id() const override { return inner_.eos_id(); }
+  bool is_eog(int32_t id) const override { return inner_.is_eog(id); }
+  bool add_bos() const override { return inner_.add_bos(); }
+
+ private:
+  const Tokenizer& inner_;
+  mutable std::mutex mu_;
+  mutable std::vector<std::string> seen_;
+};
+
+// Issue 13: the prompt is tokenized once per request, at validation; the job runner and the
+// engine run on those ids (before, generate() tokenized it a second time).
+// REQ: M0-W-1302 WRK-D5 WRK-D8
+TEST_F(ServerHttp, PromptIsTokenizedOncePerRequestOnEveryRoute) {
+  CountingTokenizer counting(*testing::stories().tok);
+  tok_ = &counting;
+  start();
+  const std::string prompt = "Once upon a time there was a cat";
+  const size_t n_ids = testing::stories().tok->encode(prompt, true, false).size();
+  auto r = post("/execute",
+                {{"prompt", prompt}, {"max_tokens", 6}, {"temperature", 0}, {"stop", {"zq"}}});
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Sse s = parse_sse(r->body);
+  ASSERT_FALSE(s.events.empty());
+  EXPECT_EQ(s.events.front().second["prompt_tokens"], n_ids);
+  EXPECT_EQ(s.events.back().first, "end") << r->body;
+  EXPECT_EQ(counting.encodes_of(prompt), 1);
+  EXPECT_EQ(counting.encodes_of("zq"), 1);  // the stop-length check: once too
+
+  const std::string prompt2 = "The little dog ran home";
+  auto o = post("/v1/completions", {{"prompt", prompt2}, {"max_tokens", 6}, {"temperature", 0}});
+  ASSERT_TRUE(o);
+  ASSERT_EQ(o->status, 200) << o->body;
+  EXPECT_EQ(json::parse(o->body)["usage"]["prompt_tokens"],
+            testing::stories().tok->encode(prompt2, true, false).size());
+  EXPECT_EQ(counting.encodes_of(prompt2), 1);
 }
 
 // REQ: M0-W-1350

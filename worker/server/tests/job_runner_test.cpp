@@ -25,7 +25,7 @@ std::shared_ptr<Job> make_job(const std::string& id, const std::string& prompt, 
   j->request.max_tokens = max_tokens;
   j->request.sampling.temperature = temperature;
   j->request.sampling.seed = 42;
-  j->prompt_token_count = tokenize_prompt(*testing::stories().tok, prompt, false).size();
+  j->request.prompt_tokens = tokenize_prompt(*testing::stories().tok, prompt, false);
   j->model = "stories260K";
   return j;
 }
@@ -79,7 +79,7 @@ TEST_F(ServerJobRunner, StreamsStartedTokensEndLikeGenerateDirectly) {
   EXPECT_EQ(st["job_id"], "a");
   EXPECT_EQ(st["model"], "stories260K");
   EXPECT_EQ(st["seed"], 42u);
-  EXPECT_EQ(st["prompt_tokens"], job->prompt_token_count);
+  EXPECT_EQ(st["prompt_tokens"], job->request.prompt_tokens.size());
   EXPECT_EQ(st["started_at"].get<std::string>().size(), 24u);  // RFC 3339 with ms, Z
   const auto& end = evs.back().data;
   EXPECT_EQ(end["tokens_out"], 40);

@@ -22,7 +22,7 @@ std::vector<JobEvent> run_one(JobRunner& r, const std::string& id) {
   j->request.prompt = "Once upon a time";
   j->request.max_tokens = 12;
   j->request.sampling.temperature = 0;
-  j->prompt_token_count = tokenize_prompt(*testing::stories().tok, j->request.prompt, false).size();
+  j->request.prompt_tokens = tokenize_prompt(*testing::stories().tok, j->request.prompt, false);
   EXPECT_EQ(r.submit(j), JobRunner::Admission::Accepted);
   std::vector<JobEvent> evs;
   for (int k = 0; k < 1000; ++k) {
