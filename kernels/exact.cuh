@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gguf/type_traits.h"
 #include "matvec.cuh"  // WeightView
 
 namespace worker::kern::exact {
@@ -28,10 +29,22 @@ namespace worker::kern::exact {
 // type exactly as cpu::quantize_activation does. Caller-owned device buffers sized for the
 // largest n_tok * cols (act_buffer_bytes lays them out in one allocation).
 struct ActBuf {
+  // What the buffer holds: the rows at `src` rounded to `type` (src nullptr: nothing yet).
+  // Every op that writes it says so through holds(); linear() and friends reuse it when it
+  // already holds their input rounded for their weight.
+  ActType type = ActType::F32;
+  const float* src = nullptr;
   float* f = nullptr;   // [n_tok][cols] F32 / F16- / BF16-rounded values (float weights)
   int8_t* q = nullptr;  // [n_tok][cols] Q8_0 or Q8_K quants (quantized weights)
   float* d = nullptr;   // [n_tok][cols / 32] Q8_0 scales (fp16-rounded) or [n_tok][cols/256] Q8_K
   int32_t* bsum = nullptr;  // [n_tok][cols / 16] Q8_K sums of 16 quants
+  void holds(ActType t, const float* x) {
+    type = t;
+    src = x;
+  }
+  bool holds_for(uint32_t weight_type, const float* x) const {
+    return src == x && type == act_type_of(weight_type);
+  }
 };
 // Bytes of one region holding an ActBuf for up to max_tok rows of up to max_cols values.
 size_t act_buffer_bytes(int max_tok, int max_cols);
@@ -39,6 +52,7 @@ size_t act_buffer_bytes(int max_tok, int max_cols);
 ActBuf act_buffer_at(void* base, int max_tok, int max_cols);
 
 // a = x [n_tok][cols] rounded for `weight_type` (cpu::quantize_activation, row by row).
+// Writes a's buffers only: callers that track what `a` holds call a.holds() (linear.cuh).
 void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, const ActBuf& a,
                   cudaStream_t stream);
 
@@ -144,7 +158,7 @@ void matvec1_float_multi(const WeightView* const* ws, float* const* ys, int n, c
 // down weight the caller quantizes g).
 bool matvec1_swiglu_takes(const WeightView& gate, const WeightView& up);
 void matvec1_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& a, float* g,
-                    uint32_t down_type, const ActBuf& down_act, cudaStream_t stream);
+                    uint32_t down_type, ActBuf& down_act, cudaStream_t stream);
 bool matvec1_quant_takes(uint32_t weight_type, int64_t rows, int64_t cols);
 void matvec1_quant(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
                    cudaStream_t stream);
@@ -166,9 +180,9 @@ void matvec1_quant_swiglu(const WeightView& gate, const WeightView& up, const Ac
 
 // rmsnorm(x, w, y, ...) then quantize_act(act_type, y, n_rows, n, a): y and a both written.
 void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
-                 uint32_t act_type, const ActBuf& a, cudaStream_t stream);
+                 uint32_t act_type, ActBuf& a, cudaStream_t stream);
 // swiglu(g, u, n_tok, F) then quantize_act(act_type, g, n_tok, F, a): g and a both written.
-void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, const ActBuf& a,
+void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, ActBuf& a,
                 cudaStream_t stream);
 
 }  // namespace worker::kern::exact

@@ -34,37 +34,17 @@ namespace {
 
 constexpr int kT = 256;  // threads per block; one chunk of columns = kT columns
 
-enum ActKind : int { kActF32 = 0, kActF16 = 1, kActBF16 = 2, kActQ8_0 = 3, kActQ8_K = 4 };
-
-// The rounding quantize_act applies for `type` (a weight type, as quantize_act takes, or
-// Q8_0 / Q8_K themselves); checks the row length as quantize_act does.
-ActKind act_kind(uint32_t type, int cols, const char* what) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: return kActF32;
-    case GgmlType::F16: return kActF16;
-    case GgmlType::BF16: return kActBF16;
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0:
-      if (cols % 32 != 0) {
-        throw WorkerError(ErrorCode::Internal, std::string(what) + ": row length " +
-                                                   std::to_string(cols) +
-                                                   " is not a multiple of 32 (Q8_0 blocks)");
-      }
-      return kActQ8_0;
-    case GgmlType::Q8_K:
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K:
-      if (cols % 256 != 0) {
-        throw WorkerError(ErrorCode::Internal, std::string(what) + ": row length " +
-                                                   std::to_string(cols) +
-                                                   " is not a multiple of 256 (Q8_K blocks)");
-      }
-      return kActQ8_K;
-    default:
-      throw WorkerError(ErrorCode::Internal, std::string(what) + ": unsupported weight type " +
-                                                 std::string(ggml_type_name(type)));
+// The rounding quantize_act applies for weight type `type`; checks the row length as
+// quantize_act does.
+ActType act_checked(uint32_t type, int cols, const char* what) {
+  const ActType t = act_type_for(type, what);
+  if (cols % act_block(t) != 0) {
+    throw WorkerError(ErrorCode::Internal,
+                      std::string(what) + ": row length " + std::to_string(cols) +
+                          " is not a multiple of " + std::to_string(act_block(t)) + " (" +
+                          std::string(ggml_type_name(type)) + " activation blocks)");
   }
+  return t;
 }
 
 // Shared memory of the Q8_K merge (the 8 warps' winners).
@@ -76,16 +56,16 @@ struct ActShared {
 // Writes row t's rounded / quantized value of column `col` = c0 + threadIdx.x (v: its value;
 // valid: col < n). Called by every thread of the block for the same c0 (Q8_K synchronizes
 // the block; Q8_0 the warp).
-template <int AK>
+template <ActType AK>
 __device__ __forceinline__ void act_store(float v, int col, bool valid, int n, size_t t,
                                           const ActBuf& a, ActShared& sh) {
-  if constexpr (AK == kActF32) {
+  if constexpr (AK == ActType::F32) {
     if (valid) a.f[t * n + col] = v;
-  } else if constexpr (AK == kActF16) {
+  } else if constexpr (AK == ActType::F16) {
     if (valid) a.f[t * n + col] = math::act_round_fp16(v);
-  } else if constexpr (AK == kActBF16) {
+  } else if constexpr (AK == ActType::BF16) {
     if (valid) a.f[t * n + col] = math::act_round_bf16(v);
-  } else if constexpr (AK == kActQ8_0) {
+  } else if constexpr (AK == ActType::Q8_0) {
     // n % 32 == 0 and c0 % 256 == 0: a warp's 32 columns are one block, all valid or none
     // (warp-uniform branch).
     if (valid) {
@@ -133,7 +113,7 @@ __device__ __forceinline__ void act_store(float v, int col, bool valid, int n, s
 
 // ---- rmsnorm + act: one block per row (ex_rmsnorm_kernel's decomposition) ----------
 
-template <int AK>
+template <ActType AK>
 __global__ void __launch_bounds__(kT)
     ex_rmsnorm_act_kernel(const float* __restrict__ x, const float* __restrict__ w,
                           float* __restrict__ y, int n, float eps, ActBuf a) {
@@ -206,7 +186,7 @@ __global__ void __launch_bounds__(kT)
 
 // ---- swiglu + act: grid (chunk blocks, tokens), chunks of 256 columns ---------------
 
-template <int AK>
+template <ActType AK>
 __global__ void __launch_bounds__(kT)
     ex_swiglu_act_kernel(float* __restrict__ g, const float* __restrict__ u, int F, ActBuf a) {
   __shared__ ActShared sha;
@@ -227,7 +207,7 @@ __global__ void __launch_bounds__(kT)
   }
 }
 
-template <int AK>
+template <ActType AK>
 void launch_rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
                         const ActBuf& a, cudaStream_t stream) {
   launch_pdl("ex_rmsnorm_act_kernel", ex_rmsnorm_act_kernel<AK>, dim3(n_rows), dim3(kT), stream, x,
@@ -235,7 +215,7 @@ void launch_rmsnorm_act(const float* x, const float* w, float* y, int n_rows, in
   CUDA_CHECK_LAUNCH("ex_rmsnorm_act_kernel");
 }
 
-template <int AK>
+template <ActType AK>
 void launch_swiglu_act(float* g, const float* u, int n_tok, int F, const ActBuf& a,
                        cudaStream_t stream) {
   // One block per chunk of 256 columns (at decode, F = 4864: 19 blocks), fewer when many
@@ -247,34 +227,40 @@ void launch_swiglu_act(float* g, const float* u, int n_tok, int F, const ActBuf&
   CUDA_CHECK_LAUNCH("ex_swiglu_act_kernel");
 }
 
-}  // namespace
-
-void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
-                 uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
-  if (n_rows <= 0 || n <= 0) return;
-  switch (act_kind(act_type, n, "exact::rmsnorm_act")) {
-    case kActF32: return launch_rmsnorm_act<kActF32>(x, w, y, n_rows, n, eps, a, stream);
-    case kActF16: return launch_rmsnorm_act<kActF16>(x, w, y, n_rows, n, eps, a, stream);
-    case kActBF16: return launch_rmsnorm_act<kActBF16>(x, w, y, n_rows, n, eps, a, stream);
-    case kActQ8_0: return launch_rmsnorm_act<kActQ8_0>(x, w, y, n_rows, n, eps, a, stream);
-    case kActQ8_K: return launch_rmsnorm_act<kActQ8_K>(x, w, y, n_rows, n, eps, a, stream);
+// f(integral_constant<ActType, t>) for a run-time rounding t.
+template <class F>
+void with_act(ActType t, F&& f) {
+  switch (t) {
+    case ActType::F32: return f(std::integral_constant<ActType, ActType::F32>{});
+    case ActType::F16: return f(std::integral_constant<ActType, ActType::F16>{});
+    case ActType::BF16: return f(std::integral_constant<ActType, ActType::BF16>{});
+    case ActType::Q8_0: return f(std::integral_constant<ActType, ActType::Q8_0>{});
+    case ActType::Q8_K: return f(std::integral_constant<ActType, ActType::Q8_K>{});
   }
 }
 
-void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, const ActBuf& a,
+}  // namespace
+
+void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
+                 uint32_t act_type, ActBuf& a, cudaStream_t stream) {
+  if (n_rows <= 0 || n <= 0) return;
+  const ActType t = act_checked(act_type, n, "exact::rmsnorm_act");
+  with_act(t, [&](auto k) {
+    launch_rmsnorm_act<decltype(k)::value>(x, w, y, n_rows, n, eps, a, stream);
+  });
+  a.holds(t, y);
+}
+
+void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, ActBuf& a,
                 cudaStream_t stream) {
   if (n_tok <= 0 || F <= 0) return;
   if (n_tok > 65535) {
     throw WorkerError(ErrorCode::Internal,
                       "exact::swiglu_act: " + std::to_string(n_tok) + " tokens (grid y limit)");
   }
-  switch (act_kind(act_type, F, "exact::swiglu_act")) {
-    case kActF32: return launch_swiglu_act<kActF32>(g, u, n_tok, F, a, stream);
-    case kActF16: return launch_swiglu_act<kActF16>(g, u, n_tok, F, a, stream);
-    case kActBF16: return launch_swiglu_act<kActBF16>(g, u, n_tok, F, a, stream);
-    case kActQ8_0: return launch_swiglu_act<kActQ8_0>(g, u, n_tok, F, a, stream);
-    case kActQ8_K: return launch_swiglu_act<kActQ8_K>(g, u, n_tok, F, a, stream);
-  }
+  const ActType t = act_checked(act_type, F, "exact::swiglu_act");
+  with_act(t, [&](auto k) { launch_swiglu_act<decltype(k)::value>(g, u, n_tok, F, a, stream); });
+  a.holds(t, g);
 }
 
 }  // namespace worker::kern::exact

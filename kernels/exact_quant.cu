@@ -68,15 +68,15 @@ size_t align256(size_t n) {
 // ---------------------------------------------------------------------------------------
 // quantize_act
 
-template <int R>  // 0 copy, 1 fp16, 2 bf16
+template <ActType A>  // F32 (a copy), F16 or BF16
 __global__ void act_float_kernel(const float* __restrict__ x, float* __restrict__ f, size_t n) {
   griddep_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float v = x[i];
-    if constexpr (R == 0)
+    if constexpr (A == ActType::F32)
       f[i] = v;
-    else if constexpr (R == 1)
+    else if constexpr (A == ActType::F16)
       f[i] = __half2float(__float2half_rn(v));
     else
       f[i] = __bfloat162float(__float2bfloat16_rn(v));
@@ -216,95 +216,65 @@ ActBuf act_buffer_at(void* base, int max_tok, int max_cols) {
 void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, const ActBuf& a,
                   cudaStream_t stream) {
   if (n_tok <= 0 || cols <= 0) throw WorkerError(ErrorCode::Internal, "quantize_act: empty shape");
+  const ActType t = act_type_for(weight_type, "quantize_act");
+  if (cols % act_block(t) != 0) {
+    throw WorkerError(ErrorCode::Internal, "quantize_act: row length " + std::to_string(cols) +
+                                               " is not a multiple of " +
+                                               std::to_string(act_block(t)) + " (" +
+                                               type_name(weight_type) + " activation blocks)");
+  }
   const size_t n = static_cast<size_t>(n_tok) * static_cast<size_t>(cols);
-  switch (static_cast<GgmlType>(weight_type)) {
-    case GgmlType::F32:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<0>, dim3(grid_for(n, kActThreads)),
+  const size_t nb = n / static_cast<size_t>(act_block(t));
+  const dim3 per_elem(grid_for(n, kActThreads)), per_block(grid_for(nb, kActThreads / kWarp));
+  switch (t) {
+    case ActType::F32:
+      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F32>, per_elem,
                  dim3(kActThreads), stream, x, a.f, n);
-      return;
-    case GgmlType::F16:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<1>, dim3(grid_for(n, kActThreads)),
+      break;
+    case ActType::F16:
+      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F16>, per_elem,
                  dim3(kActThreads), stream, x, a.f, n);
-      return;
-    case GgmlType::BF16:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<2>, dim3(grid_for(n, kActThreads)),
+      break;
+    case ActType::BF16:
+      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::BF16>, per_elem,
                  dim3(kActThreads), stream, x, a.f, n);
-      return;
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0: {
-      if (cols % 32 != 0) {
-        throw WorkerError(ErrorCode::Internal, "quantize_act: row length " + std::to_string(cols) +
-                                                   " is not a multiple of 32 (Q8_0 blocks)");
-      }
-      const size_t nb = n / 32;
-      launch_pdl("exact_act_q8_0_kernel", act_q8_0_kernel, dim3(grid_for(nb, kActThreads / kWarp)),
-                 dim3(kActThreads), stream, x, a.q, a.d, nb);
-      return;
-    }
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K: {
-      if (cols % 256 != 0) {
-        throw WorkerError(ErrorCode::Internal, "quantize_act: row length " + std::to_string(cols) +
-                                                   " is not a multiple of 256 (Q8_K blocks)");
-      }
-      const size_t nb = n / 256;
-      launch_pdl("exact_act_q8_k_kernel", act_q8_k_kernel, dim3(grid_for(nb, kActThreads / kWarp)),
-                 dim3(kActThreads), stream, x, a.q, a.d, a.bsum, nb);
-      return;
-    }
-    default:
-      throw WorkerError(ErrorCode::Internal,
-                        "quantize_act: unsupported weight type " + type_name(weight_type));
+      break;
+    case ActType::Q8_0:
+      launch_pdl("exact_act_q8_0_kernel", act_q8_0_kernel, per_block, dim3(kActThreads), stream, x,
+                 a.q, a.d, nb);
+      break;
+    case ActType::Q8_K:
+      launch_pdl("exact_act_q8_k_kernel", act_q8_k_kernel, per_block, dim3(kActThreads), stream, x,
+                 a.q, a.d, a.bsum, nb);
+      break;
   }
 }
 
 void matmul(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
             bool accumulate, cudaStream_t stream) {
-  const auto t = static_cast<GgmlType>(w.type);
-  if (t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16) {
-    detail::matmul_float(w, a, n_tok, order, y, accumulate, stream);
-    return;
-  }
-  if (n_tok <= 0 || w.rows <= 0 || w.cols <= 0)
-    throw WorkerError(ErrorCode::Internal, "exact matmul: empty shape");
-  const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
-  if (w.cols % (k_quant ? 256 : 32) != 0) {
-    throw WorkerError(ErrorCode::Internal, "exact matmul: row length " + std::to_string(w.cols) +
-                                               " is not a multiple of the " + type_name(w.type) +
-                                               " block");
-  }
-  if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
-    throw WorkerError(ErrorCode::Internal, "exact matmul: matrix too large");
-  const bool rep = (t == GgmlType::Q4_0 || t == GgmlType::Q4_K) && w.rows % 8 == 0;
-  // CpuEngine::matmul: repack_gemm for batch tokens < batch_n - batch_n % 4.
-  const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
-  switch (t) {
-    case GgmlType::Q8_0:
-      launch_qmm_nt<GgmlType::Q8_0, false>(w, a, n_tok, gemm_end, y, accumulate, stream);
-      return;
-    case GgmlType::Q5_0:
-      launch_qmm_nt<GgmlType::Q5_0, false>(w, a, n_tok, gemm_end, y, accumulate, stream);
-      return;
-    case GgmlType::Q4_0:
-      if (rep)
-        launch_qmm_nt<GgmlType::Q4_0, true>(w, a, n_tok, gemm_end, y, accumulate, stream);
-      else
-        launch_qmm_nt<GgmlType::Q4_0, false>(w, a, n_tok, gemm_end, y, accumulate, stream);
-      return;
-    case GgmlType::Q4_K:
-      if (rep)
-        launch_qmm_nt<GgmlType::Q4_K, true>(w, a, n_tok, gemm_end, y, accumulate, stream);
-      else
-        launch_qmm_nt<GgmlType::Q4_K, false>(w, a, n_tok, gemm_end, y, accumulate, stream);
-      return;
-    case GgmlType::Q6_K:
-      launch_qmm_nt<GgmlType::Q6_K, false>(w, a, n_tok, gemm_end, y, accumulate, stream);
-      return;
-    default:
-      throw WorkerError(ErrorCode::Internal,
-                        "exact matmul: unsupported weight type " + type_name(w.type));
-  }
+  dispatch_or_throw(w.type, "exact matmul", [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (Tr::kFamily == DotFamily::Float) {
+      detail::matmul_float(w, a, n_tok, order, y, accumulate, stream);
+    } else {
+      if (n_tok <= 0 || w.rows <= 0 || w.cols <= 0)
+        throw WorkerError(ErrorCode::Internal, "exact matmul: empty shape");
+      if (w.cols % Tr::kBlock != 0) {
+        throw WorkerError(ErrorCode::Internal,
+                          "exact matmul: row length " + std::to_string(w.cols) +
+                              " is not a multiple of the " + type_name(w.type) + " block");
+      }
+      if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
+        throw WorkerError(ErrorCode::Internal, "exact matmul: matrix too large");
+      // CpuEngine::matmul: repack_gemm for batch tokens < batch_n - batch_n % 4.
+      const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
+      if constexpr (Tr::kRepack) {
+        if (w.rows % 8 == 0)
+          return launch_qmm_nt<Tr::kType, true>(w, a, n_tok, gemm_end, y, accumulate, stream);
+      }
+      launch_qmm_nt<Tr::kType, false>(w, a, n_tok, gemm_end, y, accumulate, stream);
+    }
+  });
 }
 
 }  // namespace worker::kern::exact

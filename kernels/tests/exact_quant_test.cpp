@@ -88,7 +88,7 @@ std::vector<float> cpu_matmul(GgmlType type, const std::vector<uint8_t>& w, int 
                               const BatchOrder& order) {
   const int n_tok = static_cast<int>(acts.size());
   const size_t rb = ggml_row_bytes(type, cols);
-  const bool rep = cpu::repacked_on_x86(type, rows);
+  const bool rep = repacked(type, rows);
   for (int t = 0; t < n_tok; ++t) {
     acts[static_cast<size_t>(t)].repacked = rep;
     acts[static_cast<size_t>(t)].repack_gemm =
@@ -326,7 +326,7 @@ TEST(ExactQuantHost, MatmulEmulationMatchesCpuReference) {
       const BatchOrder order{6, 0};  // tokens 0..3 gemm, 4..5 gemv (repacked Q4_K)
       const auto ref = cpu_matmul(type, w, sh.rows, sh.cols, acts, order);
       const size_t rb = ggml_row_bytes(type, sh.cols);
-      const bool rep = cpu::repacked_on_x86(type, sh.rows);
+      const bool rep = repacked(type, sh.rows);
       std::vector<float> got(ref.size());
       for (int t = 0; t < n_tok; ++t) {
         const bool gemm = rep && t < order.batch_n - order.batch_n % 4;
@@ -533,7 +533,7 @@ void sim_matmul(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols
   }
   bs.push_back(0);  // non-empty for the Q0 types (unused there)
   const int n_tok = static_cast<int>(acts.size());
-  const bool rep = cpu::repacked_on_x86(type, rows);
+  const bool rep = repacked(type, rows);
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
   switch (type) {
     case GgmlType::Q8_0:
