@@ -4,18 +4,20 @@
 // picks its kernel from the weight types and the token count, as llama.cpp's
 // ggml_cuda_mul_mat does; every choice gives the CPU reference's bits (exact.cuh):
 //
-//   one token, F32/F16/BF16 weight     matvec1_float        (exact_decode.cu)
-//   one token, quantized weight        matvec1_quant        (exact_qdecode.cu)
+//   one token, F32/F16/BF16 weight     matvec1_float        (matvec1_float.cu)
+//   one token, quantized weight        matvec1_quant        (matvec1_quant.cu)
 //   one token, Q+K+V or gate+up        the *_multi / *_swiglu launches of those files
-//   >= 32 tokens, quantized weight     qgemm                (exact_qgemm.cu)
-//   otherwise                          matmul               (exact_float.cu, exact_quant.cu)
+//   >= 32 tokens, quantized weight     qgemm                (matmul_qgemm.cu)
+//   otherwise                          matmul               (matmul_float.cu, matmul_quant.cu)
 //
 // Inputs come with an ActBuf: the input rounded to the weight type's vec_dot_type. When
 // the buffer already holds x rounded that way (a fused norm, SwiGLU or attention wrote it)
 // it is used as is; otherwise x is rounded into it first.
 #include <cuda_runtime.h>
 
-#include "exact.cuh"
+#include "act_round.cuh"
+#include "matmul.cuh"
+#include "matvec1.cuh"
 
 namespace worker::kern::exact {
 

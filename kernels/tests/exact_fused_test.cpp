@@ -1,4 +1,4 @@
-// Exact fused kernels (kernels/exact_fused.cu: rmsnorm_act, swiglu_act) bit for bit against
+// Exact fused kernels (kernels/act_round.cu: rmsnorm_act, swiglu_act) bit for bit against
 //  (a) the unfused exact kernels (rmsnorm / swiglu then quantize_act) on the GPU, and
 //  (b) the CPU reference (cpu::rms_norm_row / swiglu_row then cpu::quantize_activation),
 // over every output they write (y / g and the ActBuf fields of the act type).
@@ -172,7 +172,7 @@ std::vector<float> tie_heavy(size_t n, std::mt19937& rng) {
 
 // ---- host emulation -------------------------------------------------------------------
 
-// act_store<kActQ8_K> (exact_fused.cu) for one 256-block: thread t holds x[t]; warp
+// act_store<kActQ8_K> (act_round.cu) for one 256-block: thread t holds x[t]; warp
 // butterfly with math::q8k_max_merge (lower lane wins ties), the 8 warp winners scanned in
 // order from amax = 0, quants, sums of 16 by halving, d.
 void emu_q8k_block(const float* x, int8_t* q, float* d, int32_t* bsum) {

@@ -1,4 +1,4 @@
-// One-token quantized products (kernels/exact_qdecode.cu, exact::matvec1_quant) against the
+// One-token quantized products (kernels/matvec1_quant.cu, exact::matvec1_quant) against the
 // CPU reference (cpu::dot_quantized with repacked = cpu::repacked_on_x86, gemv), bit for bit:
 //  - HOST EMULATION tests (ExactQDecodeHost.*, run everywhere): the kernel's decomposition
 //    (per-lane unit slots, passes of 32 units, chain lanes, combine) replayed on the host

@@ -1,4 +1,4 @@
-// Exact quantized prompt GEMM (kernels/exact_qgemm.cu: qgemm) against the CPU reference
+// Exact quantized prompt GEMM (kernels/matmul_qgemm.cu: qgemm) against the CPU reference
 // (cpu::dot_quantized with CpuEngine::matmul's order flags) and against exact::matmul, bit
 // for bit:
 //  - HOST EMULATION tests (ExactQgemmHost.*, run everywhere, CI included): the kernel's CTA

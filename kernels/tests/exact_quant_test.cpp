@@ -1,4 +1,4 @@
-// Exact kernels for quantized weights (kernels/exact_quant.cu) against the CPU reference
+// Exact kernels for quantized weights (kernels/matmul_quant.cu) against the CPU reference
 // (worker/engine/cpu/act_quant.cpp), bit for bit:
 //  - HOST EMULATION tests (ExactQuantHost.*, run everywhere, CI included): the kernels'
 //    thread decomposition replayed on the host with the same __host__ __device__ functions
@@ -485,7 +485,7 @@ void sim_launch(int grid_x, int grid_y, size_t smem_words, Body body) {
   for (auto& t : th) t.join();
 }
 
-// The device dispatch of exact.cuh's matmul (exact_quant.cu: launch_qmm_nt), replayed on the
+// The device dispatch of exact.cuh's matmul (matmul_quant.cu: launch_qmm_nt), replayed on the
 // simulator with host copies of the weights and activations.
 template <GgmlType T, bool REP>
 void sim_matmul_t(const std::vector<uint8_t>& w, int rows, int cols, const std::vector<int8_t>& q,

@@ -1,17 +1,6 @@
-// Exact kernels for quantized weights (see exact.cuh): activation quantization and the
-// quantized matmul, bit for bit the floats of the CPU reference (worker/engine/cpu/
-// act_quant.cpp).
-//
-// quantize_act: cpu::quantize_activation row by row.
-//  - F32 / F16 / BF16: elementwise copy / round to nearest even (__float2half_rn,
-//    __float2bfloat16_rn: the same rounding as fp32_to_fp16 / fp32_to_bf16).
-//  - Q8_0 (for Q8_0 / Q4_0 / Q5_0 weights): one warp per 32-block, amax by warp max (max is
-//    exact in any order), d = amax / 127 (IEEE division) rounded through fp16,
-//    q = round-half-even(x * (127 / amax)).
-//  - Q8_K (Q4_K / Q6_K): one warp per 256-block; the element of largest |x|, first in index
-//    order on ties (the CPU's strict >: each lane scans its 8 elements in order, lanes merge
-//    with the lower lane winning ties), iscale = -127 / max, q = min(127, rint(iscale * x)),
-//    bsum per 16 (integers), d = 1 / iscale.
+// matmul() for quantized weights (matmul.cuh), bit for bit the floats of the CPU reference
+// (worker/engine/cpu/act_quant.cpp); matmul() itself, which sends float weights to
+// matmul_float.cu.
 //
 // matmul (quantized): one warp per weight row and per tile of NT tokens. The reference's
 // float steps are independent chains (its SIMD lanes) that each run over the blocks in
@@ -42,77 +31,24 @@
 // kernel); activations and y only after it.
 //
 // The per-thread code of every kernel lives in exact_quant_math.cuh as __host__ __device__
-// functions (qm::qmm_block, qm::qmv_row_block, qm::act_q8_0_block, qm::act_q8_k_block); the
-// kernels here are thin wrappers. The host tests run that same code in a warp simulator (one
-// host thread per GPU thread) against the CPU reference, besides the GPU tests.
-// The file is compiled with -fmad=false: every fma is explicit, products and sums are
-// rounded on their own as in the reference. Deterministic: no atomics, fixed orders.
+// functions (qm::qmm_block, qm::qmv_row_block); the kernels here are thin wrappers. The host tests
+// run that same code in a warp simulator (one host thread per GPU thread) against the CPU
+// reference, besides the GPU tests. The file is compiled with -fmad=false: every fma is explicit,
+// products and sums are rounded on their own as in the reference. Deterministic: no atomics, fixed
+// orders.
 #include <algorithm>
 #include <string>
 
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
-#include "exact.cuh"
 #include "exact_quant_math.cuh"
 #include "launch.cuh"
+#include "matmul.cuh"
 
 namespace worker::kern::exact {
 
 namespace {
-
-size_t align256(size_t n) {
-  return (n + 255) & ~size_t{255};
-}
-
-// ---------------------------------------------------------------------------------------
-// quantize_act
-
-template <ActType A>  // F32 (a copy), F16 or BF16
-__global__ void act_float_kernel(const float* __restrict__ x, float* __restrict__ f, size_t n) {
-  griddep_wait();
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float v = x[i];
-    if constexpr (A == ActType::F32)
-      f[i] = v;
-    else if constexpr (A == ActType::F16)
-      f[i] = __half2float(__float2half_rn(v));
-    else
-      f[i] = __bfloat162float(__float2bfloat16_rn(v));
-  }
-}
-
-constexpr int kActThreads = 256;
-
-// One warp per 32-block; blocks are numbered over the whole [n_tok][cols] array (a row's
-// blocks are contiguous and rows follow each other, in x as in a.q / a.d).
-__global__ void __launch_bounds__(kActThreads)
-    act_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float* __restrict__ d,
-                    size_t n_blocks) {
-  griddep_wait();
-  const size_t warps = static_cast<size_t>(gridDim.x) * (kActThreads / kWarp);
-  for (size_t k = blockIdx.x * static_cast<size_t>(kActThreads / kWarp) + threadIdx.x / kWarp;
-       k < n_blocks; k += warps)  // warp-uniform
-    qm::act_q8_0_block(x, q, d, k);
-}
-
-// One warp per 256-block, lane l holding elements 8l..8l+7.
-__global__ void __launch_bounds__(kActThreads)
-    act_q8_k_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float* __restrict__ d,
-                    int32_t* __restrict__ bsum, size_t n_blocks) {
-  griddep_wait();
-  const size_t warps = static_cast<size_t>(gridDim.x) * (kActThreads / kWarp);
-  for (size_t k = blockIdx.x * static_cast<size_t>(kActThreads / kWarp) + threadIdx.x / kWarp;
-       k < n_blocks; k += warps)  // warp-uniform
-    qm::act_q8_k_block(x, q, d, bsum, k);
-}
-
-int grid_for(size_t work_items, int per_block) {
-  const size_t b =
-      (work_items + static_cast<size_t>(per_block) - 1) / static_cast<size_t>(per_block);
-  return static_cast<int>(std::min<size_t>(std::max<size_t>(b, 1), 65535));
-}
 
 // ---------------------------------------------------------------------------------------
 // matmul: the kernels are thin wrappers of the per-thread bodies in exact_quant_math.cuh
@@ -188,67 +124,6 @@ std::string type_name(uint32_t t) {
 }
 
 }  // namespace
-
-size_t act_buffer_bytes(int max_tok, int max_cols) {
-  const size_t n = static_cast<size_t>(max_tok) * static_cast<size_t>(max_cols);
-  const size_t nt = static_cast<size_t>(max_tok);
-  const size_t mc = static_cast<size_t>(max_cols);
-  return align256(n * sizeof(float)) + align256(n) + align256(nt * (mc / 32) * sizeof(float)) +
-         align256(nt * (mc / 16) * sizeof(int32_t));
-}
-
-ActBuf act_buffer_at(void* base, int max_tok, int max_cols) {
-  const size_t n = static_cast<size_t>(max_tok) * static_cast<size_t>(max_cols);
-  const size_t nt = static_cast<size_t>(max_tok);
-  const size_t mc = static_cast<size_t>(max_cols);
-  auto* p = static_cast<uint8_t*>(base);
-  ActBuf a;
-  a.f = reinterpret_cast<float*>(p);
-  p += align256(n * sizeof(float));
-  a.q = reinterpret_cast<int8_t*>(p);
-  p += align256(n);
-  a.d = reinterpret_cast<float*>(p);
-  p += align256(nt * (mc / 32) * sizeof(float));
-  a.bsum = reinterpret_cast<int32_t*>(p);
-  return a;
-}
-
-void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, const ActBuf& a,
-                  cudaStream_t stream) {
-  if (n_tok <= 0 || cols <= 0) throw WorkerError(ErrorCode::Internal, "quantize_act: empty shape");
-  const ActType t = act_type_for(weight_type, "quantize_act");
-  if (cols % act_block(t) != 0) {
-    throw WorkerError(ErrorCode::Internal, "quantize_act: row length " + std::to_string(cols) +
-                                               " is not a multiple of " +
-                                               std::to_string(act_block(t)) + " (" +
-                                               type_name(weight_type) + " activation blocks)");
-  }
-  const size_t n = static_cast<size_t>(n_tok) * static_cast<size_t>(cols);
-  const size_t nb = n / static_cast<size_t>(act_block(t));
-  const dim3 per_elem(grid_for(n, kActThreads)), per_block(grid_for(nb, kActThreads / kWarp));
-  switch (t) {
-    case ActType::F32:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F32>, per_elem,
-                 dim3(kActThreads), stream, x, a.f, n);
-      break;
-    case ActType::F16:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F16>, per_elem,
-                 dim3(kActThreads), stream, x, a.f, n);
-      break;
-    case ActType::BF16:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::BF16>, per_elem,
-                 dim3(kActThreads), stream, x, a.f, n);
-      break;
-    case ActType::Q8_0:
-      launch_pdl("exact_act_q8_0_kernel", act_q8_0_kernel, per_block, dim3(kActThreads), stream, x,
-                 a.q, a.d, nb);
-      break;
-    case ActType::Q8_K:
-      launch_pdl("exact_act_q8_k_kernel", act_q8_k_kernel, per_block, dim3(kActThreads), stream, x,
-                 a.q, a.d, a.bsum, nb);
-      break;
-  }
-}
 
 void matmul(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
             bool accumulate, cudaStream_t stream) {

@@ -1,4 +1,4 @@
-// Exact matmul for F32 / F16 / BF16 weights (exact.cuh: detail::matmul_float): every output
+// Exact matmul for F32 / F16 / BF16 weights (matmul.cuh: detail::matmul_float): every output
 // is bit for bit the float CpuEngine::matmul computes (worker/engine/cpu/act_quant.cpp).
 //
 // Orders reproduced, and why the GPU gets the same floats:
@@ -43,9 +43,9 @@
 
 #include "common.cuh"
 #include "common/errors.h"
-#include "exact.cuh"
 #include "exact_float_math.cuh"
 #include "launch.cuh"
+#include "matmul.cuh"
 
 namespace worker::kern::exact {
 namespace {
@@ -483,7 +483,7 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
                           std::to_string(order.batch_n) + ", t0 " + std::to_string(order.t0) + ")");
   }
   if (n_tok == 0) return;
-  // The CPU reference picks tinyBLAS from the whole batch's token count (exact.cuh).
+  // The CPU reference picks tinyBLAS from the whole batch's token count (matmul.cuh).
   const bool tiny = xf::tinyblas_takes(w.type, w.rows, order.batch_n, w.cols);
   dispatch(w.type, [&](auto tr) {
     if constexpr (decltype(tr)::kFamily == DotFamily::Float)

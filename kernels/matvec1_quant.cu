@@ -1,4 +1,4 @@
-// Exact one-token products of quantized weights (see exact.cuh: matvec1_quant): for n_tok 1,
+// Exact one-token products of quantized weights (see matvec1.cuh: matvec1_quant): for n_tok 1,
 // y[r] = dot (or y[r] + dot when accumulate, one rounding, as the CPU's x += tmp) bit for bit
 // cpu::dot_quantized(type, row, act) with act.repacked = repacked(type, rows) and
 // act.repack_gemm = false (one token: the gemv orders).
@@ -51,10 +51,10 @@
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
-#include "exact.cuh"
 #include "exact_ops_math.cuh"
 #include "exact_qdecode_math.cuh"
 #include "launch.cuh"
+#include "matvec1.cuh"
 
 namespace worker::kern::exact {
 

@@ -1,4 +1,4 @@
-// Exact quantized prompt GEMM (exact.cuh: qgemm / qgemm_takes): the same bits as
+// Exact quantized prompt GEMM (matmul.cuh: qgemm / qgemm_takes): the same bits as
 // exact::matmul for Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K weights, i.e. as the CPU reference's
 // cpu::dot_quantized with CpuEngine::matmul's order flags, tiled for prompt batches.
 //
@@ -38,9 +38,9 @@
 
 #include "common.cuh"
 #include "common/errors.h"
-#include "exact.cuh"
 #include "exact_qgemm_math.cuh"
 #include "launch.cuh"
+#include "matmul.cuh"
 
 namespace worker::kern::exact {
 namespace {

@@ -1,4 +1,4 @@
-// One-token exact products for F32 / F16 / BF16 weights (exact.cuh: matvec1_float): the same
+// One-token exact products for F32 / F16 / BF16 weights (matvec1.cuh: matvec1_float): the same
 // bits as matmul()'s vec_dot order (cpu::dot_vecdot, cpu::dot_bf16_vecdot), laid out for
 // memory bandwidth: a warp per row, so that a matrix of few rows (K/V: 128) still has
 // thousands of threads, and each lane streams 4 (F16/BF16) or 8 (F32) bytes per 64-element
@@ -31,10 +31,10 @@
 
 #include "common.cuh"
 #include "common/errors.h"
-#include "exact.cuh"
 #include "exact_float_math.cuh"
 #include "exact_ops_math.cuh"
 #include "launch.cuh"
+#include "matvec1.cuh"
 
 namespace worker::kern::exact {
 namespace {
