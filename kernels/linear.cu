@@ -1,5 +1,7 @@
 #include "linear.cuh"
 
+#include "swiglu.cuh"
+
 namespace worker::kern::exact {
 
 namespace {
@@ -95,3 +97,44 @@ void linear_rows(const WeightView& w, const ActBuf& a, int r0, int rows, int bat
 }
 
 }  // namespace worker::kern::exact
+
+namespace worker::kern::fast {
+
+void linear(const Ctx& c, const WeightView& w, const float* x, int n, float* y, bool accumulate,
+            cudaStream_t stream) {
+  if (n >= c.gemm_min_tokens && gemm_supported(w.type)) {
+    gemm_cublas(c.cublas, w, x, c.lowp, y, n, accumulate, stream);
+  } else if (exact::qgemm_takes(w.type, n)) {
+    // quantized weights, many tokens: weights read in their blocks, no FP32 copy of any
+    // matrix (M0-W-1201)
+    exact::quantize_act(w.type, x, n, static_cast<int>(w.cols), c.act, stream);
+    exact::qgemm(w, c.act, n, exact::BatchOrder{n, 0}, y, accumulate, stream);
+  } else {
+    matvec(w, x, y, n, accumulate, stream);
+  }
+}
+
+void qkv(const Ctx& c, const WeightView& wq, const WeightView& wk, const WeightView& wv,
+         const float* x, int n, float* q, float* k, float* v, cudaStream_t stream) {
+  if (n == 1) {
+    matvec_qkv(wq, wk, wv, x, q, k, v, stream);
+  } else {
+    linear(c, wq, x, n, q, false, stream);
+    linear(c, wk, x, n, k, false, stream);
+    linear(c, wv, x, n, v, false, stream);
+  }
+}
+
+void ffn(const Ctx& c, const WeightView& gate, const WeightView& up, const WeightView& down,
+         const float* x, int n, float* g, float* u, float* y, cudaStream_t stream) {
+  if (n == 1) {
+    matvec_swiglu(gate, up, x, g, u, stream);
+  } else {
+    linear(c, gate, x, n, g, false, stream);
+    linear(c, up, x, n, u, false, stream);
+    swiglu(g, u, static_cast<size_t>(n) * static_cast<size_t>(gate.rows), stream);
+  }
+  linear(c, down, g, n, y, true, stream);
+}
+
+}  // namespace worker::kern::fast

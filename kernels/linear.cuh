@@ -10,6 +10,9 @@
 //   >= 32 tokens, quantized weight     qgemm                (matmul_qgemm.cu)
 //   otherwise                          matmul               (matmul_float.cu, matmul_quant.cu)
 //
+// The fast numerics (--numerics fast, namespace fast below) have the same three entry
+// points over cuBLAS and matvec.cuh's kernels.
+//
 // Inputs come with an ActBuf: the input rounded to the weight type's vec_dot_type. When
 // the buffer already holds x rounded that way (a fused norm, SwiGLU or attention wrote it)
 // it is used as is; otherwise x is rounded into it first.
@@ -42,3 +45,27 @@ void linear_rows(const WeightView& w, const ActBuf& a, int r0, int rows, int bat
                  cudaStream_t stream);
 
 }  // namespace worker::kern::exact
+
+namespace worker::kern::fast {
+
+// What the fast products share: cuBLAS for float weights from gemm_min_tokens tokens on
+// (lowp: 16-bit staging of the input), the exact qgemm for quantized prompt batches (act:
+// its rounding buffer), matvec.cuh's kernels otherwise.
+struct Ctx {
+  cublasHandle_t cublas = nullptr;
+  void* lowp = nullptr;
+  exact::ActBuf act;
+  int gemm_min_tokens = 16;
+};
+
+// y = W x (y += W x when accumulate) for the n rows of x.
+void linear(const Ctx& c, const WeightView& w, const float* x, int n, float* y, bool accumulate,
+            cudaStream_t stream);
+// q = Wq x, k = Wk x, v = Wv x.
+void qkv(const Ctx& c, const WeightView& wq, const WeightView& wk, const WeightView& wv,
+         const float* x, int n, float* q, float* k, float* v, cudaStream_t stream);
+// g = silu(Wgate x) * (Wup x), then y += Wdown g. u: [n][gate.rows] scratch.
+void ffn(const Ctx& c, const WeightView& gate, const WeightView& up, const WeightView& down,
+         const float* x, int n, float* g, float* u, float* y, cudaStream_t stream);
+
+}  // namespace worker::kern::fast

@@ -305,8 +305,8 @@ class CudaEngine final : public Engine {
   void upload_weights();
   kern::WeightView view(const TensorInfo* t) const;
   kern::VecView vec(const TensorInfo* t) const;
-  void mm(Scratch& s, const kern::WeightView& w, const float* x, float* y, int n, bool acc);
   void forward(Scratch& s, int n);
+  void attention_fast(Scratch& s, size_t il, int n);
   void final_logits(Scratch& s, int first_row, int rows);
   void setup_exact();
   void attention_exact(Scratch& s, size_t il, int n);
@@ -545,60 +545,41 @@ bool CudaEngine::verify_residency() {
   return ok;
 }
 
-void CudaEngine::mm(Scratch& s, const kern::WeightView& w, const float* x, float* y, int n,
-                    bool acc) {
-  if (n >= opt_.gemm_min_tokens && kern::gemm_supported(w.type)) {
-    kern::gemm_cublas(cublas_, w, x, s.lowp, y, n, acc, stream_);
-  } else if (kern::exact::qgemm_takes(w.type, n)) {
-    // Quantized weights, many tokens: the exact kernels' quantized GEMM (weights read in
-    // their blocks, no FP32 copy of any matrix; M0-W-1201).
-    kern::exact::quantize_act(w.type, x, n, static_cast<int>(w.cols), s.act, stream_);
-    kern::exact::qgemm(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
-  } else {
-    kern::matvec(w, x, y, n, acc, stream_);
-  }
-}
-
+// The fast numerics' forward: cuBLAS / matvec.cuh products, FP32 or FP16 KV cache.
 void CudaEngine::forward(Scratch& s, int n) {
   const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
-            KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
-  const size_t F = static_cast<size_t>(cfg_.n_ff);
+            F = static_cast<int>(cfg_.n_ff), KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
+  const float eps = cfg_.norm_eps;
+  const kern::fast::Ctx c{cublas_, s.lowp, s.act, opt_.gemm_min_tokens};
   kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
     const int li = static_cast<int>(il);
-    kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, eps, stream_);
     trace("attn_norm", li, s.xn, 0, n, E);
-    if (n == 1) {
-      kern::matvec_qkv(L.wq, L.wk, L.wv, s.xn, s.q, s.k, s.v, stream_);
-    } else {
-      mm(s, L.wq, s.xn, s.q, n, false);
-      mm(s, L.wk, s.xn, s.k, n, false);
-      mm(s, L.wv, s.xn, s.v, n, false);
-    }
-    kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
-                         opt_.kv_cache_f32, stream_);
+    kern::fast::qkv(c, L.wq, L.wk, L.wv, s.xn, n, s.q, s.k, s.v, stream_);
+    attention_fast(s, il, n);
     trace("q", li, s.q, 0, n, QD);
     trace("k_cache", li, kc(il), 0, n, KD, true);
     trace("v_cache", li, vc(il), 0, n, KD, true);
-    kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
-                    rope_.head_dim, s.io, s.attn_part, stream_);
     trace("attn_out", li, s.att, 0, n, QD);
-    mm(s, L.wo, s.att, s.x, n, true);  // residual add fused: x += Wo * att
+    kern::fast::linear(c, L.wo, s.att, n, s.x, true, stream_);  // x += Wo att
     trace("ffn_inp", li, s.x, 0, n, E);
-    kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, eps, stream_);
     trace("ffn_norm", li, s.xn, 0, n, E);
-    if (n == 1) {
-      kern::matvec_swiglu(L.gate, L.up, s.xn, s.g, s.u, stream_);
-    } else {
-      mm(s, L.gate, s.xn, s.g, n, false);
-      mm(s, L.up, s.xn, s.u, n, false);
-      kern::swiglu(s.g, s.u, static_cast<size_t>(n) * F, stream_);
-    }
-    trace("ffn_act", li, s.g, 0, n, static_cast<int>(F));
-    mm(s, L.down, s.g, s.x, n, true);
+    kern::fast::ffn(c, L.gate, L.up, L.down, s.xn, n, s.g, s.u, s.x, stream_);
+    trace("ffn_act", li, s.g, 0, n, F);
     trace("l_out", li, s.x, 0, n, E);
   }
+}
+
+// Bias, RoPE and KV store of layer il, then attention (out: s.att).
+void CudaEngine::attention_fast(Scratch& s, size_t il, int n) {
+  const LayerDev& L = layers_[il];
+  kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
+                       opt_.kv_cache_f32, stream_);
+  kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
+                  rope_.head_dim, s.io, s.attn_part, stream_);
 }
 
 void CudaEngine::final_logits(Scratch& s, int first_row, int rows) {
