@@ -80,20 +80,8 @@ size_t mismatches(const std::vector<T>& got, const std::vector<T>& ref, const st
   return bad;
 }
 
-enum class Kind { F, Q8_0, Q8_K };
-Kind kind_of(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0: return Kind::Q8_0;
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K: return Kind::Q8_K;
-    default: return Kind::F;
-  }
-}
 bool type_fits(GgmlType t, int n) {
-  const Kind k = kind_of(t);
-  return k == Kind::F || (k == Kind::Q8_0 && n % 32 == 0) || (k == Kind::Q8_K && n % 256 == 0);
+  return n % act_block(act_type_of(t)) == 0;
 }
 
 // The fields quantize_act writes for `t`, for `rows` rows of n, as host vectors.
@@ -129,13 +117,15 @@ std::vector<T> dl(const T* p, size_t n) {
 ActHost gpu_act(GgmlType t, const ex::ActBuf& a, int rows, int n) {
   ActHost h;
   const size_t total = static_cast<size_t>(rows) * n;
-  switch (kind_of(t)) {
-    case Kind::F: h.f = dl(a.f, total); break;
-    case Kind::Q8_0:
+  switch (act_type_of(t)) {
+    case ActType::F32:
+    case ActType::F16:
+    case ActType::BF16: h.f = dl(a.f, total); break;
+    case ActType::Q8_0:
       h.q = dl(a.q, total);
       h.d = dl(a.d, total / 32);
       break;
-    case Kind::Q8_K:
+    case ActType::Q8_K:
       h.q = dl(a.q, total);
       h.d = dl(a.d, total / 256);
       h.bsum = dl(a.bsum, total / 16);
@@ -471,7 +461,7 @@ size_t run_attention_act_case(int hd, int group, int n_tok, int n_past, GgmlType
   }
   const ActHost unf = gpu_act(t, au.a, n_tok, q_dim);
   size_t bad = act_mismatches(unf, ref_act, what + " unfused vs cpu");
-  const bool hook = n_tok == 1 && kind_of(t) != Kind::Q8_K;
+  const bool hook = n_tok == 1 && act_type_of(t) != ActType::Q8_K;
   for (int C : {0, 1, 2, 8}) {  // 0: exact::attention_act
     if (C != 0 && !hook) break;
     ActDev af(n_tok, q_dim);

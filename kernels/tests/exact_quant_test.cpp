@@ -535,36 +535,18 @@ void sim_matmul(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols
   const int n_tok = static_cast<int>(acts.size());
   const bool rep = repacked(type, rows);
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
-  switch (type) {
-    case GgmlType::Q8_0:
-      sim_matmul_t<GgmlType::Q8_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                          used_row_kernel);
-      break;
-    case GgmlType::Q5_0:
-      sim_matmul_t<GgmlType::Q5_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                          used_row_kernel);
-      break;
-    case GgmlType::Q4_0:
-      if (rep)
-        sim_matmul_t<GgmlType::Q4_0, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                           used_row_kernel);
-      else
-        sim_matmul_t<GgmlType::Q4_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                            used_row_kernel);
-      break;
-    case GgmlType::Q4_K:
-      if (rep)
-        sim_matmul_t<GgmlType::Q4_K, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                           used_row_kernel);
-      else
-        sim_matmul_t<GgmlType::Q4_K, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                            used_row_kernel);
-      break;
-    default:
-      sim_matmul_t<GgmlType::Q6_K, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                          used_row_kernel);
-      break;
-  }
+  dispatch(type, [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (quantized(Tr::kFamily)) {
+      if constexpr (Tr::kRepack) {
+        if (rep)
+          return sim_matmul_t<Tr::kType, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                               used_row_kernel);
+      }
+      sim_matmul_t<Tr::kType, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                     used_row_kernel);
+    }
+  });
 }
 
 // HOST WARP SIMULATION of the matmul kernels (the code the GPU runs, thread by thread):
