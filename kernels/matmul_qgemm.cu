@@ -200,7 +200,7 @@ void launch_tt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, fl
 }
 
 bool is_quant(uint32_t t) {
-  return dispatch(t, [](auto tr) { return quantized(decltype(tr)::kFamily); });
+  return quantized(dot_family_of(t));
 }
 
 }  // namespace

@@ -366,8 +366,7 @@ void by_type(uint32_t type, F&& f) {
 }  // namespace
 
 bool matvec1_float_takes(uint32_t weight_type, int64_t cols) {
-  const bool float_type =
-      dispatch(weight_type, [](auto tr) { return decltype(tr)::kFamily == DotFamily::Float; });
+  const bool float_type = dot_family_of(weight_type) == DotFamily::Float;
   // pairs of weights as one aligned word per lane: an even row length keeps every row
   // start aligned;
   // x is staged in shared memory as float4: cols % 4, and at most 48 KB
@@ -416,8 +415,7 @@ void matvec1_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& 
   }
   // A float down weight takes g rounded here; a quantized one needs whole blocks of g.
   const ActType act = act_type_of(down_type);
-  const bool float_down =
-      dispatch(down_type, [](auto tr) { return decltype(tr)::kFamily == DotFamily::Float; });
+  const bool float_down = dot_family_of(down_type) == DotFamily::Float;
   float* act_f = float_down ? down_act.f : nullptr;
   by_type(gate.type,
           [&](auto t) { launch_swiglu<decltype(t)::kType>(gate, up, a.f, g, act, act_f, stream); });

@@ -521,7 +521,7 @@ kern::VecView CudaEngine::vec(const TensorInfo* t) const {
   kern::VecView v;
   if (t == nullptr) return v;
   const auto ty = t->type;
-  if (ty != GgmlType::F32 && ty != GgmlType::F16 && ty != GgmlType::BF16) {
+  if (dot_family_of(ty) != DotFamily::Float) {
     throw WorkerError(ErrorCode::ModelLoadFailed,
                       "cuda backend: vector tensor " + t->name + " has type " +
                           std::string(ggml_type_name(t->type_raw)) + " (F32/F16/BF16 expected)");

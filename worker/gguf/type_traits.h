@@ -129,6 +129,14 @@ WORKER_HD constexpr bool repacked(uint32_t t, int64_t rows) {
   return repacked(static_cast<GgmlType>(t), rows);
 }
 
+// The dot family of a weight type known at run time (None for unsupported types).
+WORKER_HD constexpr DotFamily dot_family_of(GgmlType t) {
+  return dispatch(t, [](auto tr) { return decltype(tr)::kFamily; });
+}
+WORKER_HD constexpr DotFamily dot_family_of(uint32_t t) {
+  return dot_family_of(static_cast<GgmlType>(t));
+}
+
 // Elements per block of an activation rounding (1 for the float ones).
 WORKER_HD constexpr int act_block(ActType a) {
   return a == ActType::Q8_0 ? 32 : a == ActType::Q8_K ? 256 : 1;

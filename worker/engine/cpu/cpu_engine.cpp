@@ -282,8 +282,7 @@ class CpuEngine final : public Engine {
       acts_[static_cast<size_t>(t)].repacked = repack;
       acts_[static_cast<size_t>(t)].repack_gemm = repack && t < n - n % 4;
     }
-    const bool float_weights =
-        W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;
+    const bool float_weights = dot_family_of(W.type) == DotFamily::Float;
     const bool tiny = cpu::tinyblas_takes(W.type, M, n, K);
     const bool f16 = W.type == GgmlType::F16, bf16 = W.type == GgmlType::BF16;
     pool_.parallel_for(
