@@ -6,7 +6,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "gguf/ggml_types.h"
+#include "gguf/type_traits.h"
 
 namespace worker::kern {
 
@@ -76,48 +76,18 @@ __device__ __forceinline__ float ld_bf16(const uint8_t* p) {
 
 // A float-typed vector element (norm weights, biases): F32, F16 or BF16.
 __device__ __forceinline__ float load_float_elem(const void* p, uint32_t type, int64_t i) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F16: return __half2float(static_cast<const __half*>(p)[i]);
-    case GgmlType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
+  if (type == static_cast<uint32_t>(GgmlType::F16))
+    return __half2float(static_cast<const __half*>(p)[i]);
+  if (type == static_cast<uint32_t>(GgmlType::BF16))
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
 }
 
 // ---- activation rounding (what llama.cpp's CPU backend and the CPU reference do) ----
 // Before a dot product the activation row is converted to the weight type's
-// "vec_dot_type": F16 or BF16 for those weights, Q8_0 (blocks of 32) for Q4_0/Q5_0/Q8_0,
-// Q8_K (blocks of 256) for Q4_K/Q6_K. The kernels round in registers and then multiply
-// the exact dequantized values, so they see the same numbers as the CPU reference
-// (worker/engine/cpu/act_quant.cpp).
-enum class ActRound { None, F16, BF16, Q8_0, Q8_K };
-template <GgmlType T>
-__host__ __device__ constexpr ActRound act_round() {
-  if constexpr (T == GgmlType::F16)
-    return ActRound::F16;
-  else if constexpr (T == GgmlType::BF16)
-    return ActRound::BF16;
-  else if constexpr (T == GgmlType::Q8_0 || T == GgmlType::Q4_0 || T == GgmlType::Q5_0)
-    return ActRound::Q8_0;
-  else if constexpr (T == GgmlType::Q4_K || T == GgmlType::Q6_K)
-    return ActRound::Q8_K;
-  else
-    return ActRound::None;
-}
-
-// The same for a type known at run time (host and device).
-__host__ __device__ constexpr ActRound act_round_of(uint32_t type) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F16: return ActRound::F16;
-    case GgmlType::BF16: return ActRound::BF16;
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0: return ActRound::Q8_0;
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K: return ActRound::Q8_K;
-    default: return ActRound::None;
-  }
-}
-
+// vec_dot_type (TypeTraits<T>::kAct, gguf/type_traits.h). The kernels round in registers
+// and then multiply the exact dequantized values, so they see the same numbers as the CPU
+// reference (worker/engine/cpu/act_quant.cpp).
 __device__ __forceinline__ float round_f16(float x) {
   return __half2float(__float2half_rn(x));
 }
@@ -182,42 +152,6 @@ __device__ __forceinline__ void round_q8_k_32x8(float* v) {
 #pragma unroll
   for (int i = 0; i < 32; ++i) v[i] = d * fminf(127.0f, rintf(iscale * v[i]));
 }
-
-// Bytes of one block and elements per block, per type (templates below).
-template <GgmlType T>
-struct BlockInfo;
-template <>
-struct BlockInfo<GgmlType::F32> {
-  static constexpr int kElems = 1, kBytes = 4;
-};
-template <>
-struct BlockInfo<GgmlType::F16> {
-  static constexpr int kElems = 1, kBytes = 2;
-};
-template <>
-struct BlockInfo<GgmlType::BF16> {
-  static constexpr int kElems = 1, kBytes = 2;
-};
-template <>
-struct BlockInfo<GgmlType::Q8_0> {
-  static constexpr int kElems = 32, kBytes = 34;
-};
-template <>
-struct BlockInfo<GgmlType::Q4_0> {
-  static constexpr int kElems = 32, kBytes = 18;
-};
-template <>
-struct BlockInfo<GgmlType::Q5_0> {
-  static constexpr int kElems = 32, kBytes = 22;
-};
-template <>
-struct BlockInfo<GgmlType::Q4_K> {
-  static constexpr int kElems = 256, kBytes = 144;
-};
-template <>
-struct BlockInfo<GgmlType::Q6_K> {
-  static constexpr int kElems = 256, kBytes = 210;
-};
 
 // Dequantizes the 32 weights [32*sb, 32*sb + 32) of a row into v. For the float types
 // the "sub-block" is just 32 consecutive elements.

@@ -34,7 +34,7 @@ __global__ void embed_f_kernel(const uint8_t* __restrict__ w, uint32_t type, siz
 
 template <GgmlType T>
 void launch_q(const WeightView& t, const int32_t* tokens, int n_tok, float* out, cudaStream_t s) {
-  if (t.cols % BlockInfo<T>::kElems != 0) {
+  if (t.cols % TypeTraits<T>::kBlock != 0) {
     throw WorkerError(ErrorCode::Internal, "embed: row length not a multiple of the block");
   }
   launch_pdl("embed_q_kernel", embed_q_kernel<T>, dim3(n_tok), dim3(128), s,
@@ -45,23 +45,16 @@ void launch_q(const WeightView& t, const int32_t* tokens, int n_tok, float* out,
 }  // namespace
 
 void embed(const WeightView& t, const int32_t* tokens, int n_tok, float* out, cudaStream_t stream) {
-  switch (static_cast<GgmlType>(t.type)) {
-    case GgmlType::F32:
-    case GgmlType::F16:
-    case GgmlType::BF16:
+  dispatch_or_throw(t.type, "embed", [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (Tr::kFamily == DotFamily::Float) {
       launch_pdl("embed_f_kernel", embed_f_kernel, dim3(n_tok), dim3(256), stream,
                  static_cast<const uint8_t*>(t.data), t.type, t.row_bytes, static_cast<int>(t.cols),
                  tokens, out);
       CUDA_CHECK_LAUNCH("embed_f_kernel");
-      return;
-    case GgmlType::Q8_0: return launch_q<GgmlType::Q8_0>(t, tokens, n_tok, out, stream);
-    case GgmlType::Q4_0: return launch_q<GgmlType::Q4_0>(t, tokens, n_tok, out, stream);
-    case GgmlType::Q5_0: return launch_q<GgmlType::Q5_0>(t, tokens, n_tok, out, stream);
-    case GgmlType::Q4_K: return launch_q<GgmlType::Q4_K>(t, tokens, n_tok, out, stream);
-    case GgmlType::Q6_K: return launch_q<GgmlType::Q6_K>(t, tokens, n_tok, out, stream);
-    default:
-      throw WorkerError(ErrorCode::Internal,
-                        "embed: unsupported type " + std::string(ggml_type_name(t.type)));
-  }
+    } else {
+      launch_q<Tr::kType>(t, tokens, n_tok, out, stream);
+    }
+  });
 }
 }  // namespace worker::kern

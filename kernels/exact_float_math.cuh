@@ -1,5 +1,5 @@
 #pragma once
-// The per-thread float steps of the exact F32/F16/BF16 matmul (exact_float.cu), as
+// The per-thread float steps of the exact F32/F16/BF16 matmul (matmul_float.cu), as
 // __host__ __device__ helpers: the GPU kernels call them, and exact_float_test.cpp calls the
 // same functions in a host emulation of the kernels' thread decomposition, which is checked
 // bit for bit against the CPU reference (worker/engine/cpu/act_quant.cpp) on any machine.

@@ -1,6 +1,7 @@
 #pragma once
-// More decode-step fusions of the exact kernels (h4), beside the ones declared in exact.cuh
-// (rmsnorm_act, swiglu_act). Each writes exactly what the unfused sequence writes.
+// Decode-step fusions of the exact attention with the rounding of its output for Wo (the
+// norm and SwiGLU ones are in act_round.cuh). Each writes exactly what the unfused sequence
+// writes.
 #include <cuda_runtime.h>
 #include <stdint.h>
 

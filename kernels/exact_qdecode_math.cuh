@@ -1,8 +1,8 @@
 #pragma once
-// Per-thread math of the one-token quantized products (exact_qdecode.cu), __host__ __device__
+// Per-thread math of the one-token quantized products (matvec1_quant.cu), __host__ __device__
 // so that the host test (exact_qdecode_test.cpp, ExactQDecodeHost.*) replays the kernel's
 // decomposition with the same code: per-unit integer slots, the chains' float steps over the
-// units of a pass, the combine tree. Built on h2's helpers in exact_quant_math.cuh.
+// units of a pass, the combine tree. Built on the helpers in exact_quant_math.cuh.
 //
 // Vocabulary: a "unit" is what one lane computes in one pass: a 32-element block for Q8_0 /
 // Q4_0 / Q5_0, a 32-element sub-block (1/8 of a super-block) for Q4_K / Q6_K. A pass is 32

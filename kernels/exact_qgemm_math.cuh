@@ -1,8 +1,8 @@
 #pragma once
-// Per-thread code of the exact quantized prompt GEMM (exact_qgemm.cu), __host__ __device__
+// Per-thread code of the exact quantized prompt GEMM (matmul_qgemm.cu), __host__ __device__
 // so that the host emulation test (exact_qgemm_test.cpp, ExactQgemmHost.*) replays the
 // kernel's tiling thread by thread with the very same functions and checks it against
-// cpu::dot_quantized bit for bit. See exact_qgemm.cu's header comment for the orders.
+// cpu::dot_quantized bit for bit. See matmul_qgemm.cu's header comment for the orders.
 //
 // Tiling: a CTA of kThreads threads owns kBR = 32 weight rows x BT tokens and walks the
 // row in steps of 256 elements (8 Q0 blocks or one K super-block). Per step the whole CTA
@@ -22,9 +22,9 @@
 
 #include <cstring>
 
-#include "exact.cuh"
 #include "exact_quant_math.cuh"
 #include "gguf/ggml_types.h"
+#include "matmul.cuh"
 
 namespace worker::kern::exact::qg {
 
@@ -595,7 +595,7 @@ EXQ_HD uint32_t gemm_mask_of(int tid, int tok0, int gemm_end) {
 // shuffles xor 4, 2, 1, each lane adding its partner's value), written on an array: lane 0
 // ends with (t0 + t2) + (t1 + t3), t_i = v[i] + v[i+4], which is hsum_float_8 (float + is
 // commutative). The min chains (lanes 0..3) run the xor 2, 1 steps: (m0 + m2) + (m1 + m3).
-// Host emulation of the kernel's combine; the device code is in exact_qgemm.cu.
+// Host emulation of the kernel's combine; the device code is in matmul_qgemm.cu.
 inline float butterfly8_host(const float (&v)[8]) {
   float a[8], b[8];
   for (int l = 0; l < 8; ++l) a[l] = v[l] + v[l ^ 4];

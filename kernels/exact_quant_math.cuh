@@ -1,12 +1,12 @@
 #pragma once
-// Per-thread code of the exact quantized kernels (exact_quant.cu), __host__ __device__ so
+// Per-thread code of the exact quantized kernels (matmul_quant.cu), __host__ __device__ so
 // that the host tests (exact_quant_test.cpp) run it too: the math helpers (integer slots,
 // chain steps, combine trees) in an emulation of the decomposition, and the kernels' whole
 // per-thread bodies (qmm_block, qmv_row_block, act_q8_0_from, act_q8_k_from) in a warp
 // simulator; both against cpu::dot_quantized / cpu::quantize_activation bit for bit.
 // Other exact kernels (fusions, the prompt GEMM) may reuse these pieces.
 //
-// Vocabulary (see exact_quant.cu's header comment for the orders):
+// Vocabulary (see matmul_quant.cu's header comment for the orders):
 //  - a "block" is one step of the reference's float chains: 32 elements for Q8_0 / Q4_0 /
 //    Q5_0, a 256-element super-block for Q4_K / Q6_K;
 //  - a block contributes integers ("slots") to the chains: Q0 types 8 lane ints (lane i =
@@ -804,7 +804,7 @@ EXQ_HD void qmv_row_block(const uint8_t* __restrict__ w, int rows, int cols, siz
 }
 
 // ---------------------------------------------------------------------------------------
-// quantize_act's warp bodies (exact_quant.cu's act_q8_0_kernel / act_q8_k_kernel run one per
+// quantize_act's warp bodies (matmul_quant.cu's act_q8_0_kernel / act_q8_k_kernel run one per
 // warp and block; blocks are numbered over the whole [n_tok][cols] array).
 
 // Q8_0 block k from the lane's element v (element 32k + lane): amax by a butterfly max

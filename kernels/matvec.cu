@@ -34,9 +34,9 @@ __device__ __forceinline__ void load_x32(const float* __restrict__ x, int sb, bo
 #pragma unroll
     for (int i = 0; i < 32; ++i) xv[i] = 0.0f;
   }
-  if constexpr (act_round<T>() == ActRound::Q8_0) {
+  if constexpr (TypeTraits<T>::kAct == ActType::Q8_0) {
     if (active) round_q8_0_32(xv);
-  } else if constexpr (act_round<T>() == ActRound::Q8_K) {
+  } else if constexpr (TypeTraits<T>::kAct == ActType::Q8_K) {
     round_q8_k_32x8(xv);
   }
 }
@@ -260,7 +260,7 @@ template <GgmlType T>
 __global__ void __launch_bounds__(kSplitThreads)
     matvec_split_kernel(const uint8_t* __restrict__ w, int cols, size_t row_bytes,
                         const float* __restrict__ x, float* __restrict__ y, int accumulate) {
-  static_assert(BlockInfo<T>::kElems == 1, "float weight types only");
+  static_assert(TypeTraits<T>::kBlock == 1, "float weight types only");
   __shared__ float sh[kSplitThreads / kWarp];
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int r = blockIdx.x;
@@ -315,7 +315,7 @@ template <GgmlType T>
 __device__ __forceinline__ void round_x_to_smem(const float* __restrict__ x, int cols,
                                                 int8_t* __restrict__ xq, float* __restrict__ xd,
                                                 int* __restrict__ xsum) {
-  constexpr bool kK = act_round<T>() == ActRound::Q8_K;
+  constexpr bool kK = TypeTraits<T>::kAct == ActType::Q8_K;
   constexpr int kGroup = kK ? 32 : 4;
   const int lane = threadIdx.x % kWarp;
   const int n8 = cols / 8;  // a multiple of 4 (Q8_0) or 32 (Q8_K): whole groups only
@@ -498,13 +498,14 @@ __device__ __forceinline__ float dot32_int<GgmlType::Q6_K>(const uint8_t* row, i
 
 __device__ __forceinline__ float dot32_int_any(uint32_t type, const uint8_t* row, int sb,
                                                const XBlk& x) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::Q8_0: return dot32_int<GgmlType::Q8_0>(row, sb, x);
-    case GgmlType::Q4_0: return dot32_int<GgmlType::Q4_0>(row, sb, x);
-    case GgmlType::Q5_0: return dot32_int<GgmlType::Q5_0>(row, sb, x);
-    case GgmlType::Q4_K: return dot32_int<GgmlType::Q4_K>(row, sb, x);
-    default: return dot32_int<GgmlType::Q6_K>(row, sb, x);
-  }
+  return dispatch(type, [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (quantized(Tr::kFamily)) {
+      return dot32_int<Tr::kType>(row, sb, x);
+    } else {
+      return 0.0f;  // float weights never share a quantized launch
+    }
+  });
 }
 
 // L2 prefetch of the 128-byte line holding p (weights, before the PDL wait).
@@ -666,7 +667,7 @@ void launch_one(const WeightView& w, const float* x, float* y, int n_tok, bool a
   const auto* data = static_cast<const uint8_t*>(w.data);
   // Float types only: measured on an H200, a quantized variant (a thread per 32-weight
   // sub-block) made Q4_K_M decode slower; see reports/perf-notes.md v5.
-  if constexpr (BlockInfo<T>::kElems > 1) {
+  if constexpr (TypeTraits<T>::kBlock > 1) {
     if (NT == 1 && q1_fits(w.cols)) {
       const Segs segs{
           {data, nullptr, nullptr}, {y, nullptr, nullptr}, {static_cast<int>(w.rows), 0, 0}, 1};
@@ -674,7 +675,7 @@ void launch_one(const WeightView& w, const float* x, float* y, int n_tok, bool a
       return;
     }
   }
-  if constexpr (BlockInfo<T>::kElems == 1) {
+  if constexpr (TypeTraits<T>::kBlock == 1) {
     if (NT == 1 && w.rows <= kSplitMaxRows && w.cols % 8 == 0) {
       launch_pdl("matvec_split_kernel", matvec_split_kernel<T>, dim3(static_cast<unsigned>(w.rows)),
                  dim3(kSplitThreads), s, data, static_cast<int>(w.cols), w.row_bytes, x, y, acc);
@@ -682,7 +683,7 @@ void launch_one(const WeightView& w, const float* x, float* y, int n_tok, bool a
       return;
     }
   }
-  if constexpr (BlockInfo<T>::kElems == 1) {
+  if constexpr (TypeTraits<T>::kBlock == 1) {
     if (w.cols % 8 != 0) {
       launch_pdl("matvec_scalar_kernel", matvec_scalar_kernel<T, NT>, dim3(grid),
                  dim3(kRowsPerBlock * kWarp), s, data, static_cast<int>(w.rows),
@@ -704,7 +705,7 @@ void launch_one(const WeightView& w, const float* x, float* y, int n_tok, bool a
 template <GgmlType T>
 void launch_type(const WeightView& w, const float* x, float* y, int n_tok, bool acc,
                  cudaStream_t s) {
-  const int elems = BlockInfo<T>::kElems == 1 ? 1 : BlockInfo<T>::kElems;
+  const int elems = TypeTraits<T>::kBlock == 1 ? 1 : TypeTraits<T>::kBlock;
   if (w.cols % elems != 0) {
     throw WorkerError(ErrorCode::Internal,
                       "matvec: row length " + std::to_string(w.cols) + " of type " +
@@ -747,7 +748,7 @@ template <GgmlType T>
 __device__ __forceinline__ float row_dot(const uint8_t* __restrict__ row, int cols,
                                          const float* __restrict__ x, int lane) {
   float acc = 0.0f;
-  if constexpr (BlockInfo<T>::kElems > 1) {
+  if constexpr (TypeTraits<T>::kBlock > 1) {
     const int nsb = cols / 32;
     for (int sb0 = 0; sb0 < nsb; sb0 += kWarp) {
       const int sb = sb0 + lane;
@@ -796,7 +797,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   if constexpr (kSwiglu) rows[NR - 1] = w_up + static_cast<size_t>(r) * row_bytes;
   float res[NR];
   bool done = false;
-  if constexpr (BlockInfo<T>::kElems == 1) {
+  if constexpr (TypeTraits<T>::kBlock == 1) {
     if (cols % 8 == 0) {
       rows_dot_pf<T, NR, 4>(rows, cols, x, lane * 8, kWarp * 8, res);
 #pragma unroll
@@ -821,7 +822,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
 template <GgmlType T, bool kSwiglu>
 void launch_multi(const Segs& segs, const uint8_t* w_up, int cols, size_t row_bytes, const float* x,
                   cudaStream_t st) {
-  if constexpr (BlockInfo<T>::kElems > 1) {
+  if constexpr (TypeTraits<T>::kBlock > 1) {
     if (q1_fits(cols)) return launch_q1<T, kSwiglu>(segs, w_up, cols, row_bytes, x, false, st);
   }
   int rows = 0;
@@ -835,27 +836,9 @@ void launch_multi(const Segs& segs, const uint8_t* w_up, int cols, size_t row_by
 template <bool kSwiglu>
 void dispatch_multi(uint32_t type, const Segs& segs, const uint8_t* w_up, int cols,
                     size_t row_bytes, const float* x, cudaStream_t st) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32:
-      return launch_multi<GgmlType::F32, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::F16:
-      return launch_multi<GgmlType::F16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::BF16:
-      return launch_multi<GgmlType::BF16, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q8_0:
-      return launch_multi<GgmlType::Q8_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q4_0:
-      return launch_multi<GgmlType::Q4_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q5_0:
-      return launch_multi<GgmlType::Q5_0, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q4_K:
-      return launch_multi<GgmlType::Q4_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    case GgmlType::Q6_K:
-      return launch_multi<GgmlType::Q6_K, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
-    default:
-      throw WorkerError(ErrorCode::Internal,
-                        "matvec: unsupported weight type " + std::string(ggml_type_name(type)));
-  }
+  dispatch_or_throw(type, "matvec", [&](auto tr) {
+    launch_multi<decltype(tr)::kType, kSwiglu>(segs, w_up, cols, row_bytes, x, st);
+  });
 }
 
 bool same_layout(const WeightView& a, const WeightView& b) {
@@ -868,11 +851,11 @@ void matvec_qkv(const WeightView& q, const WeightView& k, const WeightView& v, c
   if (!same_layout(q, k) || !same_layout(q, v)) {
     // Quantized Q/K/V of different types (a Q4_K_M file's Q5_0 Q and K with a Q8_0 V)
     // still share one launch when they round the activations alike.
-    const ActRound kind = act_round_of(q.type);
+    const ActType kind = act_type_of(q.type);
     static const bool mixed_off = std::getenv("WORKER_NO_MIXED_QKV") != nullptr;  // A/B runs
-    if (!mixed_off && (kind == ActRound::Q8_0 || kind == ActRound::Q8_K) &&
-        act_round_of(k.type) == kind && act_round_of(v.type) == kind && q.cols == k.cols &&
-        q.cols == v.cols && q1_fits(q.cols) && q.cols % (kind == ActRound::Q8_K ? 256 : 32) == 0) {
+    if (!mixed_off && (kind == ActType::Q8_0 || kind == ActType::Q8_K) &&
+        act_type_of(k.type) == kind && act_type_of(v.type) == kind && q.cols == k.cols &&
+        q.cols == v.cols && q1_fits(q.cols) && q.cols % act_block(kind) == 0) {
       Segs segs{{static_cast<const uint8_t*>(q.data), static_cast<const uint8_t*>(k.data),
                  static_cast<const uint8_t*>(v.data)},
                 {yq, yk, yv},
@@ -881,7 +864,7 @@ void matvec_qkv(const WeightView& q, const WeightView& k, const WeightView& v, c
                 {q.type, k.type, v.type},
                 {q.row_bytes, k.row_bytes, v.row_bytes}};
       const int cols = static_cast<int>(q.cols);
-      if (kind == ActRound::Q8_0)
+      if (kind == ActType::Q8_0)
         launch_q1<GgmlType::Q8_0, false, true>(segs, nullptr, cols, 0, x, false, stream);
       else
         launch_q1<GgmlType::Q4_K, false, true>(segs, nullptr, cols, 0, x, false, stream);
@@ -921,19 +904,9 @@ void matvec(const WeightView& w, const float* x, float* y, int n_tok, bool accum
   if (n_tok <= 0 || w.rows <= 0 || w.cols <= 0) {
     throw WorkerError(ErrorCode::Internal, "matvec: empty shape");
   }
-  switch (static_cast<GgmlType>(w.type)) {
-    case GgmlType::F32: return launch_type<GgmlType::F32>(w, x, y, n_tok, accumulate, stream);
-    case GgmlType::F16: return launch_type<GgmlType::F16>(w, x, y, n_tok, accumulate, stream);
-    case GgmlType::BF16: return launch_type<GgmlType::BF16>(w, x, y, n_tok, accumulate, stream);
-    case GgmlType::Q8_0: return launch_type<GgmlType::Q8_0>(w, x, y, n_tok, accumulate, stream);
-    case GgmlType::Q4_0: return launch_type<GgmlType::Q4_0>(w, x, y, n_tok, accumulate, stream);
-    case GgmlType::Q5_0: return launch_type<GgmlType::Q5_0>(w, x, y, n_tok, accumulate, stream);
-    case GgmlType::Q4_K: return launch_type<GgmlType::Q4_K>(w, x, y, n_tok, accumulate, stream);
-    case GgmlType::Q6_K: return launch_type<GgmlType::Q6_K>(w, x, y, n_tok, accumulate, stream);
-    default:
-      throw WorkerError(ErrorCode::Internal,
-                        "matvec: unsupported weight type " + std::string(ggml_type_name(w.type)));
-  }
+  dispatch_or_throw(w.type, "matvec", [&](auto tr) {
+    launch_type<decltype(tr)::kType>(w, x, y, n_tok, accumulate, stream);
+  });
 }
 
 bool gemm_supported(uint32_t type) {

@@ -1,4 +1,4 @@
-// matvec1_float (kernels/exact_decode.cu) against the CPU reference bit for bit: every output
+// matvec1_float (kernels/matvec1_float.cu) against the CPU reference bit for bit: every output
 // of one-token products of F32 / F16 / BF16 weights equals cpu::dot_vecdot /
 // cpu::dot_bf16_vecdot on the activation cpu::quantize_activation rounds, at the decode
 // shapes of the 0.5B model, few-row and odd-length matrices (the sequential leftovers), with

@@ -1,4 +1,4 @@
-// Exact F32/F16/BF16 matmul (kernels/exact_float.cu) against the CPU reference, bit for bit
+// Exact F32/F16/BF16 matmul (kernels/matmul_float.cu) against the CPU reference, bit for bit
 // (see kernels/exact.cuh).
 //  - ExactFloatHost.*: HOST EMULATION, runs everywhere (also without a GPU): the kernels'
 //    thread decomposition (which thread owns which chains, the shuffle butterflies, the

@@ -1,4 +1,4 @@
-// Exact fused kernels (kernels/exact_fused.cu: rmsnorm_act, swiglu_act) bit for bit against
+// Exact fused kernels (kernels/act_round.cu: rmsnorm_act, swiglu_act) bit for bit against
 //  (a) the unfused exact kernels (rmsnorm / swiglu then quantize_act) on the GPU, and
 //  (b) the CPU reference (cpu::rms_norm_row / swiglu_row then cpu::quantize_activation),
 // over every output they write (y / g and the ActBuf fields of the act type).
@@ -80,20 +80,8 @@ size_t mismatches(const std::vector<T>& got, const std::vector<T>& ref, const st
   return bad;
 }
 
-enum class Kind { F, Q8_0, Q8_K };
-Kind kind_of(GgmlType t) {
-  switch (t) {
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0: return Kind::Q8_0;
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K: return Kind::Q8_K;
-    default: return Kind::F;
-  }
-}
 bool type_fits(GgmlType t, int n) {
-  const Kind k = kind_of(t);
-  return k == Kind::F || (k == Kind::Q8_0 && n % 32 == 0) || (k == Kind::Q8_K && n % 256 == 0);
+  return n % act_block(act_type_of(t)) == 0;
 }
 
 // The fields quantize_act writes for `t`, for `rows` rows of n, as host vectors.
@@ -129,13 +117,15 @@ std::vector<T> dl(const T* p, size_t n) {
 ActHost gpu_act(GgmlType t, const ex::ActBuf& a, int rows, int n) {
   ActHost h;
   const size_t total = static_cast<size_t>(rows) * n;
-  switch (kind_of(t)) {
-    case Kind::F: h.f = dl(a.f, total); break;
-    case Kind::Q8_0:
+  switch (act_type_of(t)) {
+    case ActType::F32:
+    case ActType::F16:
+    case ActType::BF16: h.f = dl(a.f, total); break;
+    case ActType::Q8_0:
       h.q = dl(a.q, total);
       h.d = dl(a.d, total / 32);
       break;
-    case Kind::Q8_K:
+    case ActType::Q8_K:
       h.q = dl(a.q, total);
       h.d = dl(a.d, total / 256);
       h.bsum = dl(a.bsum, total / 16);
@@ -172,7 +162,7 @@ std::vector<float> tie_heavy(size_t n, std::mt19937& rng) {
 
 // ---- host emulation -------------------------------------------------------------------
 
-// act_store<kActQ8_K> (exact_fused.cu) for one 256-block: thread t holds x[t]; warp
+// act_store<kActQ8_K> (act_round.cu) for one 256-block: thread t holds x[t]; warp
 // butterfly with math::q8k_max_merge (lower lane wins ties), the 8 warp winners scanned in
 // order from amax = 0, quants, sums of 16 by halving, d.
 void emu_q8k_block(const float* x, int8_t* q, float* d, int32_t* bsum) {
@@ -471,7 +461,7 @@ size_t run_attention_act_case(int hd, int group, int n_tok, int n_past, GgmlType
   }
   const ActHost unf = gpu_act(t, au.a, n_tok, q_dim);
   size_t bad = act_mismatches(unf, ref_act, what + " unfused vs cpu");
-  const bool hook = n_tok == 1 && kind_of(t) != Kind::Q8_K;
+  const bool hook = n_tok == 1 && act_type_of(t) != ActType::Q8_K;
   for (int C : {0, 1, 2, 8}) {  // 0: exact::attention_act
     if (C != 0 && !hook) break;
     ActDev af(n_tok, q_dim);

@@ -1,4 +1,4 @@
-// One-token quantized products (kernels/exact_qdecode.cu, exact::matvec1_quant) against the
+// One-token quantized products (kernels/matvec1_quant.cu, exact::matvec1_quant) against the
 // CPU reference (cpu::dot_quantized with repacked = cpu::repacked_on_x86, gemv), bit for bit:
 //  - HOST EMULATION tests (ExactQDecodeHost.*, run everywhere): the kernel's decomposition
 //    (per-lane unit slots, passes of 32 units, chain lanes, combine) replayed on the host
@@ -55,7 +55,7 @@ cpu::QuantizedActivation random_act(GgmlType type, int64_t rows, int cols, uint6
   for (auto& v : x) v = nd(rng);
   cpu::QuantizedActivation a;
   cpu::quantize_activation(type, x.data(), cols, a);
-  a.repacked = cpu::repacked_on_x86(type, rows);
+  a.repacked = repacked(type, rows);
   a.repack_gemm = false;
   return a;
 }
@@ -496,7 +496,7 @@ void multi_case(const std::vector<QWeight>& qs, int cols, uint64_t seed) {
   for (size_t i = 0; i < qs.size(); ++i) {
     w[i] = random_weights(qs[i].t, qs[i].rows, cols, seed + 13 * i);
     auto ai = a;
-    ai.repacked = cpu::repacked_on_x86(qs[i].t, qs[i].rows);
+    ai.repacked = repacked(qs[i].t, qs[i].rows);
     ref[i] = cpu_ref(qs[i].t, w[i], qs[i].rows, cols, ai);
     dw.emplace_back(w[i]);
     dy.emplace_back(static_cast<size_t>(qs[i].rows));

@@ -1,4 +1,4 @@
-// Exact quantized prompt GEMM (kernels/exact_qgemm.cu: qgemm) against the CPU reference
+// Exact quantized prompt GEMM (kernels/matmul_qgemm.cu: qgemm) against the CPU reference
 // (cpu::dot_quantized with CpuEngine::matmul's order flags) and against exact::matmul, bit
 // for bit:
 //  - HOST EMULATION tests (ExactQgemmHost.*, run everywhere, CI included): the kernel's CTA
@@ -97,7 +97,7 @@ void cpu_rows(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols, 
               std::vector<float>& y) {
   const int n_tok = static_cast<int>(acts.rows.size());
   const size_t rb = ggml_row_bytes(type, cols);
-  const bool rep = cpu::repacked_on_x86(type, rows);
+  const bool rep = repacked(type, rows);
   for (int t = 0; t < n_tok; ++t) {
     auto& a = acts.rows[static_cast<size_t>(t)];
     a.repacked = rep;

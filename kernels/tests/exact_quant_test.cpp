@@ -1,4 +1,4 @@
-// Exact kernels for quantized weights (kernels/exact_quant.cu) against the CPU reference
+// Exact kernels for quantized weights (kernels/matmul_quant.cu) against the CPU reference
 // (worker/engine/cpu/act_quant.cpp), bit for bit:
 //  - HOST EMULATION tests (ExactQuantHost.*, run everywhere, CI included): the kernels'
 //    thread decomposition replayed on the host with the same __host__ __device__ functions
@@ -88,7 +88,7 @@ std::vector<float> cpu_matmul(GgmlType type, const std::vector<uint8_t>& w, int 
                               const BatchOrder& order) {
   const int n_tok = static_cast<int>(acts.size());
   const size_t rb = ggml_row_bytes(type, cols);
-  const bool rep = cpu::repacked_on_x86(type, rows);
+  const bool rep = repacked(type, rows);
   for (int t = 0; t < n_tok; ++t) {
     acts[static_cast<size_t>(t)].repacked = rep;
     acts[static_cast<size_t>(t)].repack_gemm =
@@ -326,7 +326,7 @@ TEST(ExactQuantHost, MatmulEmulationMatchesCpuReference) {
       const BatchOrder order{6, 0};  // tokens 0..3 gemm, 4..5 gemv (repacked Q4_K)
       const auto ref = cpu_matmul(type, w, sh.rows, sh.cols, acts, order);
       const size_t rb = ggml_row_bytes(type, sh.cols);
-      const bool rep = cpu::repacked_on_x86(type, sh.rows);
+      const bool rep = repacked(type, sh.rows);
       std::vector<float> got(ref.size());
       for (int t = 0; t < n_tok; ++t) {
         const bool gemm = rep && t < order.batch_n - order.batch_n % 4;
@@ -485,7 +485,7 @@ void sim_launch(int grid_x, int grid_y, size_t smem_words, Body body) {
   for (auto& t : th) t.join();
 }
 
-// The device dispatch of exact.cuh's matmul (exact_quant.cu: launch_qmm_nt), replayed on the
+// The device dispatch of exact.cuh's matmul (matmul_quant.cu: launch_qmm_nt), replayed on the
 // simulator with host copies of the weights and activations.
 template <GgmlType T, bool REP>
 void sim_matmul_t(const std::vector<uint8_t>& w, int rows, int cols, const std::vector<int8_t>& q,
@@ -533,38 +533,20 @@ void sim_matmul(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols
   }
   bs.push_back(0);  // non-empty for the Q0 types (unused there)
   const int n_tok = static_cast<int>(acts.size());
-  const bool rep = cpu::repacked_on_x86(type, rows);
+  const bool rep = repacked(type, rows);
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
-  switch (type) {
-    case GgmlType::Q8_0:
-      sim_matmul_t<GgmlType::Q8_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                          used_row_kernel);
-      break;
-    case GgmlType::Q5_0:
-      sim_matmul_t<GgmlType::Q5_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                          used_row_kernel);
-      break;
-    case GgmlType::Q4_0:
-      if (rep)
-        sim_matmul_t<GgmlType::Q4_0, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                           used_row_kernel);
-      else
-        sim_matmul_t<GgmlType::Q4_0, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                            used_row_kernel);
-      break;
-    case GgmlType::Q4_K:
-      if (rep)
-        sim_matmul_t<GgmlType::Q4_K, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                           used_row_kernel);
-      else
-        sim_matmul_t<GgmlType::Q4_K, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                            used_row_kernel);
-      break;
-    default:
-      sim_matmul_t<GgmlType::Q6_K, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
-                                          used_row_kernel);
-      break;
-  }
+  dispatch(type, [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (quantized(Tr::kFamily)) {
+      if constexpr (Tr::kRepack) {
+        if (rep)
+          return sim_matmul_t<Tr::kType, true>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                               used_row_kernel);
+      }
+      sim_matmul_t<Tr::kType, false>(w, rows, cols, q, d, bs, n_tok, gemm_end, y, acc,
+                                     used_row_kernel);
+    }
+  });
 }
 
 // HOST WARP SIMULATION of the matmul kernels (the code the GPU runs, thread by thread):

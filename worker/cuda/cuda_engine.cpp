@@ -29,6 +29,7 @@
 #include "engine/sampler.h"
 #include "exact.cuh"
 #include "exact_fused.cuh"
+#include "linear.cuh"
 #include "matvec.cuh"
 #include "rmsnorm.cuh"
 #include "rope_qkv.cuh"
@@ -97,8 +98,7 @@ struct Scratch {
   void* lowp = nullptr;
   float* attn_part = nullptr;  // split-KV attention partials (few-token batches)
   int32_t* io = nullptr;       // [0] = n_past, [1..B] = token ids
-  kern::exact::ActBuf act;     // exact kernels: the current matmul input
-  uint32_t act_type = 0;       // weight type `act` was last rounded for
+  kern::exact::ActBuf act;     // exact kernels: the current matmul input, rounded
   float* attn_scr = nullptr;   // exact attention's probabilities
 
   static void lay(Layout& L, const ModelConfig& c, int B, int rows, const ExactSizes& ex,
@@ -305,12 +305,11 @@ class CudaEngine final : public Engine {
   void upload_weights();
   kern::WeightView view(const TensorInfo* t) const;
   kern::VecView vec(const TensorInfo* t) const;
-  void mm(Scratch& s, const kern::WeightView& w, const float* x, float* y, int n, bool acc);
   void forward(Scratch& s, int n);
+  void attention_fast(Scratch& s, size_t il, int n);
   void final_logits(Scratch& s, int first_row, int rows);
   void setup_exact();
-  void mm_exact(Scratch& s, const kern::WeightView& w, const float* x, int cols, int n, float* y,
-                bool acc, bool reuse);
+  void attention_exact(Scratch& s, size_t il, int n);
   void forward_exact(Scratch& s, int n, bool last_only);
   void final_logits_exact(Scratch& s, int first_row, int n_out, int rows_per_call, float* host_out);
   void decode_body();
@@ -522,7 +521,7 @@ kern::VecView CudaEngine::vec(const TensorInfo* t) const {
   kern::VecView v;
   if (t == nullptr) return v;
   const auto ty = t->type;
-  if (ty != GgmlType::F32 && ty != GgmlType::F16 && ty != GgmlType::BF16) {
+  if (dot_family_of(ty) != DotFamily::Float) {
     throw WorkerError(ErrorCode::ModelLoadFailed,
                       "cuda backend: vector tensor " + t->name + " has type " +
                           std::string(ggml_type_name(t->type_raw)) + " (F32/F16/BF16 expected)");
@@ -546,60 +545,41 @@ bool CudaEngine::verify_residency() {
   return ok;
 }
 
-void CudaEngine::mm(Scratch& s, const kern::WeightView& w, const float* x, float* y, int n,
-                    bool acc) {
-  if (n >= opt_.gemm_min_tokens && kern::gemm_supported(w.type)) {
-    kern::gemm_cublas(cublas_, w, x, s.lowp, y, n, acc, stream_);
-  } else if (kern::exact::qgemm_takes(w.type, n)) {
-    // Quantized weights, many tokens: the exact kernels' quantized GEMM (weights read in
-    // their blocks, no FP32 copy of any matrix; M0-W-1201).
-    kern::exact::quantize_act(w.type, x, n, static_cast<int>(w.cols), s.act, stream_);
-    kern::exact::qgemm(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
-  } else {
-    kern::matvec(w, x, y, n, acc, stream_);
-  }
-}
-
+// The fast numerics' forward: cuBLAS / matvec.cuh products, FP32 or FP16 KV cache.
 void CudaEngine::forward(Scratch& s, int n) {
   const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
-            KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
-  const size_t F = static_cast<size_t>(cfg_.n_ff);
+            F = static_cast<int>(cfg_.n_ff), KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
+  const float eps = cfg_.norm_eps;
+  const kern::fast::Ctx c{cublas_, s.lowp, s.act, opt_.gemm_min_tokens};
   kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
     const int li = static_cast<int>(il);
-    kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, eps, stream_);
     trace("attn_norm", li, s.xn, 0, n, E);
-    if (n == 1) {
-      kern::matvec_qkv(L.wq, L.wk, L.wv, s.xn, s.q, s.k, s.v, stream_);
-    } else {
-      mm(s, L.wq, s.xn, s.q, n, false);
-      mm(s, L.wk, s.xn, s.k, n, false);
-      mm(s, L.wv, s.xn, s.v, n, false);
-    }
-    kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
-                         opt_.kv_cache_f32, stream_);
+    kern::fast::qkv(c, L.wq, L.wk, L.wv, s.xn, n, s.q, s.k, s.v, stream_);
+    attention_fast(s, il, n);
     trace("q", li, s.q, 0, n, QD);
     trace("k_cache", li, kc(il), 0, n, KD, true);
     trace("v_cache", li, vc(il), 0, n, KD, true);
-    kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
-                    rope_.head_dim, s.io, s.attn_part, stream_);
     trace("attn_out", li, s.att, 0, n, QD);
-    mm(s, L.wo, s.att, s.x, n, true);  // residual add fused: x += Wo * att
+    kern::fast::linear(c, L.wo, s.att, n, s.x, true, stream_);  // x += Wo att
     trace("ffn_inp", li, s.x, 0, n, E);
-    kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, cfg_.norm_eps, stream_);
+    kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, eps, stream_);
     trace("ffn_norm", li, s.xn, 0, n, E);
-    if (n == 1) {
-      kern::matvec_swiglu(L.gate, L.up, s.xn, s.g, s.u, stream_);
-    } else {
-      mm(s, L.gate, s.xn, s.g, n, false);
-      mm(s, L.up, s.xn, s.u, n, false);
-      kern::swiglu(s.g, s.u, static_cast<size_t>(n) * F, stream_);
-    }
-    trace("ffn_act", li, s.g, 0, n, static_cast<int>(F));
-    mm(s, L.down, s.g, s.x, n, true);
+    kern::fast::ffn(c, L.gate, L.up, L.down, s.xn, n, s.g, s.u, s.x, stream_);
+    trace("ffn_act", li, s.g, 0, n, F);
     trace("l_out", li, s.x, 0, n, E);
   }
+}
+
+// Bias, RoPE and KV store of layer il, then attention (out: s.att).
+void CudaEngine::attention_fast(Scratch& s, size_t il, int n) {
+  const LayerDev& L = layers_[il];
+  kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
+                       opt_.kv_cache_f32, stream_);
+  kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
+                  rope_.head_dim, s.io, s.attn_part, stream_);
 }
 
 void CudaEngine::final_logits(Scratch& s, int first_row, int rows) {
@@ -643,37 +623,22 @@ void CudaEngine::setup_exact() {
   shape_.neox = cfg_.rope_neox;
 }
 
-// Rows r.. of an exact matmul input rounded for weight type `type`, `cols` wide.
-kern::exact::ActBuf act_rows(const kern::exact::ActBuf& a, uint32_t type, int cols, int r) {
-  const auto t = static_cast<GgmlType>(type);
-  const size_t R = static_cast<size_t>(r), C = static_cast<size_t>(cols);
-  const bool qk = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
-  kern::exact::ActBuf o = a;
-  o.f = a.f + R * C;
-  o.q = a.q + R * C;
-  o.d = a.d + R * (qk ? C / 256 : C / 32);
-  o.bsum = a.bsum + R * (C / 16);
-  return o;
-}
-
-// y = W x for n rows of x (cols wide), as one batch of the CPU reference's matmul. `reuse`:
-// s.act holds x rounded for s.act_type (by a fused norm / SwiGLU, or the previous call of
-// the group: Q, K and V; gate and up), so a weight of that type uses it as is.
-void CudaEngine::mm_exact(Scratch& s, const kern::WeightView& w, const float* x, int cols, int n,
-                          float* y, bool acc, bool reuse) {
-  if (!reuse || s.act_type != w.type) {
-    kern::exact::quantize_act(w.type, x, n, cols, s.act, stream_);
-    s.act_type = w.type;
+// Bias, RoPE, KV store and attention of layer il (out: s.att), and s.att rounded for Wo
+// into s.act: one launch at decode.
+void CudaEngine::attention_exact(Scratch& s, size_t il, int n) {
+  namespace ex = kern::exact;
+  const LayerDev& L = layers_[il];
+  const LayerVecs& V = xvec_[il];
+  if (opt_.kv_cache_f32) {
+    ex::rope_attention_act(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
+                           static_cast<float*>(kc(il)), static_cast<float*>(vc(il)), s.att, n_ctx_,
+                           s.attn_scr, L.wo.type, s.act, stream_);
+  } else {  // llama.cpp's default FP16 cache, as the CPU reference's kv_f16 mode computes it
+    ex::rope_attention_act_f16(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
+                               static_cast<uint16_t*>(kc(il)), static_cast<uint16_t*>(vc(il)),
+                               s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
   }
-  if (n == 1 && kern::exact::matvec1_float_takes(w.type, w.cols)) {
-    kern::exact::matvec1_float(w, s.act, y, acc, stream_);
-  } else if (n == 1 && kern::exact::matvec1_quant_takes(w.type, w.rows, w.cols)) {
-    kern::exact::matvec1_quant(w, s.act, y, acc, stream_);
-  } else if (kern::exact::qgemm_takes(w.type, n)) {
-    kern::exact::qgemm(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
-  } else {
-    kern::exact::matmul(w, s.act, n, kern::exact::BatchOrder{n, 0}, y, acc, stream_);
-  }
+  s.act.holds(act_type_of(L.wo.type), s.att);
 }
 
 // CpuEngine::eval's sequence, op for op. last_only: the last layer's FFN runs for the last
@@ -683,78 +648,30 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
   namespace ex = kern::exact;
   const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
             F = static_cast<int>(cfg_.n_ff), KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
+  const float eps = cfg_.norm_eps;
   kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
     const LayerVecs& V = xvec_[il];
-    void* kcache = kc(il);
-    void* vcache = vc(il);
     const int li = static_cast<int>(il);
-    ex::rmsnorm_act(s.x, V.attn_norm, s.xn, n, E, cfg_.norm_eps, L.wq.type, s.act, stream_);
+    ex::rmsnorm_act(s.x, V.attn_norm, s.xn, n, E, eps, L.wq.type, s.act, stream_);
     trace("attn_norm", li, s.xn, 0, n, E);
-    s.act_type = L.wq.type;
-    const kern::WeightView* qkv_w[3] = {&L.wq, &L.wk, &L.wv};
-    float* qkv_y[3] = {s.q, s.k, s.v};
-    if (n == 1 && L.wq.type == L.wk.type && L.wq.type == L.wv.type &&
-        ex::matvec1_float_takes(L.wq.type, L.wq.cols)) {
-      ex::matvec1_float_multi(qkv_w, qkv_y, 3, s.act, false, stream_);  // one launch
-    } else if (n == 1 && ex::matvec1_quant_multi_takes(qkv_w, 3)) {
-      // one launch; the types may differ where they share the activation rounding
-      ex::matvec1_quant_multi(qkv_w, qkv_y, 3, s.act, false, stream_);
-    } else {
-      mm_exact(s, L.wq, s.xn, E, n, s.q, false, true);
-      mm_exact(s, L.wk, s.xn, E, n, s.k, false, true);
-      mm_exact(s, L.wv, s.xn, E, n, s.v, false, true);
-    }
-    if (opt_.kv_cache_f32) {
-      // bias + RoPE + KV store + attention + rounding for Wo: one launch at decode
-      ex::rope_attention_act(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
-                             static_cast<float*>(kcache), static_cast<float*>(vcache), s.att,
-                             n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
-    } else {
-      // llama.cpp's default FP16 cache, as the CPU reference's kv_f16 mode computes it: bias
-      // + RoPE + KV store + attention + rounding for Wo, one launch at decode
-      ex::rope_attention_act_f16(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
-                                 static_cast<uint16_t*>(kcache), static_cast<uint16_t*>(vcache),
-                                 s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
-    }
+    ex::qkv(L.wq, L.wk, L.wv, s.xn, n, s.act, s.q, s.k, s.v, stream_);
+    attention_exact(s, il, n);
     trace("q", li, s.q, 0, n, QD);
-    trace("k_cache", li, kcache, 0, n, KD, true);
-    trace("v_cache", li, vcache, 0, n, KD, true);
+    trace("k_cache", li, kc(il), 0, n, KD, true);
+    trace("v_cache", li, vc(il), 0, n, KD, true);
     trace("attn_out", li, s.att, 0, n, QD);
-    s.act_type = L.wo.type;
-    mm_exact(s, L.wo, s.att, QD, n, s.x, true, true);  // x += Wo att
+    ex::linear(L.wo, s.att, n, s.act, s.x, true, stream_);  // x += Wo att
     trace("ffn_inp", li, s.x, 0, n, E);
     const int r0 = (last_only && il + 1 == layers_.size()) ? n - 1 : 0;
     const int nr = n - r0;
     float* xr = s.x + static_cast<size_t>(r0) * static_cast<size_t>(E);
-    ex::rmsnorm_act(xr, V.ffn_norm, s.xn, nr, E, cfg_.norm_eps, L.gate.type, s.act, stream_);
+    ex::rmsnorm_act(xr, V.ffn_norm, s.xn, nr, E, eps, L.gate.type, s.act, stream_);
     trace("ffn_norm", li, s.xn, r0, nr, E);
-    s.act_type = L.gate.type;
-    if (nr == 1 && ex::matvec1_swiglu_takes(L.gate, L.up)) {
-      // gate, up and SwiGLU in one launch; its rounding for a float down weight goes to a
-      // second buffer (the launch still reads s.act)
-      ex::ActBuf act2 = s.act;
-      act2.f = static_cast<float*>(s.lowp);
-      ex::matvec1_swiglu(L.gate, L.up, s.act, s.g, L.down.type, act2, stream_);
-      trace("ffn_act", li, s.g, r0, nr, F);
-      if (ex::matvec1_float_takes(L.down.type, L.down.cols)) {
-        ex::matvec1_float(L.down, act2, xr, true, stream_);
-      } else {
-        mm_exact(s, L.down, s.g, F, nr, xr, true, false);
-      }
-    } else if (nr == 1 && ex::matvec1_quant_swiglu_takes(L.gate, L.up)) {
-      ex::matvec1_quant_swiglu(L.gate, L.up, s.act, s.g, stream_);  // one launch
-      trace("ffn_act", li, s.g, r0, nr, F);
-      mm_exact(s, L.down, s.g, F, nr, xr, true, false);  // rounds g for the down weight
-    } else {
-      mm_exact(s, L.gate, s.xn, E, nr, s.g, false, true);
-      mm_exact(s, L.up, s.xn, E, nr, s.u, false, true);
-      ex::swiglu_act(s.g, s.u, nr, F, L.down.type, s.act, stream_);
-      trace("ffn_act", li, s.g, r0, nr, F);
-      s.act_type = L.down.type;
-      mm_exact(s, L.down, s.g, F, nr, xr, true, true);  // x += Wdown act
-    }
+    ex::ffn(L.gate, L.up, L.down, s.xn, nr, s.act, s.g, s.u, static_cast<float*>(s.lowp), xr,
+            stream_);  // x += Wdown SwiGLU(Wgate xn, Wup xn)
+    trace("ffn_act", li, s.g, r0, nr, F);
     trace("l_out", li, xr, r0, nr, E);
   }
 }
@@ -771,15 +688,9 @@ void CudaEngine::final_logits_exact(Scratch& s, int first_row, int n_out, int ro
   ex::rmsnorm_act(s.x + static_cast<size_t>(first_row) * static_cast<size_t>(E), out_norm_f32_,
                   s.xn, n_out, E, cfg_.norm_eps, output_.type, s.act, stream_);
   trace("result_norm", -1, s.xn, first_row, n_out, E);
-  s.act_type = output_.type;
   for (int r = 0; r < n_out; r += rows_per_call) {
     const int rows = std::min(rows_per_call, n_out - r);
-    if (n_out == 1 && ex::matvec1_quant_takes(output_.type, output_.rows, output_.cols)) {
-      ex::matvec1_quant(output_, s.act, s.logits, false, stream_);  // the decode LM head
-    } else {
-      ex::matmul(output_, act_rows(s.act, output_.type, E, r), rows, ex::BatchOrder{n_out, r},
-                 s.logits, false, stream_);
-    }
+    ex::linear_rows(output_, s.act, r, rows, n_out, s.logits, stream_);
     if (host_out != nullptr) {
       CUDA_CHECK(cudaMemcpyAsync(host_out + static_cast<size_t>(r) * V, s.logits,
                                  sizeof(float) * V * static_cast<size_t>(rows),

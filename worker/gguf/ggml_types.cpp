@@ -5,14 +5,16 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/errors.h"
 #include "gguf/gguf_file.h"
+#include "gguf/type_traits.h"
 
 namespace worker {
 
 namespace {
 
-constexpr int kQK = 32;     // elements per block of Q4_0 / Q5_0 / Q8_0
-constexpr int kQK_K = 256;  // elements per super-block of the K-quants
+constexpr int kQK = TypeTraits<GgmlType::Q8_0>::kBlock;    // Q4_0 / Q5_0 / Q8_0
+constexpr int kQK_K = TypeTraits<GgmlType::Q4_K>::kBlock;  // the K-quants
 
 // Block layouts from llama.cpp's ggml-common.h (all fields little-endian, packed).
 struct BlockQ4_0 {
@@ -40,13 +42,13 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];
   uint16_t d;
 };
-static_assert(sizeof(BlockQ4_0) == 18);
-static_assert(sizeof(BlockQ5_0) == 22);
-static_assert(sizeof(BlockQ8_0) == 34);
-static_assert(sizeof(BlockQ4_K) == 144);
-static_assert(sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ4_0) == TypeTraits<GgmlType::Q4_0>::kBlockBytes);
+static_assert(sizeof(BlockQ5_0) == TypeTraits<GgmlType::Q5_0>::kBlockBytes);
+static_assert(sizeof(BlockQ8_0) == TypeTraits<GgmlType::Q8_0>::kBlockBytes);
+static_assert(sizeof(BlockQ4_K) == TypeTraits<GgmlType::Q4_K>::kBlockBytes);
+static_assert(sizeof(BlockQ6_K) == TypeTraits<GgmlType::Q6_K>::kBlockBytes);
 
-struct TypeTraits {
+struct TypeInfo {
   uint32_t id;
   const char* name;
   size_t block;
@@ -54,28 +56,34 @@ struct TypeTraits {
   bool supported;
 };
 
+// A type this worker computes with: its sizes from TypeTraits.
+template <GgmlType T>
+constexpr TypeInfo supported(const char* name) {
+  return {static_cast<uint32_t>(T), name, TypeTraits<T>::kBlock, TypeTraits<T>::kBlockBytes, true};
+}
+
 // Sizes of every type a GGUF file may hold, so that an unsupported one is still parsed and
 // reported by name (D2) rather than misread.
-constexpr TypeTraits kTypes[] = {
-    {0, "F32", 1, 4, true},          {1, "F16", 1, 2, true},
-    {2, "Q4_0", 32, 18, true},       {3, "Q4_1", 32, 20, false},
-    {6, "Q5_0", 32, 22, true},       {7, "Q5_1", 32, 24, false},
-    {8, "Q8_0", 32, 34, true},       {9, "Q8_1", 32, 36, false},
-    {10, "Q2_K", 256, 84, false},    {11, "Q3_K", 256, 110, false},
-    {12, "Q4_K", 256, 144, true},    {13, "Q5_K", 256, 176, false},
-    {14, "Q6_K", 256, 210, true},    {15, "Q8_K", 256, 292, false},
-    {16, "IQ2_XXS", 256, 66, false}, {17, "IQ2_XS", 256, 74, false},
-    {18, "IQ3_XXS", 256, 98, false}, {19, "IQ1_S", 256, 50, false},
-    {20, "IQ4_NL", 32, 18, false},   {21, "IQ3_S", 256, 110, false},
-    {22, "IQ2_S", 256, 82, false},   {23, "IQ4_XS", 256, 136, false},
-    {24, "I8", 1, 1, false},         {25, "I16", 1, 2, false},
-    {26, "I32", 1, 4, false},        {27, "I64", 1, 8, false},
-    {28, "F64", 1, 8, false},        {29, "IQ1_M", 256, 56, false},
-    {30, "BF16", 1, 2, true},        {34, "TQ1_0", 256, 54, false},
-    {35, "TQ2_0", 256, 66, false},   {39, "MXFP4", 32, 17, false},
+constexpr TypeInfo kTypes[] = {
+    supported<GgmlType::F32>("F32"),   supported<GgmlType::F16>("F16"),
+    supported<GgmlType::Q4_0>("Q4_0"), {3, "Q4_1", 32, 20, false},
+    supported<GgmlType::Q5_0>("Q5_0"), {7, "Q5_1", 32, 24, false},
+    supported<GgmlType::Q8_0>("Q8_0"), {9, "Q8_1", 32, 36, false},
+    {10, "Q2_K", 256, 84, false},      {11, "Q3_K", 256, 110, false},
+    supported<GgmlType::Q4_K>("Q4_K"), {13, "Q5_K", 256, 176, false},
+    supported<GgmlType::Q6_K>("Q6_K"), {15, "Q8_K", 256, 292, false},
+    {16, "IQ2_XXS", 256, 66, false},   {17, "IQ2_XS", 256, 74, false},
+    {18, "IQ3_XXS", 256, 98, false},   {19, "IQ1_S", 256, 50, false},
+    {20, "IQ4_NL", 32, 18, false},     {21, "IQ3_S", 256, 110, false},
+    {22, "IQ2_S", 256, 82, false},     {23, "IQ4_XS", 256, 136, false},
+    {24, "I8", 1, 1, false},           {25, "I16", 1, 2, false},
+    {26, "I32", 1, 4, false},          {27, "I64", 1, 8, false},
+    {28, "F64", 1, 8, false},          {29, "IQ1_M", 256, 56, false},
+    supported<GgmlType::BF16>("BF16"), {34, "TQ1_0", 256, 54, false},
+    {35, "TQ2_0", 256, 66, false},     {39, "MXFP4", 32, 17, false},
 };
 
-const TypeTraits* traits(uint32_t type) {
+constexpr const TypeInfo* traits(uint32_t type) {
   for (const auto& t : kTypes) {
     if (t.id == type) return &t;
   }
@@ -177,8 +185,43 @@ void deq_q6_k(const BlockQ6_K* x, float* y, int64_t nb) {
   }
 }
 
+// dequantize_row for one type (check_row has refused unsupported types and partial blocks).
+void f16_like_row(const void* src, float* dst, int64_t n, float (*conv)(uint16_t)) {
+  const auto* s = static_cast<const uint8_t*>(src);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, s + 2 * i, 2);
+    dst[i] = conv(h);
+  }
+}
+void deq_row(UnsupportedType, const void*, float*, int64_t) {}
+void deq_row(TypeTraits<GgmlType::F32>, const void* src, float* dst, int64_t n) {
+  std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+}
+void deq_row(TypeTraits<GgmlType::F16>, const void* src, float* dst, int64_t n) {
+  f16_like_row(src, dst, n, fp16_to_fp32);
+}
+void deq_row(TypeTraits<GgmlType::BF16>, const void* src, float* dst, int64_t n) {
+  f16_like_row(src, dst, n, bf16_to_fp32);
+}
+void deq_row(TypeTraits<GgmlType::Q4_0>, const void* src, float* dst, int64_t n) {
+  deq_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
+}
+void deq_row(TypeTraits<GgmlType::Q5_0>, const void* src, float* dst, int64_t n) {
+  deq_q5_0(static_cast<const BlockQ5_0*>(src), dst, n / kQK);
+}
+void deq_row(TypeTraits<GgmlType::Q8_0>, const void* src, float* dst, int64_t n) {
+  deq_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
+}
+void deq_row(TypeTraits<GgmlType::Q4_K>, const void* src, float* dst, int64_t n) {
+  deq_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQK_K);
+}
+void deq_row(TypeTraits<GgmlType::Q6_K>, const void* src, float* dst, int64_t n) {
+  deq_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQK_K);
+}
+
 void check_row(GgmlType type, int64_t n) {
-  const TypeTraits* t = traits(static_cast<uint32_t>(type));
+  const TypeInfo* t = traits(static_cast<uint32_t>(type));
   if (!t || !t->supported) {
     throw GgufError("tensor type " + std::string(ggml_type_name(static_cast<uint32_t>(type))) +
                     " is not supported (supported: F32 F16 BF16 Q8_0 Q4_0 Q5_0 Q4_K Q6_K)");
@@ -192,7 +235,7 @@ void check_row(GgmlType type, int64_t n) {
 }  // namespace
 
 std::string_view ggml_type_name(uint32_t type) {
-  if (const TypeTraits* t = traits(type)) return t->name;
+  if (const TypeInfo* t = traits(type)) return t->name;
   // Unknown values get a stable printable name; one buffer per thread keeps the view valid.
   thread_local std::string buf;
   buf = "type" + std::to_string(type);
@@ -200,55 +243,29 @@ std::string_view ggml_type_name(uint32_t type) {
 }
 
 bool ggml_type_supported(uint32_t type) {
-  const TypeTraits* t = traits(type);
+  const TypeInfo* t = traits(type);
   return t && t->supported;
 }
 
 std::optional<size_t> ggml_block_size(uint32_t type) {
-  if (const TypeTraits* t = traits(type)) return t->block;
+  if (const TypeInfo* t = traits(type)) return t->block;
   return std::nullopt;
 }
 
 std::optional<size_t> ggml_type_block_bytes(uint32_t type) {
-  if (const TypeTraits* t = traits(type)) return t->bytes;
+  if (const TypeInfo* t = traits(type)) return t->bytes;
   return std::nullopt;
 }
 
 size_t ggml_row_bytes(GgmlType type, int64_t n) {
-  const TypeTraits* t = traits(static_cast<uint32_t>(type));
+  const TypeInfo* t = traits(static_cast<uint32_t>(type));
   if (!t) throw GgufError("unknown tensor type " + std::to_string(static_cast<uint32_t>(type)));
   return static_cast<size_t>(n) / t->block * t->bytes;
 }
 
 void dequantize_row(GgmlType type, const void* src, float* dst, int64_t n) {
   check_row(type, n);
-  switch (type) {
-    case GgmlType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
-    case GgmlType::F16: {
-      const auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, s + 2 * i, 2);
-        dst[i] = fp16_to_fp32(h);
-      }
-      return;
-    }
-    case GgmlType::BF16: {
-      const auto* s = static_cast<const uint8_t*>(src);
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, s + 2 * i, 2);
-        dst[i] = bf16_to_fp32(h);
-      }
-      return;
-    }
-    case GgmlType::Q4_0: return deq_q4_0(static_cast<const BlockQ4_0*>(src), dst, n / kQK);
-    case GgmlType::Q5_0: return deq_q5_0(static_cast<const BlockQ5_0*>(src), dst, n / kQK);
-    case GgmlType::Q8_0: return deq_q8_0(static_cast<const BlockQ8_0*>(src), dst, n / kQK);
-    case GgmlType::Q4_K: return deq_q4_k(static_cast<const BlockQ4_K*>(src), dst, n / kQK_K);
-    case GgmlType::Q6_K: return deq_q6_k(static_cast<const BlockQ6_K*>(src), dst, n / kQK_K);
-    default: break;  // check_row already refused it
-  }
+  dispatch(type, [&](auto tr) { deq_row(tr, src, dst, n); });
 }
 
 float dot_row(GgmlType type, const void* row, const float* x, int64_t n) {
@@ -267,6 +284,11 @@ float dot_row(GgmlType type, const void* row, const float* x, int64_t n) {
     for (int64_t j = 0; j < m; ++j) sum += buf[j] * x[i + j];
   }
   return sum;
+}
+
+void throw_unsupported_type(const char* what, GgmlType t) {
+  throw WorkerError(ErrorCode::Internal, std::string(what) + ": unsupported weight type " +
+                                             std::string(ggml_type_name(static_cast<uint32_t>(t))));
 }
 
 float fp16_to_fp32(uint16_t h) {

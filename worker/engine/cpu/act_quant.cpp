@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "gguf/type_traits.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -23,8 +24,8 @@ namespace {
 #define WORKER_ALWAYS_INLINE inline
 #endif
 
-constexpr int kQ = 32;    // Q8_0 / Q4_0 / Q5_0 block
-constexpr int kQK = 256;  // K-quant super-block
+constexpr int kQ = TypeTraits<GgmlType::Q8_0>::kBlock;   // Q8_0 / Q4_0 / Q5_0 block
+constexpr int kQK = TypeTraits<GgmlType::Q4_K>::kBlock;  // K-quant super-block
 
 // fp16 -> fp32 by table (exact, as ggml's ggml_table_f32_f16): the block scales are read
 // once per 32 or 256 elements, and the out-of-line conversion was ~10% of a quantized dot.
@@ -471,10 +472,6 @@ void force_portable_kernels(bool on) {
 #endif
 }
 
-bool repacked_on_x86(GgmlType t, int64_t rows) {
-  return (t == GgmlType::Q4_0 || t == GgmlType::Q4_K) && rows % 8 == 0;
-}
-
 float dot_vecdot(const float* x, const float* y, int64_t n, bool f16) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (have_fma()) return dot_vecdot_fma(x, y, n, f16);
@@ -536,27 +533,20 @@ float ggml_silu(float x) {
 void quantize_activation(GgmlType t, const float* x, int64_t n, QuantizedActivation& o) {
   o.weight_type = t;
   o.n = n;
-  switch (t) {
-    case GgmlType::F32: o.f.assign(x, x + n); return;
-    case GgmlType::F16:
+  switch (act_type_for(static_cast<uint32_t>(t), "quantize_activation")) {
+    case ActType::F32: o.f.assign(x, x + n); return;
+    case ActType::F16:
       o.f.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i)
         o.f[static_cast<size_t>(i)] = fp16_to_fp32(fp32_to_fp16(x[i]));
       return;
-    case GgmlType::BF16:
+    case ActType::BF16:
       o.f.resize(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i)
         o.f[static_cast<size_t>(i)] = bf16_to_fp32(fp32_to_bf16(x[i]));
       return;
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0: quantize_q8_0(x, n, o); return;
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K: quantize_q8_k(x, n, o); return;
-    default:
-      throw WorkerError(ErrorCode::Internal,
-                        "quantize_activation: unsupported weight type " +
-                            std::string(ggml_type_name(static_cast<uint32_t>(t))));
+    case ActType::Q8_0: quantize_q8_0(x, n, o); return;
+    case ActType::Q8_K: quantize_q8_k(x, n, o); return;
   }
 }
 
@@ -611,58 +601,52 @@ __attribute__((target("avx2,fma"))) inline void unpack_q5_0_avx2(const uint8_t* 
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(w), _mm256_or_si256(q, hi));
 }
 
-template <bool kAvx2>
-WORKER_ALWAYS_INLINE float dot_blocks(GgmlType t, const uint8_t* r, const QuantizedActivation& a) {
+// dot(row of quantized type Tr, a), with the AVX2 instructions where kAvx2.
+template <bool kAvx2, class Tr>
+WORKER_ALWAYS_INLINE float dot_blocks(const uint8_t* r, const QuantizedActivation& a) {
+  constexpr GgmlType T = Tr::kType;
 #if defined(__x86_64__) && defined(__GNUC__)
-  if constexpr (kAvx2) {
-    switch (t) {
-      case GgmlType::Q8_0:
-        return dot_q0_lanes_avx2(
-            r, 34, a, [](const uint8_t* blk, int8_t* w) { std::memcpy(w, blk + 2, kQ); });
-      case GgmlType::Q4_0:
-        if (!a.repacked) return dot_q0_lanes_avx2(r, 18, a, unpack_q4_0);
-        break;
-      case GgmlType::Q5_0: return dot_q0_lanes_avx2(r, 22, a, unpack_q5_0_avx2);
-      default: break;
-    }
+  if constexpr (kAvx2 && T == GgmlType::Q8_0) {
+    return dot_q0_lanes_avx2(r, Tr::kBlockBytes, a,
+                             [](const uint8_t* blk, int8_t* w) { std::memcpy(w, blk + 2, kQ); });
+  }
+  if constexpr (kAvx2 && T == GgmlType::Q4_0) {
+    if (!a.repacked) return dot_q0_lanes_avx2(r, Tr::kBlockBytes, a, unpack_q4_0);
+  }
+  if constexpr (kAvx2 && T == GgmlType::Q5_0) {
+    return dot_q0_lanes_avx2(r, Tr::kBlockBytes, a, unpack_q5_0_avx2);
   }
 #endif
-  switch (t) {
-    case GgmlType::Q8_0: return dot_q8_0(r, a);
-    case GgmlType::Q4_0: return a.repacked ? dot_q4_0_repack(r, a) : dot_q4_0(r, a);
-    case GgmlType::Q5_0: return dot_q5_0(r, a);
-    case GgmlType::Q4_K: return a.repacked ? dot_q4_k_repack(r, a) : dot_q4_k(r, a);
-    case GgmlType::Q6_K: return dot_q6_k(r, a);
-    default:
-      throw WorkerError(ErrorCode::Internal,
-                        "dot_quantized: unsupported weight type " +
-                            std::string(ggml_type_name(static_cast<uint32_t>(t))));
-  }
+  if constexpr (T == GgmlType::Q8_0) return dot_q8_0(r, a);
+  if constexpr (T == GgmlType::Q4_0) return a.repacked ? dot_q4_0_repack(r, a) : dot_q4_0(r, a);
+  if constexpr (T == GgmlType::Q5_0) return dot_q5_0(r, a);
+  if constexpr (T == GgmlType::Q4_K) return a.repacked ? dot_q4_k_repack(r, a) : dot_q4_k(r, a);
+  if constexpr (T == GgmlType::Q6_K) return dot_q6_k(r, a);
 }
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx2,fma"))) float dot_blocks_fma(GgmlType t, const uint8_t* r,
+template <class Tr>
+__attribute__((target("avx2,fma"))) float dot_blocks_fma(const uint8_t* r,
                                                          const QuantizedActivation& a) {
-  return dot_blocks<true>(t, r, a);
+  return dot_blocks<true, Tr>(r, a);
 }
 #endif
 }  // namespace
 
 float dot_quantized(GgmlType t, const void* row, const QuantizedActivation& a, float* scratch) {
   const auto* r = static_cast<const uint8_t*>(row);
-  switch (t) {
-    case GgmlType::F32:
-    case GgmlType::F16:
+  return dispatch_or_throw(t, "dot_quantized", [&](auto tr) -> float {
+    using Tr = decltype(tr);
+    if constexpr (Tr::kFamily == DotFamily::Float) {
       dequantize_row(t, row, scratch, a.n);
-      return dot_vecdot(scratch, a.f.data(), a.n, t == GgmlType::F16);
-    case GgmlType::BF16:
-      dequantize_row(t, row, scratch, a.n);
-      return dot_bf16_vecdot(scratch, a.f.data(), a.n);
-    default:
+      if constexpr (Tr::kType == GgmlType::BF16) return dot_bf16_vecdot(scratch, a.f.data(), a.n);
+      return dot_vecdot(scratch, a.f.data(), a.n, Tr::kType == GgmlType::F16);
+    } else {
 #if defined(__x86_64__) && defined(__GNUC__)
-      if (have_fma()) return dot_blocks_fma(t, r, a);
+      if (have_fma()) return dot_blocks_fma<Tr>(r, a);
 #endif
-      return dot_blocks<false>(t, r, a);
-  }
+      return dot_blocks<false, Tr>(r, a);
+    }
+  });
 }
 
 }  // namespace worker::cpu

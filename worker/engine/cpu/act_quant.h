@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "gguf/ggml_types.h"
+#include "gguf/type_traits.h"  // repacked(): whether llama.cpp repacks a weight on x86
 
 namespace worker::cpu {
 
@@ -28,10 +28,6 @@ struct QuantizedActivation {
   // rest (n % 4, and single tokens) through gemv; for Q4_K they accumulate differently.
   bool repack_gemm = false;
 };
-
-// Whether llama.cpp's x86 CPU backend repacks a weight of this type with `rows` rows
-// (ggml_repack_get_optimal_repack_type: Q4_0 -> q4_0_8x8, Q4_K -> q4_K_8x8 on AVX2).
-bool repacked_on_x86(GgmlType weight_type, int64_t rows);
 
 void quantize_activation(GgmlType weight_type, const float* x, int64_t n, QuantizedActivation& out);
 

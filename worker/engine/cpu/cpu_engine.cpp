@@ -157,18 +157,17 @@ void f16_row(const uint8_t* src, float* dst, int64_t n) {
 const float* row_f32(const TensorInfo& w, int64_t r, float* buf) {
   const uint8_t* src = w.row(r);
   const int64_t n = w.row_len();
-  switch (w.type) {
-    case GgmlType::F32:
-      if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
-        return reinterpret_cast<const float*>(static_cast<const void*>(src));
-      }
-      std::memcpy(buf, src, static_cast<size_t>(n) * sizeof(float));
-      return buf;
-    case GgmlType::F16: f16_row(src, buf, n); return buf;
-    default:  // BF16 (quantized types never come here)
-      dequantize_row(w.type, src, buf, n);
-      return buf;
+  if (w.type == GgmlType::F32) {
+    if (reinterpret_cast<uintptr_t>(src) % alignof(float) == 0) {
+      return reinterpret_cast<const float*>(static_cast<const void*>(src));
+    }
+    std::memcpy(buf, src, static_cast<size_t>(n) * sizeof(float));
+  } else if (w.type == GgmlType::F16) {
+    f16_row(src, buf, n);
+  } else {  // BF16 (quantized types never come here)
+    dequantize_row(w.type, src, buf, n);
   }
+  return buf;
 }
 
 std::vector<float> tensor_f32(const TensorInfo* t) {
@@ -277,14 +276,13 @@ class CpuEngine final : public Engine {
   void matmul(const TensorInfo& W, const float* in, int64_t n, float* out) {
     const int64_t K = W.row_len(), M = W.rows();
     if (acts_.size() < static_cast<size_t>(n)) acts_.resize(static_cast<size_t>(n));
-    const bool repacked = cpu::repacked_on_x86(W.type, M);
+    const bool repack = repacked(W.type, M);
     for (int64_t t = 0; t < n; ++t) {
       cpu::quantize_activation(W.type, in + t * K, K, acts_[static_cast<size_t>(t)]);
-      acts_[static_cast<size_t>(t)].repacked = repacked;
-      acts_[static_cast<size_t>(t)].repack_gemm = repacked && t < n - n % 4;
+      acts_[static_cast<size_t>(t)].repacked = repack;
+      acts_[static_cast<size_t>(t)].repack_gemm = repack && t < n - n % 4;
     }
-    const bool float_weights =
-        W.type == GgmlType::F32 || W.type == GgmlType::F16 || W.type == GgmlType::BF16;
+    const bool float_weights = dot_family_of(W.type) == DotFamily::Float;
     const bool tiny = cpu::tinyblas_takes(W.type, M, n, K);
     const bool f16 = W.type == GgmlType::F16, bf16 = W.type == GgmlType::BF16;
     pool_.parallel_for(

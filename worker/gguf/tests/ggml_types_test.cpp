@@ -12,7 +12,9 @@
 #include <random>
 #include <vector>
 
+#include "common/errors.h"
 #include "gguf/gguf_file.h"
+#include "gguf/type_traits.h"
 
 namespace worker {
 namespace {
@@ -302,6 +304,61 @@ TEST(GgmlTypes, UnsupportedTypeIsAnErrorNotZeros) {
     EXPECT_NE(std::string(e.what()).find("Q5_K is not supported"), std::string::npos) << e.what();
   }
   EXPECT_THROW(dequantize_row(GgmlType::Q8_0, blk.data(), out.data(), 33), GgufError);
+}
+
+// The type table (type_traits.h) against llama.cpp's, written out here: block size and bytes
+// from ggml.c's type_traits[] (blck_size, type_size), the activation rounding from
+// ggml-cpu.c's type_traits_cpu[].vec_dot_type, the repack rule from
+// ggml_repack_get_optimal_repack_type (x86: Q4_0 and Q4_K with rows % 8 == 0).
+// REQ: WRK-D2
+TEST(TypeTraits, MatchLlamaCppTable) {
+  struct Row {
+    GgmlType t;
+    int block, bytes;
+    ActType act;
+    DotFamily family;
+  };
+  const Row rows[] = {
+      {GgmlType::F32, 1, 4, ActType::F32, DotFamily::Float},
+      {GgmlType::F16, 1, 2, ActType::F16, DotFamily::Float},
+      {GgmlType::BF16, 1, 2, ActType::BF16, DotFamily::Float},
+      {GgmlType::Q8_0, 32, 34, ActType::Q8_0, DotFamily::Block32},
+      {GgmlType::Q4_0, 32, 18, ActType::Q8_0, DotFamily::Block32},
+      {GgmlType::Q5_0, 32, 22, ActType::Q8_0, DotFamily::Block32},
+      {GgmlType::Q4_K, 256, 144, ActType::Q8_K, DotFamily::KQuant},
+      {GgmlType::Q6_K, 256, 210, ActType::Q8_K, DotFamily::KQuant},
+  };
+  for (const Row& r : rows) {
+    const auto id = static_cast<uint32_t>(r.t);
+    SCOPED_TRACE(std::string(ggml_type_name(id)));
+    int block = 0, bytes = 0;
+    dispatch(r.t, [&](auto tr) {
+      if constexpr (decltype(tr)::kSupported) {
+        EXPECT_EQ(decltype(tr)::kType, r.t);
+        block = decltype(tr)::kBlock;
+        bytes = decltype(tr)::kBlockBytes;
+      }
+    });
+    EXPECT_EQ(block, r.block);
+    EXPECT_EQ(bytes, r.bytes);
+    EXPECT_EQ(act_type_of(r.t), r.act);
+    EXPECT_EQ(dot_family_of(r.t), r.family);
+    EXPECT_TRUE(ggml_type_supported(id));
+    EXPECT_EQ(*ggml_block_size(id), static_cast<size_t>(r.block));
+    EXPECT_EQ(*ggml_type_block_bytes(id), static_cast<size_t>(r.bytes));
+    const bool repacks = r.t == GgmlType::Q4_0 || r.t == GgmlType::Q4_K;
+    EXPECT_EQ(repacked(r.t, 896), repacks);
+    EXPECT_FALSE(repacked(r.t, 900));
+  }
+  // A known type this worker does not compute with: no traits, and entry points refuse it.
+  EXPECT_EQ(dot_family_of(GgmlType::Q5_K), DotFamily::None);
+  EXPECT_FALSE(repacked(GgmlType::Q5_K, 8));
+  try {
+    dispatch_or_throw(GgmlType::Q5_K, "kernel", [](auto) { return 0; });
+    ADD_FAILURE() << "no exception";
+  } catch (const WorkerError& e) {
+    EXPECT_EQ(std::string(e.what()), "kernel: unsupported weight type Q5_K");
+  }
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Exact quantized prompt GEMM (exact.cuh: qgemm / qgemm_takes): the same bits as
+// Exact quantized prompt GEMM (matmul.cuh: qgemm / qgemm_takes): the same bits as
 // exact::matmul for Q8_0 / Q4_0 / Q5_0 / Q4_K / Q6_K weights, i.e. as the CPU reference's
 // cpu::dot_quantized with CpuEngine::matmul's order flags, tiled for prompt batches.
 //
@@ -38,9 +38,9 @@
 
 #include "common.cuh"
 #include "common/errors.h"
-#include "exact.cuh"
 #include "exact_qgemm_math.cuh"
 #include "launch.cuh"
+#include "matmul.cuh"
 
 namespace worker::kern::exact {
 namespace {
@@ -199,9 +199,8 @@ void launch_tt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, fl
   }
 }
 
-bool is_quant(GgmlType t) {
-  return t == GgmlType::Q8_0 || t == GgmlType::Q4_0 || t == GgmlType::Q5_0 || t == GgmlType::Q4_K ||
-         t == GgmlType::Q6_K;
+bool is_quant(uint32_t t) {
+  return quantized(dot_family_of(t));
 }
 
 }  // namespace
@@ -213,58 +212,41 @@ bool is_quant(GgmlType t) {
 constexpr int kQgemmMinTokens = 32;
 
 bool qgemm_takes(uint32_t weight_type, int n_tok) {
-  return is_quant(static_cast<GgmlType>(weight_type)) && n_tok >= kQgemmMinTokens;
+  return is_quant(weight_type) && n_tok >= kQgemmMinTokens;
 }
 
 namespace qg {
 void qgemm_variant(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
                    float* y, bool accumulate, cudaStream_t stream, int prefetch) {
-  const auto t = static_cast<GgmlType>(w.type);
   const std::string tn(ggml_type_name(w.type));
-  if (!is_quant(t)) throw WorkerError(ErrorCode::Internal, "qgemm: unsupported weight type " + tn);
+  if (!is_quant(w.type))
+    throw WorkerError(ErrorCode::Internal, "qgemm: unsupported weight type " + tn);
   if (n_tok <= 0 || w.rows <= 0 || w.cols <= 0)
     throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
-  const bool k_quant = t == GgmlType::Q4_K || t == GgmlType::Q6_K;
-  if (w.cols % (k_quant ? 256 : 32) != 0) {
-    throw WorkerError(ErrorCode::Internal, "qgemm: row length " + std::to_string(w.cols) +
-                                               " is not a multiple of the " + tn + " block");
-  }
   if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
     throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
-  const bool rep = (t == GgmlType::Q4_0 || t == GgmlType::Q4_K) && w.rows % 8 == 0;
   // CpuEngine::matmul: repack gemm for batch tokens < batch_n - batch_n % 4.
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
-  switch (t) {
-    case GgmlType::Q8_0:
-      launch_tt<GgmlType::Q8_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                 prefetch);
-      return;
-    case GgmlType::Q5_0:
-      launch_tt<GgmlType::Q5_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                 prefetch);
-      return;
-    case GgmlType::Q4_0:
-      if (rep)
-        launch_tt<GgmlType::Q4_0, Flavor::Q4_0Rep>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                   prefetch);
-      else
-        launch_tt<GgmlType::Q4_0, Flavor::Q0Lanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                   prefetch);
-      return;
-    case GgmlType::Q4_K:
-      if (rep)
-        launch_tt<GgmlType::Q4_K, Flavor::Q4KRep>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                  prefetch);
-      else
-        launch_tt<GgmlType::Q4_K, Flavor::Q4KLanes>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                    prefetch);
-      return;
-    case GgmlType::Q6_K:
-      launch_tt<GgmlType::Q6_K, Flavor::Q6K>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                             prefetch);
-      return;
-    default: break;
-  }
+  dispatch(w.type, [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (quantized(Tr::kFamily)) {
+      if (w.cols % Tr::kBlock != 0) {
+        throw WorkerError(ErrorCode::Internal, "qgemm: row length " + std::to_string(w.cols) +
+                                                   " is not a multiple of the " + tn + " block");
+      }
+      constexpr GgmlType T = Tr::kType;
+      const bool rep = repacked(T, w.rows);
+      // the kernel body's flavour: the CPU reference's summation order for this weight
+      constexpr Flavor kLanes = Tr::kFamily == DotFamily::Block32 ? Flavor::Q0Lanes
+                                : T == GgmlType::Q4_K             ? Flavor::Q4KLanes
+                                                                  : Flavor::Q6K;
+      constexpr Flavor kRep = T == GgmlType::Q4_0 ? Flavor::Q4_0Rep : Flavor::Q4KRep;
+      if constexpr (Tr::kRepack) {
+        if (rep) return launch_tt<T, kRep>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      }
+      launch_tt<T, kLanes>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+    }
+  });
 }
 
 }  // namespace qg

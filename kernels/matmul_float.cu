@@ -1,4 +1,4 @@
-// Exact matmul for F32 / F16 / BF16 weights (exact.cuh: detail::matmul_float): every output
+// Exact matmul for F32 / F16 / BF16 weights (matmul.cuh: detail::matmul_float): every output
 // is bit for bit the float CpuEngine::matmul computes (worker/engine/cpu/act_quant.cpp).
 //
 // Orders reproduced, and why the GPU gets the same floats:
@@ -43,9 +43,9 @@
 
 #include "common.cuh"
 #include "common/errors.h"
-#include "exact.cuh"
 #include "exact_float_math.cuh"
 #include "launch.cuh"
+#include "matmul.cuh"
 
 namespace worker::kern::exact {
 namespace {
@@ -463,13 +463,16 @@ namespace detail {
 
 void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
                   float* y, bool accumulate, cudaStream_t stream) {
-  const auto type = static_cast<GgmlType>(w.type);
-  if (type != GgmlType::F32 && type != GgmlType::F16 && type != GgmlType::BF16) {
+  // bytes of one element (0: not a float type)
+  const size_t elem = dispatch(w.type, [](auto tr) -> size_t {
+    if constexpr (decltype(tr)::kFamily == DotFamily::Float) return decltype(tr)::kBlockBytes;
+    return 0;
+  });
+  if (elem == 0) {
     throw WorkerError(ErrorCode::Internal, std::string("exact::matmul_float: weight type ") +
                                                std::string(ggml_type_name(w.type)) +
                                                " is not F32/F16/BF16");
   }
-  const size_t elem = type == GgmlType::F32 ? 4 : 2;
   if (w.rows <= 0 || w.cols <= 0 || w.rows > INT32_MAX / 2 || w.cols > INT32_MAX / 4 ||
       w.row_bytes < static_cast<size_t>(w.cols) * elem || n_tok < 0 || n_tok > 65535 * 4 ||
       order.batch_n < n_tok || order.t0 < 0 || order.t0 + n_tok > order.batch_n) {
@@ -480,17 +483,12 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
                           std::to_string(order.batch_n) + ", t0 " + std::to_string(order.t0) + ")");
   }
   if (n_tok == 0) return;
-  // The CPU reference picks tinyBLAS from the whole batch's token count (exact.cuh).
+  // The CPU reference picks tinyBLAS from the whole batch's token count (matmul.cuh).
   const bool tiny = xf::tinyblas_takes(w.type, w.rows, order.batch_n, w.cols);
-  switch (type) {
-    case GgmlType::F32:
-      launch_type<GgmlType::F32>(w, a.f, n_tok, tiny, y, accumulate, stream);
-      break;
-    case GgmlType::F16:
-      launch_type<GgmlType::F16>(w, a.f, n_tok, tiny, y, accumulate, stream);
-      break;
-    default: launch_type<GgmlType::BF16>(w, a.f, n_tok, tiny, y, accumulate, stream); break;
-  }
+  dispatch(w.type, [&](auto tr) {
+    if constexpr (decltype(tr)::kFamily == DotFamily::Float)
+      launch_type<decltype(tr)::kType>(w, a.f, n_tok, tiny, y, accumulate, stream);
+  });
 }
 
 }  // namespace detail

@@ -1,6 +1,6 @@
-// Exact one-token products of quantized weights (see exact.cuh: matvec1_quant): for n_tok 1,
+// Exact one-token products of quantized weights (see matvec1.cuh: matvec1_quant): for n_tok 1,
 // y[r] = dot (or y[r] + dot when accumulate, one rounding, as the CPU's x += tmp) bit for bit
-// cpu::dot_quantized(type, row, act) with act.repacked = cpu::repacked_on_x86(type, rows) and
+// cpu::dot_quantized(type, row, act) with act.repacked = repacked(type, rows) and
 // act.repack_gemm = false (one token: the gemv orders).
 //
 // Orders reproduced (worker/engine/cpu/act_quant.cpp):
@@ -51,10 +51,10 @@
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
-#include "exact.cuh"
 #include "exact_ops_math.cuh"
 #include "exact_qdecode_math.cuh"
 #include "launch.cuh"
+#include "matvec1.cuh"
 
 namespace worker::kern::exact {
 
@@ -200,18 +200,39 @@ __global__ void __launch_bounds__(kQdThreads)
                     });
 }
 
+// f(TypeTraits<T>, bool_constant<REP>) for a quantized weight: its type and whether the
+// CPU reference sums it in the x86 repack order.
+template <class Fn>
+void with_weight(const WeightView& w, const char* what, Fn&& f) {
+  dispatch_or_throw(w.type, what, [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (!quantized(Tr::kFamily)) {
+      throw_unsupported_type(what, Tr::kType);
+    } else if constexpr (Tr::kRepack) {
+      if (repacked(Tr::kType, w.rows)) return f(tr, std::true_type{});
+      f(tr, std::false_type{});
+    } else {
+      f(tr, std::false_type{});
+    }
+  });
+}
+
 // (type, repack) of a weight as one code, for the kernels that switch per block.
 enum QCode : int { kQ8_0 = 0, kQ5_0, kQ4_0, kQ4_0R, kQ4_K, kQ4_KR, kQ6_K };
+template <GgmlType T, bool REP>
+constexpr int qcode() {
+  return T == GgmlType::Q8_0   ? kQ8_0
+         : T == GgmlType::Q5_0 ? kQ5_0
+         : T == GgmlType::Q4_0 ? (REP ? kQ4_0R : kQ4_0)
+         : T == GgmlType::Q4_K ? (REP ? kQ4_KR : kQ4_K)
+                               : kQ6_K;
+}
 int qcode_of(const WeightView& w) {
-  const bool rep = w.rows % 8 == 0;
-  switch (static_cast<GgmlType>(w.type)) {
-    case GgmlType::Q8_0: return kQ8_0;
-    case GgmlType::Q5_0: return kQ5_0;
-    case GgmlType::Q4_0: return rep ? kQ4_0R : kQ4_0;
-    case GgmlType::Q4_K: return rep ? kQ4_KR : kQ4_K;
-    case GgmlType::Q6_K: return kQ6_K;
-    default: return -1;
-  }
+  int code = -1;
+  with_weight(w, "exact_qdecode", [&](auto tr, auto rep) {
+    code = qcode<decltype(tr)::kType, decltype(rep)::value>();
+  });
+  return code;
 }
 // Q8_0-activation family (0) or Q8_K (1).
 int family_of(int code) {
@@ -432,27 +453,6 @@ void launch_qdecode(const WeightView& w, const ActBuf& a, float* y, bool accumul
                   static_cast<const int32_t*>(a.bsum), y, accumulate ? 1 : 0);
 }
 
-// Host: calls f(integral_constant<T>, bool_constant<REP>) for the code.
-template <class Fn>
-void with_code(int code, Fn&& f) {
-  using Q80 = std::integral_constant<GgmlType, GgmlType::Q8_0>;
-  using Q50 = std::integral_constant<GgmlType, GgmlType::Q5_0>;
-  using Q40 = std::integral_constant<GgmlType, GgmlType::Q4_0>;
-  using Q4K = std::integral_constant<GgmlType, GgmlType::Q4_K>;
-  using Q6K = std::integral_constant<GgmlType, GgmlType::Q6_K>;
-  switch (code) {
-    case kQ8_0: f(Q80{}, std::false_type{}); return;
-    case kQ5_0: f(Q50{}, std::false_type{}); return;
-    case kQ4_0: f(Q40{}, std::false_type{}); return;
-    case kQ4_0R: f(Q40{}, std::true_type{}); return;
-    case kQ4_K: f(Q4K{}, std::false_type{}); return;
-    case kQ4_KR: f(Q4K{}, std::true_type{}); return;
-    case kQ6_K: f(Q6K{}, std::false_type{}); return;
-    default: break;
-  }
-  throw WorkerError(ErrorCode::Internal, "exact_qdecode: unsupported weight type");
-}
-
 // Rows per block shared by the segments of a multi launch: the largest power of two <= 32
 // whose tiles are <= kTileTarget and that still gives >= kMinBlocks blocks in all.
 int multi_rows_per_block(const WeightView* const* ws, int n) {
@@ -489,35 +489,16 @@ int swiglu_rows_per_block(int64_t rows, size_t rb) {
 }  // namespace
 
 bool matvec1_quant_takes(uint32_t weight_type, int64_t rows, int64_t cols) {
-  const auto t = static_cast<GgmlType>(weight_type);
-  int blk = 0;
-  size_t bb = 0;
-  switch (t) {
-    case GgmlType::Q8_0:
-      blk = 32;
-      bb = 34;
-      break;
-    case GgmlType::Q4_0:
-      blk = 32;
-      bb = 18;
-      break;
-    case GgmlType::Q5_0:
-      blk = 32;
-      bb = 22;
-      break;
-    case GgmlType::Q4_K:
-      blk = 256;
-      bb = 144;
-      break;
-    case GgmlType::Q6_K:
-      blk = 256;
-      bb = 210;
-      break;
-    default: return false;
-  }
-  if (rows <= 0 || cols <= 0 || cols % blk != 0) return false;
-  if (rows > (int64_t{1} << 30) || cols > (int64_t{1} << 24)) return false;
-  return static_cast<size_t>(cols / blk) * bb <= kMaxRowBytes;
+  return dispatch(weight_type, [&](auto tr) {
+    using Tr = decltype(tr);
+    if constexpr (!quantized(Tr::kFamily)) {
+      return false;
+    } else {
+      if (rows <= 0 || cols <= 0 || cols % Tr::kBlock != 0) return false;
+      if (rows > (int64_t{1} << 30) || cols > (int64_t{1} << 24)) return false;
+      return static_cast<size_t>(cols / Tr::kBlock) * Tr::kBlockBytes <= kMaxRowBytes;
+    }
+  });
 }
 
 void matvec1_quant(const WeightView& w, const ActBuf& a, float* y, bool accumulate,
@@ -527,27 +508,9 @@ void matvec1_quant(const WeightView& w, const ActBuf& a, float* y, bool accumula
                       "matvec1_quant: unsupported weight " + std::string(ggml_type_name(w.type)) +
                           " " + std::to_string(w.rows) + "x" + std::to_string(w.cols));
   }
-  const auto t = static_cast<GgmlType>(w.type);
-  const bool rep = w.rows % 8 == 0;
-  switch (t) {
-    case GgmlType::Q8_0: launch_qdecode<GgmlType::Q8_0, false>(w, a, y, accumulate, stream); return;
-    case GgmlType::Q5_0: launch_qdecode<GgmlType::Q5_0, false>(w, a, y, accumulate, stream); return;
-    case GgmlType::Q4_0:
-      if (rep)
-        launch_qdecode<GgmlType::Q4_0, true>(w, a, y, accumulate, stream);
-      else
-        launch_qdecode<GgmlType::Q4_0, false>(w, a, y, accumulate, stream);
-      return;
-    case GgmlType::Q4_K:
-      if (rep)
-        launch_qdecode<GgmlType::Q4_K, true>(w, a, y, accumulate, stream);
-      else
-        launch_qdecode<GgmlType::Q4_K, false>(w, a, y, accumulate, stream);
-      return;
-    case GgmlType::Q6_K: launch_qdecode<GgmlType::Q6_K, false>(w, a, y, accumulate, stream); return;
-    default: break;
-  }
-  throw WorkerError(ErrorCode::Internal, "matvec1_quant: unreachable");
+  with_weight(w, "matvec1_quant", [&](auto tr, auto rep) {
+    launch_qdecode<decltype(tr)::kType, decltype(rep)::value>(w, a, y, accumulate, stream);
+  });
 }
 
 bool matvec1_quant_multi_takes(const WeightView* const* ws, int n) {
@@ -614,9 +577,9 @@ void matvec1_quant_swiglu(const WeightView& gate, const WeightView& up, const Ac
   const size_t up_at = tile_alloc(static_cast<size_t>(R) * rb);
   const size_t slot_at = 2 * up_at;
   const unsigned grid = static_cast<unsigned>((gate.rows + R - 1) / R);
-  with_code(qcode_of(gate), [&](auto t, auto rep) {
+  with_weight(gate, "matvec1_quant_swiglu", [&](auto tr, auto rep) {
     launch_pdl_smem("exact_qdecode_swiglu_kernel",
-                    qdecode_swiglu_kernel<decltype(t)::value, decltype(rep)::value>, dim3(grid),
+                    qdecode_swiglu_kernel<decltype(tr)::kType, decltype(rep)::value>, dim3(grid),
                     dim3(kQdThreads), swiglu_smem(R, rb), stream,
                     static_cast<const uint8_t*>(gate.data), static_cast<const uint8_t*>(up.data),
                     static_cast<int>(gate.rows), qd::units_of(static_cast<int>(gate.cols)), rb, R,

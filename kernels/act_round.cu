@@ -1,6 +1,20 @@
-// Exact fused kernels (see exact.cuh): rmsnorm_act = rmsnorm + quantize_act, swiglu_act =
-// swiglu + quantize_act, one launch each. They write exactly what the unfused sequence
-// writes (y / g and the ActBuf), so they inherit its exactness:
+// Activation rounding (act_round.cuh), bit for bit cpu::quantize_activation.
+//
+// quantize_act: cpu::quantize_activation row by row.
+//  - F32 / F16 / BF16: elementwise copy / round to nearest even (__float2half_rn,
+//    __float2bfloat16_rn: the same rounding as fp32_to_fp16 / fp32_to_bf16).
+//  - Q8_0 (for Q8_0 / Q4_0 / Q5_0 weights): one warp per 32-block, amax by warp max (max is
+//    exact in any order), d = amax / 127 (IEEE division) rounded through fp16,
+//    q = round-half-even(x * (127 / amax)).
+//  - Q8_K (Q4_K / Q6_K): one warp per 256-block; the element of largest |x|, first in index
+//    order on ties (the CPU's strict >: each lane scans its 8 elements in order, lanes merge
+//    with the lower lane winning ties), iscale = -127 / max, q = min(127, rint(iscale * x)),
+//    bsum per 16 (integers), d = 1 / iscale.
+//
+//
+// rmsnorm_act = rmsnorm + quantize_act, swiglu_act = swiglu + quantize_act, one launch each. They
+// write exactly what the unfused sequence writes (y / g and the ActBuf), so they inherit its
+// exactness:
 //  - the op part is the unfused kernel's code: rmsnorm's double tree with the certainty
 //    check and the sequential fallback (math::rms_mean_certain; the thread decomposition of
 //    exact_ops.cu's ex_rmsnorm_kernel, 256 threads, thread k summing columns k, k + 256, ...,
@@ -16,55 +30,87 @@
 //        winners in warp order: the CPU's strict-> scan), iscale = -127 / max, quants, sums
 //        of 16 quants by integer shuffles (exact), d = 1 / iscale.
 // Deterministic, no atomics; launch geometry depends only on the shapes.
-// (attention_act and rope_attention_act, exact_fused.cuh, are variants of the decode
-// attention kernel and live with it in exact_ops.cu.)
 #include <algorithm>
 #include <string>
 
+#include "act_round.cuh"
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
-#include "exact.cuh"
 #include "exact_ops_math.cuh"
+#include "exact_quant_math.cuh"
 #include "gguf/ggml_types.h"
 #include "launch.cuh"
 
 namespace worker::kern::exact {
 namespace {
 
+size_t align256(size_t n) {
+  return (n + 255) & ~size_t{255};
+}
+
+// ---------------------------------------------------------------------------------------
+// quantize_act
+
+template <ActType A>  // F32 (a copy), F16 or BF16
+__global__ void act_float_kernel(const float* __restrict__ x, float* __restrict__ f, size_t n) {
+  griddep_wait();
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    if constexpr (A == ActType::F32)
+      f[i] = v;
+    else if constexpr (A == ActType::F16)
+      f[i] = __half2float(__float2half_rn(v));
+    else
+      f[i] = __bfloat162float(__float2bfloat16_rn(v));
+  }
+}
+
+constexpr int kActThreads = 256;
+
+// One warp per 32-block; blocks are numbered over the whole [n_tok][cols] array (a row's
+// blocks are contiguous and rows follow each other, in x as in a.q / a.d).
+__global__ void __launch_bounds__(kActThreads)
+    act_q8_0_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float* __restrict__ d,
+                    size_t n_blocks) {
+  griddep_wait();
+  const size_t warps = static_cast<size_t>(gridDim.x) * (kActThreads / kWarp);
+  for (size_t k = blockIdx.x * static_cast<size_t>(kActThreads / kWarp) + threadIdx.x / kWarp;
+       k < n_blocks; k += warps)  // warp-uniform
+    qm::act_q8_0_block(x, q, d, k);
+}
+
+// One warp per 256-block, lane l holding elements 8l..8l+7.
+__global__ void __launch_bounds__(kActThreads)
+    act_q8_k_kernel(const float* __restrict__ x, int8_t* __restrict__ q, float* __restrict__ d,
+                    int32_t* __restrict__ bsum, size_t n_blocks) {
+  griddep_wait();
+  const size_t warps = static_cast<size_t>(gridDim.x) * (kActThreads / kWarp);
+  for (size_t k = blockIdx.x * static_cast<size_t>(kActThreads / kWarp) + threadIdx.x / kWarp;
+       k < n_blocks; k += warps)  // warp-uniform
+    qm::act_q8_k_block(x, q, d, bsum, k);
+}
+
+int grid_for(size_t work_items, int per_block) {
+  const size_t b =
+      (work_items + static_cast<size_t>(per_block) - 1) / static_cast<size_t>(per_block);
+  return static_cast<int>(std::min<size_t>(std::max<size_t>(b, 1), 65535));
+}
+
 constexpr int kT = 256;  // threads per block; one chunk of columns = kT columns
 
-enum ActKind : int { kActF32 = 0, kActF16 = 1, kActBF16 = 2, kActQ8_0 = 3, kActQ8_K = 4 };
-
-// The rounding quantize_act applies for `type` (a weight type, as quantize_act takes, or
-// Q8_0 / Q8_K themselves); checks the row length as quantize_act does.
-ActKind act_kind(uint32_t type, int cols, const char* what) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: return kActF32;
-    case GgmlType::F16: return kActF16;
-    case GgmlType::BF16: return kActBF16;
-    case GgmlType::Q8_0:
-    case GgmlType::Q4_0:
-    case GgmlType::Q5_0:
-      if (cols % 32 != 0) {
-        throw WorkerError(ErrorCode::Internal, std::string(what) + ": row length " +
-                                                   std::to_string(cols) +
-                                                   " is not a multiple of 32 (Q8_0 blocks)");
-      }
-      return kActQ8_0;
-    case GgmlType::Q8_K:
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K:
-      if (cols % 256 != 0) {
-        throw WorkerError(ErrorCode::Internal, std::string(what) + ": row length " +
-                                                   std::to_string(cols) +
-                                                   " is not a multiple of 256 (Q8_K blocks)");
-      }
-      return kActQ8_K;
-    default:
-      throw WorkerError(ErrorCode::Internal, std::string(what) + ": unsupported weight type " +
-                                                 std::string(ggml_type_name(type)));
+// The rounding quantize_act applies for weight type `type`; checks the row length as
+// quantize_act does.
+ActType act_checked(uint32_t type, int cols, const char* what) {
+  const ActType t = act_type_for(type, what);
+  if (cols % act_block(t) != 0) {
+    throw WorkerError(ErrorCode::Internal,
+                      std::string(what) + ": row length " + std::to_string(cols) +
+                          " is not a multiple of " + std::to_string(act_block(t)) + " (" +
+                          std::string(ggml_type_name(type)) + " activation blocks)");
   }
+  return t;
 }
 
 // Shared memory of the Q8_K merge (the 8 warps' winners).
@@ -76,16 +122,16 @@ struct ActShared {
 // Writes row t's rounded / quantized value of column `col` = c0 + threadIdx.x (v: its value;
 // valid: col < n). Called by every thread of the block for the same c0 (Q8_K synchronizes
 // the block; Q8_0 the warp).
-template <int AK>
+template <ActType AK>
 __device__ __forceinline__ void act_store(float v, int col, bool valid, int n, size_t t,
                                           const ActBuf& a, ActShared& sh) {
-  if constexpr (AK == kActF32) {
+  if constexpr (AK == ActType::F32) {
     if (valid) a.f[t * n + col] = v;
-  } else if constexpr (AK == kActF16) {
+  } else if constexpr (AK == ActType::F16) {
     if (valid) a.f[t * n + col] = math::act_round_fp16(v);
-  } else if constexpr (AK == kActBF16) {
+  } else if constexpr (AK == ActType::BF16) {
     if (valid) a.f[t * n + col] = math::act_round_bf16(v);
-  } else if constexpr (AK == kActQ8_0) {
+  } else if constexpr (AK == ActType::Q8_0) {
     // n % 32 == 0 and c0 % 256 == 0: a warp's 32 columns are one block, all valid or none
     // (warp-uniform branch).
     if (valid) {
@@ -133,7 +179,7 @@ __device__ __forceinline__ void act_store(float v, int col, bool valid, int n, s
 
 // ---- rmsnorm + act: one block per row (ex_rmsnorm_kernel's decomposition) ----------
 
-template <int AK>
+template <ActType AK>
 __global__ void __launch_bounds__(kT)
     ex_rmsnorm_act_kernel(const float* __restrict__ x, const float* __restrict__ w,
                           float* __restrict__ y, int n, float eps, ActBuf a) {
@@ -206,7 +252,7 @@ __global__ void __launch_bounds__(kT)
 
 // ---- swiglu + act: grid (chunk blocks, tokens), chunks of 256 columns ---------------
 
-template <int AK>
+template <ActType AK>
 __global__ void __launch_bounds__(kT)
     ex_swiglu_act_kernel(float* __restrict__ g, const float* __restrict__ u, int F, ActBuf a) {
   __shared__ ActShared sha;
@@ -227,7 +273,7 @@ __global__ void __launch_bounds__(kT)
   }
 }
 
-template <int AK>
+template <ActType AK>
 void launch_rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
                         const ActBuf& a, cudaStream_t stream) {
   launch_pdl("ex_rmsnorm_act_kernel", ex_rmsnorm_act_kernel<AK>, dim3(n_rows), dim3(kT), stream, x,
@@ -235,7 +281,7 @@ void launch_rmsnorm_act(const float* x, const float* w, float* y, int n_rows, in
   CUDA_CHECK_LAUNCH("ex_rmsnorm_act_kernel");
 }
 
-template <int AK>
+template <ActType AK>
 void launch_swiglu_act(float* g, const float* u, int n_tok, int F, const ActBuf& a,
                        cudaStream_t stream) {
   // One block per chunk of 256 columns (at decode, F = 4864: 19 blocks), fewer when many
@@ -247,34 +293,101 @@ void launch_swiglu_act(float* g, const float* u, int n_tok, int F, const ActBuf&
   CUDA_CHECK_LAUNCH("ex_swiglu_act_kernel");
 }
 
-}  // namespace
-
-void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
-                 uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
-  if (n_rows <= 0 || n <= 0) return;
-  switch (act_kind(act_type, n, "exact::rmsnorm_act")) {
-    case kActF32: return launch_rmsnorm_act<kActF32>(x, w, y, n_rows, n, eps, a, stream);
-    case kActF16: return launch_rmsnorm_act<kActF16>(x, w, y, n_rows, n, eps, a, stream);
-    case kActBF16: return launch_rmsnorm_act<kActBF16>(x, w, y, n_rows, n, eps, a, stream);
-    case kActQ8_0: return launch_rmsnorm_act<kActQ8_0>(x, w, y, n_rows, n, eps, a, stream);
-    case kActQ8_K: return launch_rmsnorm_act<kActQ8_K>(x, w, y, n_rows, n, eps, a, stream);
+// f(integral_constant<ActType, t>) for a run-time rounding t.
+template <class F>
+void with_act(ActType t, F&& f) {
+  switch (t) {
+    case ActType::F32: return f(std::integral_constant<ActType, ActType::F32>{});
+    case ActType::F16: return f(std::integral_constant<ActType, ActType::F16>{});
+    case ActType::BF16: return f(std::integral_constant<ActType, ActType::BF16>{});
+    case ActType::Q8_0: return f(std::integral_constant<ActType, ActType::Q8_0>{});
+    case ActType::Q8_K: return f(std::integral_constant<ActType, ActType::Q8_K>{});
   }
 }
 
-void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, const ActBuf& a,
+}  // namespace
+
+size_t act_buffer_bytes(int max_tok, int max_cols) {
+  const size_t n = static_cast<size_t>(max_tok) * static_cast<size_t>(max_cols);
+  const size_t nt = static_cast<size_t>(max_tok);
+  const size_t mc = static_cast<size_t>(max_cols);
+  return align256(n * sizeof(float)) + align256(n) + align256(nt * (mc / 32) * sizeof(float)) +
+         align256(nt * (mc / 16) * sizeof(int32_t));
+}
+
+ActBuf act_buffer_at(void* base, int max_tok, int max_cols) {
+  const size_t n = static_cast<size_t>(max_tok) * static_cast<size_t>(max_cols);
+  const size_t nt = static_cast<size_t>(max_tok);
+  const size_t mc = static_cast<size_t>(max_cols);
+  auto* p = static_cast<uint8_t*>(base);
+  ActBuf a;
+  a.f = reinterpret_cast<float*>(p);
+  p += align256(n * sizeof(float));
+  a.q = reinterpret_cast<int8_t*>(p);
+  p += align256(n);
+  a.d = reinterpret_cast<float*>(p);
+  p += align256(nt * (mc / 32) * sizeof(float));
+  a.bsum = reinterpret_cast<int32_t*>(p);
+  return a;
+}
+
+void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, const ActBuf& a,
+                  cudaStream_t stream) {
+  if (n_tok <= 0 || cols <= 0) throw WorkerError(ErrorCode::Internal, "quantize_act: empty shape");
+  const ActType t = act_type_for(weight_type, "quantize_act");
+  if (cols % act_block(t) != 0) {
+    throw WorkerError(ErrorCode::Internal,
+                      "quantize_act: row length " + std::to_string(cols) +
+                          " is not a multiple of " + std::to_string(act_block(t)) + " (" +
+                          std::string(ggml_type_name(weight_type)) + " activation blocks)");
+  }
+  const size_t n = static_cast<size_t>(n_tok) * static_cast<size_t>(cols);
+  const size_t nb = n / static_cast<size_t>(act_block(t));
+  const dim3 per_elem(grid_for(n, kActThreads)), per_block(grid_for(nb, kActThreads / kWarp));
+  switch (t) {
+    case ActType::F32:
+      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F32>, per_elem,
+                 dim3(kActThreads), stream, x, a.f, n);
+      break;
+    case ActType::F16:
+      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F16>, per_elem,
+                 dim3(kActThreads), stream, x, a.f, n);
+      break;
+    case ActType::BF16:
+      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::BF16>, per_elem,
+                 dim3(kActThreads), stream, x, a.f, n);
+      break;
+    case ActType::Q8_0:
+      launch_pdl("exact_act_q8_0_kernel", act_q8_0_kernel, per_block, dim3(kActThreads), stream, x,
+                 a.q, a.d, nb);
+      break;
+    case ActType::Q8_K:
+      launch_pdl("exact_act_q8_k_kernel", act_q8_k_kernel, per_block, dim3(kActThreads), stream, x,
+                 a.q, a.d, a.bsum, nb);
+      break;
+  }
+}
+
+void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
+                 uint32_t act_type, ActBuf& a, cudaStream_t stream) {
+  if (n_rows <= 0 || n <= 0) return;
+  const ActType t = act_checked(act_type, n, "exact::rmsnorm_act");
+  with_act(t, [&](auto k) {
+    launch_rmsnorm_act<decltype(k)::value>(x, w, y, n_rows, n, eps, a, stream);
+  });
+  a.holds(t, y);
+}
+
+void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, ActBuf& a,
                 cudaStream_t stream) {
   if (n_tok <= 0 || F <= 0) return;
   if (n_tok > 65535) {
     throw WorkerError(ErrorCode::Internal,
                       "exact::swiglu_act: " + std::to_string(n_tok) + " tokens (grid y limit)");
   }
-  switch (act_kind(act_type, F, "exact::swiglu_act")) {
-    case kActF32: return launch_swiglu_act<kActF32>(g, u, n_tok, F, a, stream);
-    case kActF16: return launch_swiglu_act<kActF16>(g, u, n_tok, F, a, stream);
-    case kActBF16: return launch_swiglu_act<kActBF16>(g, u, n_tok, F, a, stream);
-    case kActQ8_0: return launch_swiglu_act<kActQ8_0>(g, u, n_tok, F, a, stream);
-    case kActQ8_K: return launch_swiglu_act<kActQ8_K>(g, u, n_tok, F, a, stream);
-  }
+  const ActType t = act_checked(act_type, F, "exact::swiglu_act");
+  with_act(t, [&](auto k) { launch_swiglu_act<decltype(k)::value>(g, u, n_tok, F, a, stream); });
+  a.holds(t, g);
 }
 
 }  // namespace worker::kern::exact

@@ -1,4 +1,4 @@
-// One-token exact products for F32 / F16 / BF16 weights (exact.cuh: matvec1_float): the same
+// One-token exact products for F32 / F16 / BF16 weights (matvec1.cuh: matvec1_float): the same
 // bits as matmul()'s vec_dot order (cpu::dot_vecdot, cpu::dot_bf16_vecdot), laid out for
 // memory bandwidth: a warp per row, so that a matrix of few rows (K/V: 128) still has
 // thousands of threads, and each lane streams 4 (F16/BF16) or 8 (F32) bytes per 64-element
@@ -31,10 +31,10 @@
 
 #include "common.cuh"
 #include "common/errors.h"
-#include "exact.cuh"
 #include "exact_float_math.cuh"
 #include "exact_ops_math.cuh"
 #include "launch.cuh"
+#include "matvec1.cuh"
 
 namespace worker::kern::exact {
 namespace {
@@ -274,14 +274,13 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   }
 }
 
-// g[r] = SwiGLU(gate row r . x, up row r . x) (cpu::swiglu_row's element r), and g[r]
-// rounded for an F32/F16/BF16 down weight into act_f (act_kind 0 = none, 1 = F32 copy,
-// 2 = fp16, 3 = bf16).
+// g[r] = SwiGLU(gate row r . x, up row r . x) (cpu::swiglu_row's element r), and, when
+// act_f is given, g[r] rounded to `act` (F32, F16 or BF16: a float down weight's) there.
 template <GgmlType T, int D>
 __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     vecdot1_swiglu_kernel(const uint8_t* __restrict__ wg, const uint8_t* __restrict__ wu, int rows,
                           int cols, size_t row_bytes, const float* __restrict__ x,
-                          float* __restrict__ g, int act_kind, float* __restrict__ act_f) {
+                          float* __restrict__ g, ActType act, float* __restrict__ act_f) {
   const int lane = threadIdx.x & 31;
   int r = static_cast<int>(blockIdx.x) * kRowsPerBlock + static_cast<int>(threadIdx.x >> 5);
   const bool live = r < rows;
@@ -298,9 +297,11 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
   if (lane == 0 && live) {
     const float v = math::swiglu_one(dg, du, r, rows & ~15);
     g[r] = v;
-    if (act_kind == 1) act_f[r] = v;
-    if (act_kind == 2) act_f[r] = math::act_round_fp16(v);
-    if (act_kind == 3) act_f[r] = math::act_round_bf16(v);
+    if (act_f != nullptr) {
+      act_f[r] = act == ActType::F16    ? math::act_round_fp16(v)
+                 : act == ActType::BF16 ? math::act_round_bf16(v)
+                                        : v;
+    }
   }
 }
 
@@ -336,14 +337,14 @@ void launch(const Segs& segs, int total_rows, int64_t cols, size_t row_bytes, co
 
 template <GgmlType T>
 void launch_swiglu(const WeightView& gate, const WeightView& up, const float* x, float* g,
-                   int act_kind, float* act_f, cudaStream_t s) {
+                   ActType act, float* act_f, cudaStream_t s) {
   constexpr int kD = T == GgmlType::F32 ? 8 : 16;
   const dim3 grid(static_cast<unsigned>((gate.rows + kRowsPerBlock - 1) / kRowsPerBlock));
   launch_pdl_smem("exact_vecdot1_swiglu_kernel", vecdot1_swiglu_kernel<T, kD>, grid,
                   dim3(kRowsPerBlock * kWarp), static_cast<size_t>(gate.cols) * sizeof(float), s,
                   static_cast<const uint8_t*>(gate.data), static_cast<const uint8_t*>(up.data),
                   static_cast<int>(gate.rows), static_cast<int>(gate.cols), gate.row_bytes, x, g,
-                  act_kind, act_f);
+                  act, act_f);
 }
 
 void check_takes(const WeightView& w, const char* what) {
@@ -354,20 +355,18 @@ void check_takes(const WeightView& w, const char* what) {
   }
 }
 
+// f(traits) for a float weight type (callers have checked matvec1_float_takes).
 template <typename F>
 void by_type(uint32_t type, F&& f) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::F32: f(std::integral_constant<GgmlType, GgmlType::F32>{}); break;
-    case GgmlType::F16: f(std::integral_constant<GgmlType, GgmlType::F16>{}); break;
-    default: f(std::integral_constant<GgmlType, GgmlType::BF16>{}); break;
-  }
+  dispatch(type, [&](auto tr) {
+    if constexpr (decltype(tr)::kFamily == DotFamily::Float) f(tr);
+  });
 }
 
 }  // namespace
 
 bool matvec1_float_takes(uint32_t weight_type, int64_t cols) {
-  const auto t = static_cast<GgmlType>(weight_type);
-  const bool float_type = t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+  const bool float_type = dot_family_of(weight_type) == DotFamily::Float;
   // pairs of weights as one aligned word per lane: an even row length keeps every row
   // start aligned;
   // x is staged in shared memory as float4: cols % 4, and at most 48 KB
@@ -400,7 +399,7 @@ void matvec1_float_multi(const WeightView* const* ws, float* const* ys, int n, c
   segs.n = n;
   if (total <= 0) return;
   by_type(ws[0]->type, [&](auto t) {
-    launch<decltype(t)::value>(segs, total, ws[0]->cols, ws[0]->row_bytes, a.f, accumulate, stream);
+    launch<decltype(t)::kType>(segs, total, ws[0]->cols, ws[0]->row_bytes, a.f, accumulate, stream);
   });
 }
 
@@ -410,18 +409,17 @@ bool matvec1_swiglu_takes(const WeightView& gate, const WeightView& up) {
 }
 
 void matvec1_swiglu(const WeightView& gate, const WeightView& up, const ActBuf& a, float* g,
-                    uint32_t down_type, const ActBuf& down_act, cudaStream_t stream) {
+                    uint32_t down_type, ActBuf& down_act, cudaStream_t stream) {
   if (!matvec1_swiglu_takes(gate, up)) {
     throw WorkerError(ErrorCode::Internal, "matvec1_swiglu: unsupported gate/up weights");
   }
-  const auto dt = static_cast<GgmlType>(down_type);
-  const int act_kind = dt == GgmlType::F32    ? 1
-                       : dt == GgmlType::F16  ? 2
-                       : dt == GgmlType::BF16 ? 3
-                                              : 0;
-  by_type(gate.type, [&](auto t) {
-    launch_swiglu<decltype(t)::value>(gate, up, a.f, g, act_kind, down_act.f, stream);
-  });
+  // A float down weight takes g rounded here; a quantized one needs whole blocks of g.
+  const ActType act = act_type_of(down_type);
+  const bool float_down = dot_family_of(down_type) == DotFamily::Float;
+  float* act_f = float_down ? down_act.f : nullptr;
+  by_type(gate.type,
+          [&](auto t) { launch_swiglu<decltype(t)::kType>(gate, up, a.f, g, act, act_f, stream); });
+  if (act_f != nullptr) down_act.holds(act, g);
 }
 
 }  // namespace worker::kern::exact

@@ -1,0 +1,45 @@
+#pragma once
+// Exact matrix products of any batch: bit for bit the CPU reference's matmul
+// (CpuEngine::matmul) in the order it takes for that batch. matmul_float.cu (F32 / F16 /
+// BF16 weights), matmul_quant.cu (quantized weights, and matmul()), matmul_qgemm.cu (tiled
+// quantized products for prompt batches). linear.cuh picks among these and matvec1.cuh.
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "act_round.cuh"
+#include "matvec.cuh"  // WeightView
+
+namespace worker::kern::exact {
+
+// Which order the CPU reference's matmul (CpuEngine::matmul) uses depends on the whole batch
+// it multiplies, not only on the rows a call computes: `batch_n` is that batch's token count
+// and `t0` the index in it of this call's first token. Float weights: tinyBLAS order when
+// cpu::tinyblas_takes(type, rows, batch_n, cols), else vec_dot. Q4_0 / Q4_K with rows % 8 == 0
+// (repacked(), gguf/type_traits.h): the repack orders, and for Q4_K the gemm order for the tokens
+// with index < batch_n - batch_n % 4, gemv for the rest.
+struct BatchOrder {
+  int batch_n = 1;
+  int t0 = 0;
+};
+
+// y[t][r] = dot(W row r, a row t) (y[t][r] + that when accumulate: the residual add, one
+// rounding, as the CPU's x += tmp) for t < n_tok, r < w.rows.
+void matmul(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
+            bool accumulate, cudaStream_t stream);
+
+namespace detail {
+// matmul for F32 / F16 / BF16 weights (matmul_float.cu); matmul() dispatches to it.
+void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
+                  float* y, bool accumulate, cudaStream_t stream);
+}  // namespace detail
+
+// Prompt batches of quantized weights (matmul_qgemm.cu): the same bits as matmul(), tiled
+// for throughput (many tokens share each weight block; integer block dots with dp4a).
+// qgemm_takes() says when it applies (quantized type, n_tok large enough to pay off); the
+// linear() then calls qgemm instead of matmul.
+bool qgemm_takes(uint32_t weight_type, int n_tok);
+void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
+           bool accumulate, cudaStream_t stream);
+
+}  // namespace worker::kern::exact
