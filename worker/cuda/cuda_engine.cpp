@@ -868,9 +868,7 @@ std::span<const float> CudaEngine::logits_at(size_t i) const {
 int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t> history,
                            std::mt19937_64& rng, uint64_t* logits_hash) {
   if (d_last_ == nullptr) throw WorkerError(ErrorCode::Internal, "sample() before any eval");
-  if (!(params.repetition_penalty > 0.0f))
-    throw WorkerError(ErrorCode::InvalidRequest, "repetition_penalty must be > 0");
-  if (params.top_k < 0) throw WorkerError(ErrorCode::InvalidRequest, "top_k must be >= 0");
+  check_sampling_params(params);
   if (history.size() > static_cast<size_t>(n_ctx_))
     history = history.last(static_cast<size_t>(n_ctx_));
   const bool greedy = !(params.temperature > 0.0f);
