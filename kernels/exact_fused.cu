@@ -16,8 +16,8 @@
 //        winners in warp order: the CPU's strict-> scan), iscale = -127 / max, quants, sums
 //        of 16 quants by integer shuffles (exact), d = 1 / iscale.
 // Deterministic, no atomics; launch geometry depends only on the shapes.
-// (attention_act and rope_attention_act, exact_fused.cuh, are variants of the decode
-// attention kernel and live with it in exact_ops.cu.)
+// (The attention's rounding for the next matmul is fused into its decode kernel,
+// attention_exact.cu.)
 #include <algorithm>
 #include <string>
 

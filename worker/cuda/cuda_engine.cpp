@@ -27,8 +27,8 @@
 #include "cuda_check.h"
 #include "embed.cuh"
 #include "engine/sampler.h"
+#include "attention_exact.cuh"
 #include "exact.cuh"
-#include "exact_fused.cuh"
 #include "matvec.cuh"
 #include "rmsnorm.cuh"
 #include "rope_qkv.cuh"
@@ -76,15 +76,14 @@ struct ExactSizes {
   size_t act_bytes = 0, attn_floats = 0;
 };
 
-ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact, bool kv_f32) {
+ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
   ExactSizes e;
   // the rounded matmul input: both modes (the fast one for its quantized prompt GEMM)
   const int widest = static_cast<int>(std::max({c.n_embd, c.n_head * c.head_dim, c.n_ff}));
   e.act_bytes = kern::exact::act_buffer_bytes(B, widest);
   if (!exact) return e;
   const int nh = static_cast<int>(c.n_head);
-  e.attn_floats = kv_f32 ? kern::exact::attention_scratch_floats(n_ctx, B, nh)
-                         : kern::exact::attention_f16_scratch_floats(n_ctx, B, nh);
+  e.attn_floats = kern::exact::attention_scratch_floats(n_ctx, B, nh);
   return e;
 }
 
@@ -420,7 +419,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
   kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
   kv_base_ = static_cast<uint8_t*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact, opt_.kv_cache_f32),
+  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact),
                 "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
@@ -706,18 +705,10 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
       mm_exact(s, L.wk, s.xn, E, n, s.k, false, true);
       mm_exact(s, L.wv, s.xn, E, n, s.v, false, true);
     }
-    if (opt_.kv_cache_f32) {
-      // bias + RoPE + KV store + attention + rounding for Wo: one launch at decode
-      ex::rope_attention_act(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
-                             static_cast<float*>(kcache), static_cast<float*>(vcache), s.att,
-                             n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
-    } else {
-      // llama.cpp's default FP16 cache, as the CPU reference's kv_f16 mode computes it: bias
-      // + RoPE + KV store + attention + rounding for Wo, one launch at decode
-      ex::rope_attention_act_f16(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
-                                 static_cast<uint16_t*>(kcache), static_cast<uint16_t*>(vcache),
-                                 s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
-    }
+    // bias + RoPE + KV store + attention + rounding for Wo (one launch at decode)
+    ex::attention({s.q, s.k, s.v, V.bq, V.bk, V.bv}, shape_, rope_table_, n, s.io,
+                  {kcache, vcache, opt_.kv_cache_f32 ? ex::KvType::F32 : ex::KvType::F16}, s.att,
+                  n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
     trace("q", li, s.q, 0, n, QD);
     trace("k_cache", li, kcache, 0, n, KD, true);
     trace("v_cache", li, vcache, 0, n, KD, true);
@@ -876,7 +867,7 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     const int B = std::max(1, std::min(opt_.max_batch, n_ctx_));
     batch_.buf.reset();
     batch_.B = 0;
-    const ExactSizes ex = exact_sizes(cfg_, B, n_ctx_, opt_.exact, opt_.kv_cache_f32);
+    const ExactSizes ex = exact_sizes(cfg_, B, n_ctx_, opt_.exact);
     if (fault::inject_alloc_failure()) {  // WRK-D28, test-only: this cudaMalloc fails
       throw WorkerError(
           ErrorCode::VramOom,
@@ -1001,9 +992,9 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   const bool ex = options.exact;
   u.weights = weights_bytes(model.weights);
   u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
-  u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, ex, options.kv_cache_f32)) +
+  u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, ex)) +
               Scratch::bytes(c, B, std::min(B, kLogitRows),
-                             exact_sizes(c, B, n_ctx, ex, options.kv_cache_f32)) +
+                             exact_sizes(c, B, n_ctx, ex)) +
               SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
               (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
   return u;
