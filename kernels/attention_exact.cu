@@ -655,11 +655,11 @@ void launch_decode(const float* q, const typename KV::T* k_cache, const typename
                                   lay.cap_max, cluster, kq_scale, d_n_past, act, act_mode, *rope),
                name, __FILE__, __LINE__);
   } else {
-    cuda_check(cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel<KV, false>, q, k_cache, v_cache,
-                                  scratch, out, s.n_head, group, hd, kv_dim, lay.stride,
-                                  lay.cap_max, cluster, kq_scale, d_n_past, act, act_mode,
-                                  DecRope<typename KV::T>{}),
-               name, __FILE__, __LINE__);
+    cuda_check(
+        cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel<KV, false>, q, k_cache, v_cache, scratch,
+                           out, s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max, cluster,
+                           kq_scale, d_n_past, act, act_mode, DecRope<typename KV::T>{}),
+        name, __FILE__, __LINE__);
   }
   CUDA_CHECK_LAUNCH(name);
 }
@@ -802,13 +802,13 @@ void attention(const QkvIn& x, const AttnShape& s, const float* rope_table, int 
   }
 }
 
-#define ATTN_EXACT_INSTANTIATE(T)                                                                  \
-  template void bias_rope_store<T>(const QkvIn&, const AttnShape&, const float*, int,              \
-                                   const int32_t*, T*, T*, cudaStream_t);                          \
-  template void attend<T>(const float*, const T*, const T*, float*, int, const AttnShape&, int,    \
-                          const int32_t*, float*, cudaStream_t);                                   \
-  template void attend_act<T>(const float*, const T*, const T*, float*, int, const AttnShape&, int, \
-                              const int32_t*, float*, uint32_t, const ActBuf&, cudaStream_t);
+#define ATTN_EXACT_INSTANTIATE(T)                                                               \
+  template void bias_rope_store<T>(const QkvIn&, const AttnShape&, const float*, int,           \
+                                   const int32_t*, T*, T*, cudaStream_t);                       \
+  template void attend<T>(const float*, const T*, const T*, float*, int, const AttnShape&, int, \
+                          const int32_t*, float*, cudaStream_t);                                \
+  template void attend_act<T>(const float*, const T*, const T*, float*, int, const AttnShape&,  \
+                              int, const int32_t*, float*, uint32_t, const ActBuf&, cudaStream_t);
 ATTN_EXACT_INSTANTIATE(float)
 ATTN_EXACT_INSTANTIATE(uint16_t)
 #undef ATTN_EXACT_INSTANTIATE

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "attention_exact.cuh"
 #include "common/errors.h"
 #include "common/fault_injection.h"
 #include "common/log.h"
@@ -27,7 +28,6 @@
 #include "cuda_check.h"
 #include "embed.cuh"
 #include "engine/sampler.h"
-#include "attention_exact.cuh"
 #include "exact.cuh"
 #include "matvec.cuh"
 #include "rmsnorm.cuh"
@@ -419,8 +419,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
   kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
   kv_base_ = static_cast<uint8_t*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact),
-                "decode scratch");
+  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact), "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
   samp_.buf = DeviceBuffer(SampleRegion::bytes(V, n_ctx_, sort_bytes), "sampling scratch");
@@ -993,8 +992,7 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   u.weights = weights_bytes(model.weights);
   u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
   u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, ex)) +
-              Scratch::bytes(c, B, std::min(B, kLogitRows),
-                             exact_sizes(c, B, n_ctx, ex)) +
+              Scratch::bytes(c, B, std::min(B, kLogitRows), exact_sizes(c, B, n_ctx, ex)) +
               SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
               (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
   return u;
