@@ -62,22 +62,6 @@ struct KvOf<uint16_t> {
   using type = KvF16;
 };
 
-// Block-wide double sum (fixed tree: warp butterflies, then the warps' sums); every thread
-// gets the same bits (a butterfly's lanes add the same two values). `sh` holds >= 32.
-__device__ __forceinline__ double block_sum_double(double v, double* sh) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int nw = (blockDim.x + kWarp - 1) / kWarp;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  double r = lane < nw ? sh[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-  return r;
-}
-
 // ---- bias + RoPE + KV store ------------------------------------------------------------
 
 constexpr int kRopeThreads = 64;
@@ -242,7 +226,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     bs[b] = hs;
     s += static_cast<double>(hs);
   }
-  s = block_sum_double(s, shd);  // its __syncthreads also publish bs[] to the block
+  s = math::block_sum_double(s, shd);  // its __syncthreads also publish bs[] to the block
   float inv;
   if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the block
     if (threadIdx.x == 0) {
@@ -483,7 +467,7 @@ __global__ void __launch_bounds__(kDecThreads)
   dec_cluster_sync(C);
   double s = 0.0;
   for (int b = tid; b < nb; b += kDecThreads) s += static_cast<double>(__ldcg(bs + b));
-  s = block_sum_double(s, shd);
+  s = math::block_sum_double(s, shd);
   float inv;
   if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the block (and the cluster)
     if (tid == 0) {

@@ -34,22 +34,6 @@
 namespace worker::kern::exact {
 namespace {
 
-// Block-wide double sum (fixed tree: warp butterflies, then the warps' sums); every thread
-// gets the same bits (a butterfly's lanes add the same two values). `sh` holds >= 32.
-__device__ __forceinline__ double block_sum_double(double v, double* sh) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int nw = (blockDim.x + kWarp - 1) / kWarp;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  double r = lane < nw ? sh[lane] : 0.0;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
-  return r;
-}
-
 // ---- rmsnorm -------------------------------------------------------------------------
 
 constexpr int kNormThreads = 256;
@@ -81,7 +65,7 @@ __global__ void __launch_bounds__(kNormThreads)
   for (int i = threadIdx.x + kPre * kNormThreads; i < n; i += kNormThreads) {
     s += static_cast<double>(xr[i] * xr[i]);
   }
-  s = block_sum_double(s, shd);
+  s = math::block_sum_double(s, shd);
   float mean;
   if (!math::rms_mean_certain(s, n, &mean)) {  // uniform: every thread has the same s
     if (threadIdx.x == 0) {

@@ -229,6 +229,24 @@ __host__ __device__ inline float swiglu_tail(float g, float u) {
   return (g / (1.0f + expf_libm(-g))) * u;
 }
 
+#if defined(__CUDACC__)
+// Block-wide double sum (fixed tree: warp butterflies, then the warps' sums); every thread
+// gets the same bits (a butterfly's lanes add the same two values). `sh` holds >= 32.
+__device__ __forceinline__ double block_sum_double(double v, double* sh) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int nw = (blockDim.x + 31) / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  double r = lane < nw ? sh[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
+}
+#endif
+
 // A double sum of n non-negative terms computed in a tree (the GPU) differs from the same
 // terms summed sequentially (the CPU) by at most (n-1) * 2^-53 of the sum each, to first
 // order. `f` maps the sum to the float the op needs (monotone: the rounding of a double

@@ -27,7 +27,7 @@
 #include "attention_exact_math.cuh"
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
-#include "exact_act_test_util.h"
+#include "exact_test_util.h"
 #include "gguf/ggml_types.h"
 
 namespace worker {
@@ -36,7 +36,7 @@ namespace {
 namespace ex = kern::exact;
 namespace xm = kern::exact::math;
 using gputest::DevArray;
-using namespace acttest;  // NOLINT(google-build-using-namespace): the shared test helpers
+using namespace exacttest;  // NOLINT(google-build-using-namespace): the shared test helpers
 
 // WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer): shorter long
 // contexts, fewer positions, no timing repetitions.
@@ -140,28 +140,6 @@ ex::AttnShape shape(int nh, int nkv, int hd, int n_rot, bool neox = false) {
 }
 
 // ---- host emulation of the kernels' decompositions --------------------------------------
-
-// block_sum_double over `nthreads` per-thread values (a multiple of 32): warp butterflies
-// (xor 16..1), the warps' sums, then a butterfly over them (zeros beyond the warp count).
-double emu_block_sum_double(std::vector<double> v) {
-  const size_t nw = v.size() / 32;
-  auto butterfly = [](double* lane) {
-    for (int o = 16; o > 0; o >>= 1) {
-      double t[32];
-      for (int l = 0; l < 32; ++l) t[l] = lane[l] + lane[l ^ o];
-      std::copy(t, t + 32, lane);
-    }
-  };
-  double sh[32];
-  for (size_t w = 0; w < nw; ++w) {
-    butterfly(v.data() + 32 * w);
-    sh[w] = v[32 * w];
-  }
-  double r[32];
-  for (size_t l = 0; l < 32; ++l) r[l] = l < nw ? sh[l] : 0.0;
-  butterfly(r);
-  return r[0];
-}
 
 // The softmax over 16-blocks of exps e (n_att keys, zero-padded to 16): each block's hsum16,
 // the 256 threads' strided double sums and their tree, the certainty check or the sequential
@@ -447,30 +425,63 @@ struct AttnCase {
   int hd, group, n_tok, n_past, n_ctx;
 };
 
-// Runs exact::attend for one case and compares every output with the CPU's.
-template <class C>
-size_t run_attention_case(const AttnCase& c, std::mt19937& rng) {
-  const int nkv = 2, nh = nkv * c.group, hd = c.hd;
-  const int q_dim = nh * hd, kv_dim = nkv * hd;
-  const auto kc = make_cache<C>(c.n_ctx, kv_dim, c.n_past + c.n_tok, rng);
-  const auto vc = make_cache<C>(c.n_ctx, kv_dim, c.n_past + c.n_tok, rng);
-  const auto q = uniform(static_cast<size_t>(c.n_tok) * q_dim, rng, -4.0f, 4.0f);
-  const auto ref =
-      cpu_attention<C>(q, C::values(kc), C::values(vc), nh, c.group, hd, kv_dim, c.n_past, c.n_tok);
-  DevArray<float> dq(q), dout(ref.size());
-  DevArray<typename C::T> dk(kc), dv(vc);
-  DevArray<float> scratch(ex::attention_scratch_floats(c.n_ctx, c.n_tok, nh));
-  DevArray<int32_t> dnp(std::vector<int32_t>{c.n_past});
-  ex::attend(dq.get(), dk.get(), dv.get(), dout.get(), c.n_tok, shape(nh, nkv, hd, hd), c.n_ctx,
-             dnp.get(), scratch.get(), nullptr);
-  if (cudaDeviceSynchronize() != cudaSuccess) {
-    ADD_FAILURE() << "attend: " << cudaGetErrorString(cudaGetLastError());
-    return ref.size();
+// One case's inputs (caches: random rows below n_past + n_tok, NaN above, never read), the
+// CPU's output and their device copies.
+template <class Cache>
+struct AttnData {
+  const AttnCase c;
+  const int nh, kv_dim, q_dim;
+  const std::vector<typename Cache::T> kc, vc;
+  const std::vector<float> q, ref;
+  DevArray<float> dq, dout, scratch;
+  DevArray<typename Cache::T> dk, dv;
+  DevArray<int32_t> dnp;
+  AttnData(const AttnCase& c_, std::mt19937& rng)
+      : c(c_),
+        nh(2 * c.group),
+        kv_dim(2 * c.hd),
+        q_dim(nh * c.hd),
+        kc(make_cache<Cache>(c.n_ctx, kv_dim, c.n_past + c.n_tok, rng)),
+        vc(make_cache<Cache>(c.n_ctx, kv_dim, c.n_past + c.n_tok, rng)),
+        q(uniform(static_cast<size_t>(c.n_tok) * q_dim, rng, -4.0f, 4.0f)),
+        ref(cpu_attention<Cache>(q, Cache::values(kc), Cache::values(vc), nh, c.group, c.hd, kv_dim,
+                                 c.n_past, c.n_tok)),
+        dq(q),
+        dout(ref.size()),
+        scratch(ex::attention_scratch_floats(c.n_ctx, c.n_tok, nh)),
+        dk(kc),
+        dv(vc),
+        dnp(std::vector<int32_t>{c.n_past}) {}
+  ex::AttnShape s() const { return shape(nh, 2, c.hd, c.hd); }
+  std::string name() const {
+    return "hd " + std::to_string(c.hd) + " group " + std::to_string(c.group) + " n_tok " +
+           std::to_string(c.n_tok) + " n_past " + std::to_string(c.n_past) + " n_ctx " +
+           std::to_string(c.n_ctx);
   }
-  return mismatches(dout.download(), ref,
-                    "attention hd " + std::to_string(hd) + " group " + std::to_string(c.group) +
-                        " n_tok " + std::to_string(c.n_tok) + " n_past " +
-                        std::to_string(c.n_past) + " n_ctx " + std::to_string(c.n_ctx));
+};
+
+// exact::attend for one case, one token with the decode kernel's own cluster choice (C 0) and
+// every cluster size; every output vs the CPU's. Returns the mismatch count.
+template <class Cache>
+size_t run_attention_case(const AttnCase& c, std::mt19937& rng) {
+  AttnData<Cache> a(c, rng);
+  size_t bad = 0;
+  for (int C : {0, 1, 2, 4, 8}) {
+    if (c.n_tok > 1 && C > 0) break;  // clusters: the one-token kernel only
+    a.dout.poison();
+    a.scratch.poison();
+    ex::set_decode_cluster_for_tests(C);
+    ex::attend(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), c.n_tok, a.s(), c.n_ctx,
+               a.dnp.get(), a.scratch.get(), nullptr);
+    ex::set_decode_cluster_for_tests(0);
+    const std::string what = "attend " + a.name() + " C " + std::to_string(C);
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      ADD_FAILURE() << what << ": " << cudaGetErrorString(cudaGetLastError());
+      return bad + a.ref.size();
+    }
+    bad += mismatches(a.dout.download(), a.ref, what);
+  }
+  return bad;
 }
 
 // REQ: M0-W-1201 WRK-D15
@@ -507,39 +518,6 @@ TYPED_TEST(AttentionExactGpu, OddHeadAndLongContextMatchCpu) {
   EXPECT_EQ(bad, 0u);
 }
 
-// One decode step (n_tok 1) at n_past: the CPU once, then the one-launch decode kernel with its
-// own cluster choice (C 0) and every cluster size. Returns the mismatch count.
-template <class Cache>
-size_t run_decode_case(int hd, int group, int n_past, int n_ctx, std::mt19937& rng) {
-  const int nkv = 2, nh = nkv * group, q_dim = nh * hd, kv_dim = nkv * hd;
-  const auto kc = make_cache<Cache>(n_ctx, kv_dim, n_past + 1, rng);
-  const auto vc = make_cache<Cache>(n_ctx, kv_dim, n_past + 1, rng);
-  const auto q = uniform(static_cast<size_t>(q_dim), rng, -4.0f, 4.0f);
-  const auto ref = cpu_attention<Cache>(q, Cache::values(kc), Cache::values(vc), nh, group, hd,
-                                        kv_dim, n_past, 1);
-  DevArray<float> dq(q), dout(ref.size());
-  DevArray<typename Cache::T> dk(kc), dv(vc);
-  DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, 1, nh));
-  DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
-  size_t bad = 0;
-  const std::string what = "decode hd " + std::to_string(hd) + " group " + std::to_string(group) +
-                           " n_past " + std::to_string(n_past);
-  for (int C : {0, 1, 2, 4, 8}) {
-    dout.poison();
-    scratch.poison();
-    ex::set_decode_cluster_for_tests(C);
-    ex::attend(dq.get(), dk.get(), dv.get(), dout.get(), 1, shape(nh, nkv, hd, hd), n_ctx,
-               dnp.get(), scratch.get(), nullptr);
-    ex::set_decode_cluster_for_tests(0);
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      ADD_FAILURE() << what << " C " << C << ": " << cudaGetErrorString(cudaGetLastError());
-      return bad + ref.size();
-    }
-    bad += mismatches(dout.download(), ref, what + " C " + std::to_string(C));
-  }
-  return bad;
-}
-
 // REQ: M0-W-1201 WRK-D15
 TYPED_TEST(AttentionExactGpu, DecodeEveryClusterMatchesCpu) {
   REQUIRE_GPU();
@@ -548,7 +526,7 @@ TYPED_TEST(AttentionExactGpu, DecodeEveryClusterMatchesCpu) {
   for (int hd : {8, 64, 128}) {
     for (int group : {1, 2, 7}) {
       for (int n_past : {0, 1, 37, 1000}) {
-        bad += run_decode_case<TypeParam>(hd, group, n_past, n_past + 100, rng);
+        bad += run_attention_case<TypeParam>(AttnCase{hd, group, 1, n_past, n_past + 100}, rng);
         ++cases;
       }
     }
@@ -565,7 +543,8 @@ TYPED_TEST(AttentionExactGpu, DecodeLongContextMatchesCpu) {
   size_t bad = 0;
   for (int hd : {8, 64, 128}) {
     for (int group : {1, 2, 7}) {
-      bad += run_decode_case<TypeParam>(hd, group, quick() ? 2000 : 20000, 32768, rng);
+      const int n_past = quick() ? 2000 : 20000;
+      bad += run_attention_case<TypeParam>(AttnCase{hd, group, 1, n_past, 32768}, rng);
     }
   }
   EXPECT_EQ(bad, 0u);
@@ -578,49 +557,36 @@ TYPED_TEST(AttentionExactGpu, DecodeLongContextMatchesCpu) {
 template <class Cache>
 size_t run_attend_act_case(int hd, int group, int n_tok, int n_past, GgmlType t,
                            std::mt19937& rng) {
-  const int nkv = 2, nh = nkv * group, q_dim = nh * hd, kv_dim = nkv * hd;
-  const int n_ctx = n_past + n_tok + 40;
-  const auto kc = make_cache<Cache>(n_ctx, kv_dim, n_past + n_tok, rng);
-  const auto vc = make_cache<Cache>(n_ctx, kv_dim, n_past + n_tok, rng);
-  const auto q = uniform(static_cast<size_t>(n_tok) * q_dim, rng, -4.0f, 4.0f);
-  const auto ref = cpu_attention<Cache>(q, Cache::values(kc), Cache::values(vc), nh, group, hd,
-                                        kv_dim, n_past, n_tok);
-  const ActHost ref_act = cpu_act(t, ref, n_tok, q_dim);
-  const ex::AttnShape s = shape(nh, nkv, hd, hd);
-  DevArray<float> dq(q), dout(ref.size()), dout_u(ref.size());
-  DevArray<typename Cache::T> dk(kc), dv(vc);
-  DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, n_tok, nh));
-  DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
+  AttnData<Cache> a(AttnCase{hd, group, n_tok, n_past, n_past + n_tok + 40}, rng);
+  const ActHost ref_act = cpu_act(t, a.ref, n_tok, a.q_dim);
   const auto at = static_cast<uint32_t>(t);
-  const std::string what = std::string("attend_act ") + std::string(ggml_type_name(at)) + " hd " +
-                           std::to_string(hd) + " group " + std::to_string(group) + " n_tok " +
-                           std::to_string(n_tok) + " n_past " + std::to_string(n_past);
-  ActDev au(n_tok, q_dim);
-  ex::attend(dq.get(), dk.get(), dv.get(), dout_u.get(), n_tok, s, n_ctx, dnp.get(), scratch.get(),
-             nullptr);
-  ex::quantize_act(at, dout_u.get(), n_tok, q_dim, au.a, nullptr);
+  const std::string what = "attend_act " + std::string(ggml_type_name(at)) + " " + a.name();
+  ActDev au(n_tok, a.q_dim);
+  ex::attend(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), n_tok, a.s(), a.c.n_ctx, a.dnp.get(),
+             a.scratch.get(), nullptr);
+  ex::quantize_act(at, a.dout.get(), n_tok, a.q_dim, au.a, nullptr);
   if (cudaDeviceSynchronize() != cudaSuccess) {
     ADD_FAILURE() << what << " unfused: " << cudaGetErrorString(cudaGetLastError());
     return 1;
   }
-  const ActHost unf = gpu_act(t, au.a, n_tok, q_dim);
+  const ActHost unf = gpu_act(t, au.a, n_tok, a.q_dim);
   size_t bad = act_mismatches(unf, ref_act, what + " unfused vs cpu");
   const bool fused = n_tok == 1 && kind_of(t) != Kind::Q8_K;
   for (int C : {0, 1, 2, 8}) {
     if (C != 0 && !fused) break;
-    ActDev af(n_tok, q_dim);
-    dout.poison();
+    ActDev af(n_tok, a.q_dim);
+    a.dout.poison();
     ex::set_decode_cluster_for_tests(C);
-    ex::attend_act(dq.get(), dk.get(), dv.get(), dout.get(), n_tok, s, n_ctx, dnp.get(),
-                   scratch.get(), at, af.a, nullptr);
+    ex::attend_act(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), n_tok, a.s(), a.c.n_ctx,
+                   a.dnp.get(), a.scratch.get(), at, af.a, nullptr);
     ex::set_decode_cluster_for_tests(0);
     if (cudaDeviceSynchronize() != cudaSuccess) {
       ADD_FAILURE() << what << " C " << C << ": " << cudaGetErrorString(cudaGetLastError());
       return bad + 1;
     }
     const std::string w = what + " C " + std::to_string(C);
-    bad += mismatches(dout.download(), ref, w + " out vs cpu");
-    const ActHost got = gpu_act(t, af.a, n_tok, q_dim);
+    bad += mismatches(a.dout.download(), a.ref, w + " out vs cpu");
+    const ActHost got = gpu_act(t, af.a, n_tok, a.q_dim);
     bad += act_mismatches(got, ref_act, w + " vs cpu");
     bad += act_mismatches(got, unf, w + " vs unfused");
   }

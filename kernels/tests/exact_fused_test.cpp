@@ -23,8 +23,8 @@
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
-#include "exact_act_test_util.h"
 #include "exact_ops_math.cuh"
+#include "exact_test_util.h"
 #include "gguf/ggml_types.h"
 
 namespace worker {
@@ -33,7 +33,7 @@ namespace {
 namespace ex = kern::exact;
 namespace xm = kern::exact::math;
 using gputest::DevArray;
-using namespace acttest;  // NOLINT(google-build-using-namespace): the shared test helpers
+using namespace exacttest;  // NOLINT(google-build-using-namespace): the shared test helpers
 
 const GgmlType kTypes[] = {GgmlType::F32,  GgmlType::F16,  GgmlType::BF16, GgmlType::Q8_0,
                            GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K};

@@ -28,12 +28,8 @@
 #include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
 #include "exact_ops_math.cuh"
+#include "exact_test_util.h"
 #include "gguf/ggml_types.h"
-// gpu_test_util.h's error metrics promote floats to double (unused here).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdouble-promotion"
-#include "gpu_test_util.h"
-#pragma GCC diagnostic pop
 
 namespace worker {
 namespace {
@@ -41,40 +37,12 @@ namespace {
 namespace ex = kern::exact;
 namespace xm = kern::exact::math;
 using gputest::DevArray;
+using namespace exacttest;  // NOLINT(google-build-using-namespace): the shared test helpers
 
 // WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer racecheck):
 // fewer inputs for the device exp test.
 bool quick() {
   return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-std::vector<float> uniform(size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// Counts elements whose bits differ; prints the first few with both values as %a.
-size_t mismatches(const std::vector<float>& got, const std::vector<float>& ref,
-                  const std::string& what) {
-  size_t bad = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (bits(got[i]) != bits(ref[i])) {
-      if (bad < 5) {
-        std::printf("%s: [%zu] got %a ref %a\n", what.c_str(), i, static_cast<double>(got[i]),
-                    static_cast<double>(ref[i]));
-      }
-      ++bad;
-    }
-  }
-  return bad;
 }
 
 // A row of n (a power of two) values whose sum of squares is n * (1 + 2^-24) exactly: n - 1
@@ -88,28 +56,6 @@ std::vector<float> tie_row(int n) {
 }
 
 // ---- host emulation of the kernels' decompositions ------------------------------------
-
-// block_sum_double over `nthreads` per-thread values (a multiple of 32): warp butterflies
-// (xor 16..1), the warps' sums, then a butterfly over them (zeros beyond the warp count).
-double emu_block_sum_double(std::vector<double> v) {
-  const size_t nw = v.size() / 32;
-  auto butterfly = [](double* lane) {
-    for (int o = 16; o > 0; o >>= 1) {
-      double t[32];
-      for (int l = 0; l < 32; ++l) t[l] = lane[l] + lane[l ^ o];
-      std::copy(t, t + 32, lane);
-    }
-  };
-  double sh[32];
-  for (size_t w = 0; w < nw; ++w) {
-    butterfly(v.data() + 32 * w);
-    sh[w] = v[32 * w];
-  }
-  double r[32];
-  for (size_t l = 0; l < 32; ++l) r[l] = l < nw ? sh[l] : 0.0;
-  butterfly(r);
-  return r[0];
-}
 
 // ex_rmsnorm_kernel for one row (256 threads). *fallback tells whether the sequential
 // fallback ran.

@@ -1,10 +1,12 @@
 #pragma once
-// Helpers of the exact kernels' tests that check an op and its rounding for the next matmul
-// (exact_fused_test.cpp, attention_exact_test.cpp): bitwise comparison, the ActBuf fields
-// quantize_act writes (CPU reference and device copies), and a CUDA-graph timer.
+// Helpers of the exact kernels' tests (exact_ops_test.cpp, exact_fused_test.cpp,
+// attention_exact_test.cpp): bitwise comparison, the host emulation of the kernels' block-wide
+// double sum, the ActBuf fields quantize_act writes (CPU reference and device copies), and a
+// CUDA-graph timer.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -22,7 +24,7 @@
 #include "gpu_test_util.h"
 #pragma GCC diagnostic pop
 
-namespace worker::acttest {
+namespace worker::exacttest {
 
 inline uint32_t bits(float f) {
   uint32_t u;
@@ -66,6 +68,29 @@ size_t mismatches(const std::vector<T>& got, const std::vector<T>& ref, const st
     }
   }
   return bad;
+}
+
+// The kernels' block_sum_double over `nthreads` per-thread values (a multiple of 32): warp
+// butterflies (xor 16..1), the warps' sums, then a butterfly over them (zeros beyond the warp
+// count).
+inline double emu_block_sum_double(std::vector<double> v) {
+  const size_t nw = v.size() / 32;
+  auto butterfly = [](double* lane) {
+    for (int o = 16; o > 0; o >>= 1) {
+      double t[32];
+      for (int l = 0; l < 32; ++l) t[l] = lane[l] + lane[l ^ o];
+      std::copy(t, t + 32, lane);
+    }
+  };
+  double sh[32];
+  for (size_t w = 0; w < nw; ++w) {
+    butterfly(v.data() + 32 * w);
+    sh[w] = v[32 * w];
+  }
+  double r[32];
+  for (size_t l = 0; l < 32; ++l) r[l] = l < nw ? sh[l] : 0.0;
+  butterfly(r);
+  return r[0];
 }
 
 enum class Kind { F, Q8_0, Q8_K };
@@ -190,4 +215,4 @@ struct GraphTimer {
   }
 };
 
-}  // namespace worker::acttest
+}  // namespace worker::exacttest
