@@ -38,12 +38,6 @@ namespace xm = kern::exact::math;
 using gputest::DevArray;
 using namespace exacttest;  // NOLINT(google-build-using-namespace): the shared test helpers
 
-// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer): shorter long
-// contexts, fewer positions, no timing repetitions.
-bool quick() {
-  return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-}
-
 // The cache types as the tests see them: the kernels' traits, how the CPU's cache holds a row
 // of floats, and the CPU reference's attention of one (token, head) with the CPU's own rules
 // for which order (tinyBLAS or vec_dot) each product takes.
@@ -484,6 +478,7 @@ size_t run_attention_case(const AttnCase& c, std::mt19937& rng) {
   return bad;
 }
 
+// Batches and single tokens (the decode kernel with every cluster size) at several positions.
 // REQ: M0-W-1201 WRK-D15
 TYPED_TEST(AttentionExactGpu, AttentionMatchesCpu) {
   REQUIRE_GPU();
@@ -492,7 +487,7 @@ TYPED_TEST(AttentionExactGpu, AttentionMatchesCpu) {
   for (int hd : {8, 64, 128}) {
     for (int group : {1, 2, 7}) {
       for (int n_tok : {1, 2, 5, 17, 64}) {
-        for (int n_past : {0, 37, 100, 1000}) {
+        for (int n_past : {0, 1, 37, 100, 1000}) {
           const int n_ctx = n_past >= 1000 ? 1100 : 256;
           bad += run_attention_case<TypeParam>(AttnCase{hd, group, n_tok, n_past, n_ctx}, rng);
           ++cases;
@@ -501,46 +496,21 @@ TYPED_TEST(AttentionExactGpu, AttentionMatchesCpu) {
     }
   }
   EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
-  EXPECT_EQ(cases, 180u);
+  EXPECT_EQ(cases, 225u);
 }
 
-// A head size with leftovers in vec_dot's tail (80 = 64 + 16), and a long context: n_ctx 32768
-// splits a 64-token batch into chunks of scratch; a decode step at n_past 20000.
+// A head size with leftovers in vec_dot's tail (80 = 64 + 16), and long contexts: n_ctx 32768
+// splits a 64-token batch into chunks of scratch; decode steps at n_past 20000 (2000 under
+// WORKER_KERNEL_TEST_QUICK).
 // REQ: M0-W-1201 WRK-D15
 TYPED_TEST(AttentionExactGpu, OddHeadAndLongContextMatchCpu) {
   REQUIRE_GPU();
   std::mt19937 rng(25);
   size_t bad = 0;
-  for (int n_tok : {1, 3})
+  for (int n_tok : {1, 3}) {
     bad += run_attention_case<TypeParam>(AttnCase{80, 2, n_tok, 37, 256}, rng);
-  bad += run_attention_case<TypeParam>(AttnCase{64, 7, 64, 100, 32768}, rng);
-  bad += run_attention_case<TypeParam>(AttnCase{64, 7, 1, quick() ? 2000 : 20000, 32768}, rng);
-  EXPECT_EQ(bad, 0u);
-}
-
-// REQ: M0-W-1201 WRK-D15
-TYPED_TEST(AttentionExactGpu, DecodeEveryClusterMatchesCpu) {
-  REQUIRE_GPU();
-  std::mt19937 rng(27);
-  size_t bad = 0, cases = 0;
-  for (int hd : {8, 64, 128}) {
-    for (int group : {1, 2, 7}) {
-      for (int n_past : {0, 1, 37, 1000}) {
-        bad += run_attention_case<TypeParam>(AttnCase{hd, group, 1, n_past, n_past + 100}, rng);
-        ++cases;
-      }
-    }
   }
-  EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
-  EXPECT_EQ(cases, 36u);
-}
-
-// Decode at n_past 20000 (2000 under WORKER_KERNEL_TEST_QUICK), in a 32768 context.
-// REQ: M0-W-1201 WRK-D15
-TYPED_TEST(AttentionExactGpu, DecodeLongContextMatchesCpu) {
-  REQUIRE_GPU();
-  std::mt19937 rng(28);
-  size_t bad = 0;
+  bad += run_attention_case<TypeParam>(AttnCase{64, 7, 64, 100, 32768}, rng);
   for (int hd : {8, 64, 128}) {
     for (int group : {1, 2, 7}) {
       const int n_past = quick() ? 2000 : 20000;

@@ -294,8 +294,7 @@ TEST(ExactFusedGpu, SwigluActMatchesUnfusedAndCpu) {
 // REQ: WRK-D15
 TEST(ExactFusedGpu, DecodeShapesTimingAndEquality) {
   REQUIRE_GPU();
-  const bool quick = std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-  const int reps = quick ? 1 : 50;
+  const int reps = quick() ? 1 : 50;
   std::mt19937 rng(47);
   const int n = 896, F = 4864;
   const auto x = uniform(static_cast<size_t>(n), rng, -3.0f, 3.0f);

@@ -39,12 +39,6 @@ namespace xm = kern::exact::math;
 using gputest::DevArray;
 using namespace exacttest;  // NOLINT(google-build-using-namespace): the shared test helpers
 
-// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer racecheck):
-// fewer inputs for the device exp test.
-bool quick() {
-  return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-}
-
 // A row of n (a power of two) values whose sum of squares is n * (1 + 2^-24) exactly: n - 1
 // ones and 1 + n * 2^-25 (its square rounds to 1 + n * 2^-24). The mean sits exactly on a
 // float rounding tie, so rmsnorm's tree result is uncertain and the kernel must take its

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -25,6 +26,12 @@
 #pragma GCC diagnostic pop
 
 namespace worker::exacttest {
+
+// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer): smaller sizes,
+// no timing repetitions.
+inline bool quick() {
+  return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
+}
 
 inline uint32_t bits(float f) {
   uint32_t u;
