@@ -9,7 +9,7 @@
 //   cache element          float                               fp16 bits, round to nearest even
 //   query before KQ        as is                               rounded to fp16
 //   KQ, one token          ggml_vec_dot_f32 (kq_vec)           ggml_vec_dot_f16 (kq_vec)
-//   KQ, batch of >= 2      vec_dot (tinyBLAS never takes it)   tinyBLAS F16 when head_dim % 16 == 0
+//   KQ, batch of >= 2      vec_dot, as for one token           tinyBLAS F16 when head_dim % 16 == 0
 //   KQV weight             e * inv                             fp16(e * inv)
 // Everything else (softmax, the KQV lane chains and their trees) is the same code for both.
 // Compiled with -fmad=false: every FMA is an explicit fmaf(), every product the CPU rounds is
@@ -115,7 +115,7 @@ struct KvF32 {
   __host__ __device__ static T store(float x) { return x; }
   __host__ __device__ static float load(T x) { return x; }
   __host__ __device__ static float query(float x) { return x; }
-  // llamafile's F32 tinyBLAS never takes the KQ product here: vec_dot (no kq_tiny16).
+  // KQ is always vec_dot (cpu::attention_head): no kq_tiny16.
   static constexpr bool kTinyKq = false;
   static bool kq_tiny(int, int) { return false; }
   // cpu::dot_vecdot: the 64 chains, then its 16/8-wide rounded leftovers and the FMA tail.
