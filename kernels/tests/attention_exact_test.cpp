@@ -488,6 +488,8 @@ TYPED_TEST(AttentionExactGpu, AttentionMatchesCpu) {
     for (int group : {1, 2, 7}) {
       for (int n_tok : {1, 2, 5, 17, 64}) {
         for (int n_past : {0, 1, 37, 100, 1000}) {
+          // compute-sanitizer time (WORKER_KERNEL_TEST_QUICK): fewer batch sizes and positions
+          if (quick() && (n_tok == 17 || n_past == 37 || n_past == 100)) continue;
           const int n_ctx = n_past >= 1000 ? 1100 : 256;
           bad += run_attention_case<TypeParam>(AttnCase{hd, group, n_tok, n_past, n_ctx}, rng);
           ++cases;
@@ -496,7 +498,7 @@ TYPED_TEST(AttentionExactGpu, AttentionMatchesCpu) {
     }
   }
   EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
-  EXPECT_EQ(cases, 225u);
+  EXPECT_EQ(cases, quick() ? 108u : 225u);
 }
 
 // A head size with leftovers in vec_dot's tail (80 = 64 + 16), and long contexts: n_ctx 32768
@@ -703,7 +705,7 @@ TYPED_TEST(AttentionExactGpu, RopeAttentionActMatchesUnfusedAndCpu) {
                        GgmlType::Q6_K}) {
       if (!type_fits(t, 2 * c.group * c.hd)) continue;
       for (int n_past : {0, 1, 37, 63, 64, 1000}) {
-        if (quick() && (n_past == 0 || n_past == 1000)) continue;  // compute-sanitizer time
+        if (quick() && n_past != 1 && n_past != 37) continue;  // compute-sanitizer time
         bad += run_rope_case<TypeParam>(c, n_past, 1, t, rng);
         ++cases;
       }
