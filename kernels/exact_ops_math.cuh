@@ -79,19 +79,6 @@ __host__ __device__ inline float vecdot_tail(const float* x, const float* y, int
   return sum;
 }
 
-// cpu::dot_vecdot (F32), literally: 64 FMA chains over n & ~63, reduce, tail.
-__host__ __device__ inline float dot_vecdot(const float* x, const float* y, int n) {
-  float acc[64];
-  EXOPS_UNROLL
-  for (int l = 0; l < 64; ++l) acc[l] = 0.0f;
-  const int np = n & ~63;
-  for (int i = 0; i < np; i += 64) {
-    EXOPS_UNROLL
-    for (int l = 0; l < 64; ++l) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
-  }
-  return vecdot_tail(x, y, np, n, vecdot_reduce64(acc));
-}
-
 // x * 2^n with one rounding (std::ldexp, _mm512_scalef_ps) for |n| <= 192 and a float j near
 // 1: j * 2^n is exact in double (the exponent stays within double's range), so one rounding
 // to float gives the correctly rounded result, subnormals included.
