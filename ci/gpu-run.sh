@@ -64,7 +64,7 @@ run_gtest() {  # run_gtest NAME [extra args]
   say "$name: rc=$rc in $(( $(date +%s) - t0 )) s; $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$results/$name.log" | tr '\n' ' ')"
 }
 run_gtest kernel_tests
-for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests exact_attn16_tests exact_decode_tests exact_qdecode_tests exact_attn16_fused_tests; do run_gtest $t; done  # bit for bit vs the CPU
+for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests attention_exact_tests exact_decode_tests exact_qdecode_tests; do run_gtest $t; done  # bit for bit vs the CPU
 run_gtest cuda_error_tests  # error mapping + the context teardown (M0-W-1401, 1501)
 # The startup test of cuda_engine_tests runs the real worker: the copy beside the tests.
 [ -x "$bin/worker-orcd" ] && export WORKER_ORCD_BIN="$bin/worker-orcd"
@@ -82,7 +82,7 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
       "$bin/kernel_tests" --gtest_filter="$filter" > "$results/sanitizer-$tool.log" 2>&1
     rc=$?
     # the exact kernels, every test, at their quick sizes (WORKER_KERNEL_TEST_QUICK)
-    for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests exact_attn16_tests exact_decode_tests exact_qdecode_tests exact_attn16_fused_tests; do
+    for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests attention_exact_tests exact_decode_tests exact_qdecode_tests; do
       [ -x "$bin/$t" ] || continue
       # racecheck: not the timing loops and the 151936-row LM-head shapes (too slow under it)
       f="*"; [ $tool = racecheck ] && f="-*Timing*:*LmHead*"

@@ -30,6 +30,8 @@
 //        winners in warp order: the CPU's strict-> scan), iscale = -127 / max, quants, sums
 //        of 16 quants by integer shuffles (exact), d = 1 / iscale.
 // Deterministic, no atomics; launch geometry depends only on the shapes.
+// (The attention's rounding for the next matmul is fused into its decode kernel,
+// attention_exact.cu.)
 #include <algorithm>
 #include <string>
 
@@ -207,7 +209,7 @@ __global__ void __launch_bounds__(kT)
     if (i < n) s += static_cast<double>(xpre[k] * xpre[k]);
   }
   for (int i = threadIdx.x + kPre * kT; i < n; i += kT) s += static_cast<double>(xr[i] * xr[i]);
-  // The block's double tree, as exact_ops.cu's block_sum_double (warp butterflies, then the
+  // The block's double tree, as math::block_sum_double (warp butterflies, then the
   // warps' sums; every thread gets the same bits).
   {
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;

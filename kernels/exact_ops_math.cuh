@@ -79,19 +79,6 @@ __host__ __device__ inline float vecdot_tail(const float* x, const float* y, int
   return sum;
 }
 
-// cpu::dot_vecdot (F32), literally: 64 FMA chains over n & ~63, reduce, tail.
-__host__ __device__ inline float dot_vecdot(const float* x, const float* y, int n) {
-  float acc[64];
-  EXOPS_UNROLL
-  for (int l = 0; l < 64; ++l) acc[l] = 0.0f;
-  const int np = n & ~63;
-  for (int i = 0; i < np; i += 64) {
-    EXOPS_UNROLL
-    for (int l = 0; l < 64; ++l) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
-  }
-  return vecdot_tail(x, y, np, n, vecdot_reduce64(acc));
-}
-
 // x * 2^n with one rounding (std::ldexp, _mm512_scalef_ps) for |n| <= 192 and a float j near
 // 1: j * 2^n is exact in double (the exponent stays within double's range), so one rounding
 // to float gives the correctly rounded result, subnormals included.
@@ -229,15 +216,23 @@ __host__ __device__ inline float swiglu_tail(float g, float u) {
   return (g / (1.0f + expf_libm(-g))) * u;
 }
 
-// One RoPE pair (rotate_pairs as GCC compiled it): d0 = fma(x0, c, -(x1*s)),
-// d1 = fma(x0, s, x1*c).
-__host__ __device__ inline void rope_pair(float x0, float x1, float c, float s, float& d0,
-                                          float& d1) {
-  const float x1s = x1 * s;
-  const float x1c = x1 * c;
-  d0 = fmaf(x0, c, -x1s);
-  d1 = fmaf(x0, s, x1c);
+#if defined(__CUDACC__)
+// Block-wide double sum (fixed tree: warp butterflies, then the warps' sums); every thread
+// gets the same bits (a butterfly's lanes add the same two values). `sh` holds >= 32.
+__device__ __forceinline__ double block_sum_double(double v, double* sh) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int nw = (blockDim.x + 31) / 32;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  double r = lane < nw ? sh[lane] : 0.0;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) r += __shfl_xor_sync(0xffffffffu, r, o);
+  return r;
 }
+#endif
 
 // A double sum of n non-negative terms computed in a tree (the GPU) differs from the same
 // terms summed sequentially (the CPU) by at most (n-1) * 2^-53 of the sum each, to first
@@ -261,16 +256,6 @@ __host__ __device__ inline bool rms_mean_certain(double s_tree, int n, float* me
 }
 __host__ __device__ inline float rms_scale(float mean, float eps) {
   return 1.0f / sqrtf(mean + eps);
-}
-
-// softmax's inv = float(1 / sum) over `nb` block sums.
-__host__ __device__ inline float softmax_inv(double sum) {
-  return static_cast<float>(1.0 / sum);
-}
-__host__ __device__ inline bool softmax_inv_certain(double s_tree, int nb, float* inv) {
-  const double e = tree_sum_slack(s_tree, nb);
-  *inv = softmax_inv(s_tree);
-  return softmax_inv(s_tree - e) == *inv && softmax_inv(s_tree + e) == *inv;
 }
 
 // ---- fused kernels' helpers (exact_fused.cu) ------------------------------------------
@@ -337,21 +322,5 @@ __host__ __device__ inline void q8k_max_merge(float& a, float& m, float oa, floa
 // expf_ggml (which 0), silu_ggml (1) or expf_libm (2); x, y device memory. Lets the GPU
 // tests check these device functions on millions of inputs against the CPU's.
 void device_map_for_tests(int which, const float* x, float* y, size_t n);
-
-// Test hook (exact_ops.cu): the decode kernels' blocks per head (1, 2, 4, 8; 0: attention's
-// own choice) for every later attention / attention_act / rope_attention_act call.
-void set_decode_cluster_for_tests(int cluster);
-// Test hook (exact_ops.cu): exact::attention's one-token kernel with `cluster` blocks per
-// head (1, 2, 4 or 8; attention() picks it from n_head), so the tests cover every cluster
-// size. Shapes as exact::attention (n_rot unused), head_dim <= 256.
-void attention_decode_for_tests(const float* q, const float* k_cache, const float* v_cache,
-                                float* out, int n_head, int n_head_kv, int head_dim, int n_ctx,
-                                const int32_t* d_n_past, float* scratch, int cluster);
-// The same kernel in attention_act's form (exact_fused.cuh): act_type F32 / F16 / BF16 /
-// Q8_0 (or Q4_0 / Q5_0), a = {act_f, act_q, act_d} (device memory, q_dim values).
-void attention_act_decode_for_tests(const float* q, const float* k_cache, const float* v_cache,
-                                    float* out, int n_head, int n_head_kv, int head_dim, int n_ctx,
-                                    const int32_t* d_n_past, float* scratch, int cluster,
-                                    uint32_t act_type, float* act_f, int8_t* act_q, float* act_d);
 
 }  // namespace worker::kern::exact::math

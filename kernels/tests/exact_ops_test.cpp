@@ -1,15 +1,13 @@
-// Exact non-matmul kernels (kernels/exact_ops.cu) against the CPU reference's functions
-// (worker/engine/cpu/cpu_ops.h, act_quant.h), bit for bit (see kernels/exact.cuh).
+// Exact rmsnorm / swiglu kernels (kernels/exact_ops.cu) and their math against the CPU
+// reference's functions (worker/engine/cpu/cpu_ops.h, act_quant.h), bit for bit (see
+// kernels/exact.cuh; the attention's tests: attention_exact_test.cpp).
 //  - ExactOpsHost.*: HOST EMULATION, runs everywhere (also without a GPU): the kernels' thread
-//    decompositions (per-thread strided double sums + the shuffle trees of rmsnorm and the
-//    softmax, their certainty checks and sequential fallbacks, the KQV lane chains and their
-//    combining trees) replayed on the host with the same math:: helpers the kernels call
-//    (kernels/exact_ops_math.cuh), compared with cpu::rms_norm_row / rope_row /
-//    attention_head / swiglu_row / ggml_expf. Proves the algorithms. (AttentionDecode*: the
-//    one-launch decode kernel's split over a cluster of C blocks per head and its regrouped
-//    KQV chains.)
+//    decompositions (per-thread strided double sums + the shuffle tree of rmsnorm, its
+//    certainty check and sequential fallback) replayed on the host with the same math::
+//    helpers the kernels call (kernels/exact_ops_math.cuh), compared with cpu::rms_norm_row /
+//    rope_row / swiglu_row / ggml_expf. Proves the algorithms.
 //  - ExactOpsGpu.*: the CUDA kernels, compared over the full output with the cpu:: functions;
-//    outputs poisoned (NaN) before each run, cache rows that must not be read are NaN.
+//    outputs poisoned (NaN) before each run.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,17 +21,16 @@
 #include <string>
 #include <vector>
 
+#include "attention_exact.cuh"
+#include "attention_exact_math.cuh"  // rope_pair
+#include "common/rope.h"
 #include "embed.cuh"
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
 #include "exact_ops_math.cuh"
+#include "exact_test_util.h"
 #include "gguf/ggml_types.h"
-// gpu_test_util.h's error metrics promote floats to double (unused here).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdouble-promotion"
-#include "gpu_test_util.h"
-#pragma GCC diagnostic pop
 
 namespace worker {
 namespace {
@@ -41,41 +38,7 @@ namespace {
 namespace ex = kern::exact;
 namespace xm = kern::exact::math;
 using gputest::DevArray;
-
-// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer racecheck):
-// fewer inputs for the device exp test and a shorter long-context case.
-bool quick() {
-  return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-std::vector<float> uniform(size_t n, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> d(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// Counts elements whose bits differ; prints the first few with both values as %a.
-size_t mismatches(const std::vector<float>& got, const std::vector<float>& ref,
-                  const std::string& what) {
-  size_t bad = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    if (bits(got[i]) != bits(ref[i])) {
-      if (bad < 5) {
-        std::printf("%s: [%zu] got %a ref %a\n", what.c_str(), i, static_cast<double>(got[i]),
-                    static_cast<double>(ref[i]));
-      }
-      ++bad;
-    }
-  }
-  return bad;
-}
+using namespace exacttest;  // NOLINT(google-build-using-namespace): the shared test helpers
 
 // A row of n (a power of two) values whose sum of squares is n * (1 + 2^-24) exactly: n - 1
 // ones and 1 + n * 2^-25 (its square rounds to 1 + n * 2^-24). The mean sits exactly on a
@@ -88,28 +51,6 @@ std::vector<float> tie_row(int n) {
 }
 
 // ---- host emulation of the kernels' decompositions ------------------------------------
-
-// block_sum_double over `nthreads` per-thread values (a multiple of 32): warp butterflies
-// (xor 16..1), the warps' sums, then a butterfly over them (zeros beyond the warp count).
-double emu_block_sum_double(std::vector<double> v) {
-  const size_t nw = v.size() / 32;
-  auto butterfly = [](double* lane) {
-    for (int o = 16; o > 0; o >>= 1) {
-      double t[32];
-      for (int l = 0; l < 32; ++l) t[l] = lane[l] + lane[l ^ o];
-      std::copy(t, t + 32, lane);
-    }
-  };
-  double sh[32];
-  for (size_t w = 0; w < nw; ++w) {
-    butterfly(v.data() + 32 * w);
-    sh[w] = v[32 * w];
-  }
-  double r[32];
-  for (size_t l = 0; l < 32; ++l) r[l] = l < nw ? sh[l] : 0.0;
-  butterfly(r);
-  return r[0];
-}
 
 // ex_rmsnorm_kernel for one row (256 threads). *fallback tells whether the sequential
 // fallback ran.
@@ -130,55 +71,6 @@ void emu_rmsnorm(const float* x, const float* w, float* y, int n, float eps, boo
   }
   const float scale = xm::rms_scale(mean, eps);
   for (int i = 0; i < n; ++i) y[i] = (x[i] * scale) * w[i];
-}
-
-// ex_attn_{scores,softmax,kqv}_kernel for one (token, head): k / v at the head's group,
-// rows kv_dim apart. Returns the number of softmax fallbacks (0 or 1).
-int emu_attention_head(const float* qh, const float* k, const float* v, int kv_dim, int hd,
-                       int n_att, int cap, bool tiny, float kq_scale, float* out) {
-  std::vector<float> sc(static_cast<size_t>(n_att));
-  for (int j = 0; j < n_att; ++j) {
-    sc[static_cast<size_t>(j)] =
-        xm::dot_vecdot(k + static_cast<size_t>(j) * kv_dim, qh, hd) * kq_scale;
-  }
-  float mx = -INFINITY;
-  for (float s : sc) mx = std::fmax(mx, s);
-  const int nb = (n_att + 15) / 16;
-  std::vector<float> e(static_cast<size_t>(16 * nb)), bs(static_cast<size_t>(nb));
-  constexpr int kT = 256;
-  std::vector<double> part(kT, 0.0);
-  for (int b = 0; b < nb; ++b) {
-    for (int i = 0; i < 16; ++i) {
-      const int j = 16 * b + i;
-      e[static_cast<size_t>(j)] = j < n_att ? xm::expf_ggml(sc[static_cast<size_t>(j)] - mx) : 0.0f;
-    }
-    bs[static_cast<size_t>(b)] = xm::hsum16(e.data() + 16 * b);
-    part[static_cast<size_t>(b % kT)] += static_cast<double>(bs[static_cast<size_t>(b)]);
-  }
-  float inv;
-  int fallback = 0;
-  if (!xm::softmax_inv_certain(emu_block_sum_double(part), nb, &inv)) {
-    fallback = 1;
-    double q = 0.0;
-    for (float b : bs) q += static_cast<double>(b);
-    inv = xm::softmax_inv(q);
-  }
-  const int lanes = tiny ? 16 : 64;
-  const int len = tiny ? 16 * nb : cap;
-  for (int d = 0; d < hd; ++d) {
-    float acc[64];
-    for (int l = 0; l < lanes; ++l) {
-      float a = 0.0f;
-      int j = l;
-      for (; j < n_att; j += lanes) {
-        a = std::fma(v[static_cast<size_t>(j) * kv_dim + d], e[static_cast<size_t>(j)] * inv, a);
-      }
-      for (; j < len; j += lanes) a = std::fma(0.0f, 0.0f, a);
-      acc[l] = a;
-    }
-    out[d] = tiny ? xm::hsum16(acc) : xm::vecdot_reduce64(acc);
-  }
-  return fallback;
 }
 
 // REQ: WRK-D15
@@ -273,7 +165,7 @@ TEST(ExactOpsHost, VecdotMatchesCpu) {
     for (int rep = 0; rep < 200; ++rep) {
       const auto x = uniform(static_cast<size_t>(n), rng, -2.0f, 2.0f);
       const auto y = uniform(static_cast<size_t>(n), rng, -2.0f, 2.0f);
-      const float a = xm::dot_vecdot(x.data(), y.data(), n);
+      const float a = xm::KvF32::kq_vec(x.data(), y.data(), n, true);  // the scores' dot
       const float b = cpu::dot_vecdot(x.data(), y.data(), n);
       if (bits(a) != bits(b)) {
         if (bad++ < 5) std::printf("n %d: %a vs %a\n", n, double(a), double(b));
@@ -354,136 +246,6 @@ TEST(ExactOpsHost, TreeSumCertaintyCheck) {
   EXPECT_LT(worst, 1.0);
 }
 
-// HOST EMULATION of the three attention kernels for one (token, head), vs cpu::attention_head.
-// REQ: WRK-D15
-TEST(ExactOpsHost, AttentionEmulationMatchesCpu) {
-  std::mt19937 rng(16);
-  size_t bad = 0, heads = 0;
-  int fallbacks = 0;
-  for (int hd : {8, 64, 128}) {
-    for (int n_att : {1, 2, 15, 16, 17, 63, 64, 65, 100, 300, 1001, 5000}) {
-      for (int tiny = 0; tiny < 2; ++tiny) {
-        const int kv_dim = 2 * hd;  // two KV heads; this head reads the second
-        const int cap = (n_att + 63) & ~63;
-        const auto k = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
-        const auto v = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
-        const auto q = uniform(static_cast<size_t>(hd), rng, -3.0f, 3.0f);
-        const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        std::vector<float> out(static_cast<size_t>(hd)), ref(static_cast<size_t>(hd));
-        std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
-        fallbacks += emu_attention_head(q.data(), k.data() + hd, v.data() + hd, kv_dim, hd, n_att,
-                                        cap, tiny != 0, kq_scale, out.data());
-        cpu::attention_head(q.data(), k.data() + hd, v.data() + hd, kv_dim, hd, n_att, cap,
-                            tiny != 0, kq_scale, sc.data(), col.data(), ref.data());
-        bad += mismatches(out, ref,
-                          "attention hd " + std::to_string(hd) + " n_att " + std::to_string(n_att) +
-                              (tiny ? " tiny" : " vecdot"));
-        ++heads;
-      }
-    }
-  }
-  std::printf("attention emulation: %zu heads, %d softmax fallbacks\n", heads, fallbacks);
-  EXPECT_EQ(bad, 0u);
-}
-
-// HOST EMULATION of ex_attn_decode_kernel (exact_ops.cu, one token) with C blocks per head:
-// block r's key slice of 16-blocks for the scores and exps, the max of the block maxima, the
-// softmax tree of all block sums (256 threads), then KQV with block r's dims, one thread
-// running chains l and l + 32 of a dim (l < 32) and adding them, then t[l] + t[l + 16] and
-// hsum16. Returns the number of softmax fallbacks.
-int emu_attention_decode(const float* qh, const float* k, const float* v, int kv_dim, int hd,
-                         int n_att, float kq_scale, int C, float* out) {
-  const int nb = (n_att + 15) / 16, cap = (n_att + 63) & ~63;
-  const int per = (nb + C - 1) / C;
-  std::vector<float> sc(static_cast<size_t>(16 * nb), 0.0f), bs(static_cast<size_t>(nb));
-  std::vector<float> bmax(static_cast<size_t>(C), -INFINITY);
-  for (int r = 0; r < C; ++r) {
-    const int b_lo = std::min(nb, r * per), b_hi = std::min(nb, b_lo + per);
-    for (int j = 16 * b_lo; j < std::min(n_att, 16 * b_hi); ++j) {
-      sc[static_cast<size_t>(j)] =
-          xm::dot_vecdot(k + static_cast<size_t>(j) * kv_dim, qh, hd) * kq_scale;
-      bmax[static_cast<size_t>(r)] =
-          std::fmax(bmax[static_cast<size_t>(r)], sc[static_cast<size_t>(j)]);
-    }
-  }
-  float mx = -INFINITY;
-  for (float m : bmax) mx = std::fmax(mx, m);
-  for (int b = 0; b < nb; ++b) {
-    float e[16];
-    for (int i = 0; i < 16; ++i) {
-      const int j = 16 * b + i;
-      e[i] = j < n_att ? xm::expf_ggml(sc[static_cast<size_t>(j)] - mx) : 0.0f;
-      sc[static_cast<size_t>(j)] = e[i];
-    }
-    bs[static_cast<size_t>(b)] = xm::hsum16(e);
-  }
-  constexpr int kT = 256;
-  std::vector<double> part(kT, 0.0);
-  for (int b = 0; b < nb; ++b)
-    part[static_cast<size_t>(b % kT)] += static_cast<double>(bs[static_cast<size_t>(b)]);
-  float inv;
-  int fallback = 0;
-  if (!xm::softmax_inv_certain(emu_block_sum_double(part), nb, &inv)) {
-    fallback = 1;
-    double q = 0.0;
-    for (float b : bs) q += static_cast<double>(b);
-    inv = xm::softmax_inv(q);
-  }
-  const int dper = (hd + C - 1) / C;
-  for (int r = 0; r < C; ++r) {
-    const int d_lo = std::min(hd, r * dper), d_hi = std::min(hd, d_lo + dper);
-    for (int d = d_lo; d < d_hi; ++d) {
-      float r32[32], r16[16];
-      for (int l = 0; l < 32; ++l) {
-        float a[2] = {0.0f, 0.0f};
-        for (int base = 0; base < cap; base += 64) {
-          for (int c = 0; c < 2; ++c) {
-            const int j = base + l + 32 * c;
-            a[c] = j < n_att ? std::fma(v[static_cast<size_t>(j) * kv_dim + d],
-                                        xm::mul_rn(sc[static_cast<size_t>(j)], inv), a[c])
-                             : std::fma(0.0f, 0.0f, a[c]);
-          }
-        }
-        r32[l] = a[0] + a[1];
-      }
-      for (int l = 0; l < 16; ++l) r16[l] = r32[l] + r32[l + 16];
-      out[d] = xm::hsum16(r16);
-    }
-  }
-  return fallback;
-}
-
-// REQ: WRK-D15
-TEST(ExactOpsHost, AttentionDecodeEmulationMatchesCpu) {
-  std::mt19937 rng(17);
-  size_t bad = 0, heads = 0;
-  for (int hd : {8, 64, 128}) {
-    for (int n_att : {1, 2, 15, 16, 17, 38, 63, 64, 65, 1001, 5000}) {
-      const int kv_dim = 2 * hd;
-      const int cap = (n_att + 63) & ~63;
-      const auto k = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
-      const auto v = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
-      const auto q = uniform(static_cast<size_t>(hd), rng, -3.0f, 3.0f);
-      const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-      std::vector<float> ref(static_cast<size_t>(hd));
-      std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
-      cpu::attention_head(q.data(), k.data() + hd, v.data() + hd, kv_dim, hd, n_att, cap, false,
-                          kq_scale, sc.data(), col.data(), ref.data());
-      for (int C : {1, 2, 4, 8}) {
-        std::vector<float> out(static_cast<size_t>(hd), std::numeric_limits<float>::quiet_NaN());
-        emu_attention_decode(q.data(), k.data() + hd, v.data() + hd, kv_dim, hd, n_att, kq_scale, C,
-                             out.data());
-        bad += mismatches(out, ref,
-                          "decode emulation hd " + std::to_string(hd) + " n_att " +
-                              std::to_string(n_att) + " C " + std::to_string(C));
-        ++heads;
-      }
-    }
-  }
-  std::printf("decode attention emulation: %zu heads\n", heads);
-  EXPECT_EQ(bad, 0u);
-}
-
 // The RoPE table (built with the CPU's cos/sin code) and math::rope_pair reproduce
 // cpu::rope_row; swiglu's split (ggml_silu below F & ~15, the tail above) cpu::swiglu_row.
 // REQ: WRK-D15
@@ -493,9 +255,9 @@ TEST(ExactOpsHost, RopeTableAndSwigluEmulationMatchCpu) {
   for (int neox = 0; neox < 2; ++neox) {
     for (int n_rot : {64, 32, 8}) {
       const int hd = 64, n_heads = 3, n_ctx = 300;
-      const float ts = cpu::rope_theta_scale(neox ? 1000000.0f : 10000.0f, n_rot);
+      const float ts = rope_theta_scale(neox ? 1000000.0f : 10000.0f, n_rot);
       std::vector<float> table(static_cast<size_t>(n_ctx) * n_rot);
-      ex::rope_table_host(n_ctx, n_rot, ts, table.data());
+      rope_table(n_ctx, n_rot, ts, table.data());
       for (int pos : {0, 1, 37, 299}) {
         auto x = uniform(static_cast<size_t>(n_heads) * hd, rng, -2.0f, 2.0f);
         auto ref = x;
@@ -614,242 +376,6 @@ TEST(ExactOpsGpu, RmsnormMatchesCpu) {
     CK(cudaDeviceSynchronize());
     EXPECT_EQ(mismatches(dy.download(), ref, "rmsnorm tie rows n " + std::to_string(n)), 0u);
   }
-}
-
-// REQ: WRK-D15
-TEST(ExactOpsGpu, BiasRopeStoreMatchesCpu) {
-  REQUIRE_GPU();
-  std::mt19937 rng(23);
-  struct Case {
-    bool neox;
-    int n_rot;
-    bool bias;
-  };
-  const int hd = 64, nh = 14, nkv = 2, n_ctx = 128;
-  const int q_dim = nh * hd, kv_dim = nkv * hd;
-  for (const Case c : {Case{true, 64, true}, Case{true, 64, false}, Case{false, 64, false},
-                       Case{false, 32, true}, Case{true, 32, false}}) {
-    for (int n_past : {0, 37}) {
-      for (int n_tok : {1, 5}) {
-        const std::string what = std::string(c.neox ? "neox" : "normal") + " n_rot " +
-                                 std::to_string(c.n_rot) + (c.bias ? " bias" : "") + " n_past " +
-                                 std::to_string(n_past) + " n_tok " + std::to_string(n_tok);
-        const float ts = cpu::rope_theta_scale(1000000.0f, c.n_rot);
-        std::vector<float> table(static_cast<size_t>(n_ctx) * c.n_rot);
-        ex::rope_table_host(n_ctx, c.n_rot, ts, table.data());
-        const auto q = uniform(static_cast<size_t>(n_tok) * q_dim, rng, -2.0f, 2.0f);
-        const auto k = uniform(static_cast<size_t>(n_tok) * kv_dim, rng, -2.0f, 2.0f);
-        const auto v = uniform(static_cast<size_t>(n_tok) * kv_dim, rng, -2.0f, 2.0f);
-        const auto bq = uniform(static_cast<size_t>(q_dim), rng, -0.5f, 0.5f);
-        const auto bk = uniform(static_cast<size_t>(kv_dim), rng, -0.5f, 0.5f);
-        const auto bv = uniform(static_cast<size_t>(kv_dim), rng, -0.5f, 0.5f);
-        // CPU: CpuEngine::eval's order (bias adds, then rope per token).
-        auto rq = q, rk = k, rv = v;
-        for (int t = 0; t < n_tok; ++t) {
-          if (c.bias) {
-            for (int i = 0; i < q_dim; ++i) rq[t * q_dim + i] += bq[i];
-            for (int i = 0; i < kv_dim; ++i) rk[t * kv_dim + i] += bk[i];
-            for (int i = 0; i < kv_dim; ++i) rv[t * kv_dim + i] += bv[i];
-          }
-          cpu::rope_row(rq.data() + t * q_dim, nh, hd, c.n_rot, c.neox, ts, n_past + t);
-          cpu::rope_row(rk.data() + t * kv_dim, nkv, hd, c.n_rot, c.neox, ts, n_past + t);
-        }
-        DevArray<float> dq(q), dk(k), dv(v), dbq(bq), dbk(bk), dbv(bv), dtab(table);
-        DevArray<float> kc(static_cast<size_t>(n_ctx) * kv_dim), vc(kc.size());
-        DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
-        ex::AttnShape s;
-        s.n_head = nh;
-        s.n_head_kv = nkv;
-        s.head_dim = hd;
-        s.n_rot = c.n_rot;
-        s.neox = c.neox;
-        ex::bias_rope_store(dq.get(), dk.get(), dv.get(), c.bias ? dbq.get() : nullptr,
-                            c.bias ? dbk.get() : nullptr, c.bias ? dbv.get() : nullptr, s,
-                            dtab.get(), n_tok, dnp.get(), kc.get(), vc.get(), nullptr);
-        CK(cudaDeviceSynchronize());
-        EXPECT_EQ(mismatches(dq.download(), rq, what + " q"), 0u);
-        const auto hk = kc.download(), hv = vc.download();
-        const size_t off = static_cast<size_t>(n_past) * kv_dim;
-        EXPECT_EQ(mismatches(std::vector<float>(hk.begin() + off, hk.begin() + off + rk.size()), rk,
-                             what + " k cache"),
-                  0u);
-        EXPECT_EQ(mismatches(std::vector<float>(hv.begin() + off, hv.begin() + off + rv.size()), rv,
-                             what + " v cache"),
-                  0u);
-        // Nothing else in the caches is written (still the 0xFF poison).
-        size_t stray = 0;
-        for (size_t i = 0; i < hk.size(); ++i) {
-          if (i >= off && i < off + rk.size()) continue;
-          stray += bits(hk[i]) != 0xFFFFFFFFu || bits(hv[i]) != 0xFFFFFFFFu;
-        }
-        EXPECT_EQ(stray, 0u) << what;
-      }
-    }
-  }
-}
-
-struct AttnCase {
-  int hd, group, n_tok, n_past, n_ctx;
-};
-
-// Runs exact::attention for one case and compares every output with cpu::attention_head.
-size_t run_attention_case(const AttnCase& c, std::mt19937& rng) {
-  const int nkv = 2, nh = nkv * c.group, hd = c.hd;
-  const int q_dim = nh * hd, kv_dim = nkv * hd;
-  const int n_kv_total = c.n_past + c.n_tok;
-  // Cache rows past n_past + n_tok must never be read: NaN there.
-  std::vector<float> kc(static_cast<size_t>(c.n_ctx) * kv_dim,
-                        std::numeric_limits<float>::quiet_NaN());
-  std::vector<float> vc = kc;
-  const auto kr = uniform(static_cast<size_t>(n_kv_total) * kv_dim, rng, -1.0f, 1.0f);
-  const auto vr = uniform(static_cast<size_t>(n_kv_total) * kv_dim, rng, -1.0f, 1.0f);
-  std::copy(kr.begin(), kr.end(), kc.begin());
-  std::copy(vr.begin(), vr.end(), vc.begin());
-  const auto q = uniform(static_cast<size_t>(c.n_tok) * q_dim, rng, -4.0f, 4.0f);
-  // CPU: CpuEngine::eval's loop.
-  const int cap = (n_kv_total + 63) & ~63;
-  const bool tiny = cpu::tinyblas_takes(GgmlType::F32, hd, c.n_tok, 256);
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> ref(static_cast<size_t>(c.n_tok) * q_dim);
-  std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
-  for (int t = 0; t < c.n_tok; ++t) {
-    for (int h = 0; h < nh; ++h) {
-      const int g = h / c.group;
-      cpu::attention_head(q.data() + t * q_dim + h * hd, kc.data() + g * hd, vc.data() + g * hd,
-                          kv_dim, hd, c.n_past + t + 1, cap, tiny, kq_scale, sc.data(), col.data(),
-                          ref.data() + t * q_dim + h * hd);
-    }
-  }
-  ex::AttnShape s;
-  s.n_head = nh;
-  s.n_head_kv = nkv;
-  s.head_dim = hd;
-  s.n_rot = hd;
-  DevArray<float> dq(q), dk(kc), dv(vc), dout(ref.size());
-  DevArray<float> scratch(ex::attention_scratch_floats(c.n_ctx, c.n_tok, nh));
-  DevArray<int32_t> dnp(std::vector<int32_t>{c.n_past});
-  ex::attention(dq.get(), dk.get(), dv.get(), dout.get(), c.n_tok, s, c.n_ctx, dnp.get(),
-                scratch.get(), nullptr);
-  if (cudaDeviceSynchronize() != cudaSuccess) {
-    ADD_FAILURE() << "attention: " << cudaGetErrorString(cudaGetLastError());
-    return ref.size();
-  }
-  return mismatches(dout.download(), ref,
-                    "attention hd " + std::to_string(hd) + " group " + std::to_string(c.group) +
-                        " n_tok " + std::to_string(c.n_tok) + " n_past " +
-                        std::to_string(c.n_past) + " n_ctx " + std::to_string(c.n_ctx));
-}
-
-// REQ: WRK-D15
-TEST(ExactOpsGpu, AttentionMatchesCpu) {
-  REQUIRE_GPU();
-  std::mt19937 rng(24);
-  size_t bad = 0, cases = 0;
-  for (int hd : {8, 64, 128}) {
-    for (int group : {1, 2, 7}) {
-      for (int n_tok : {1, 2, 5, 17, 64}) {
-        for (int n_past : {0, 100}) {
-          bad += run_attention_case(AttnCase{hd, group, n_tok, n_past, 256}, rng);
-          ++cases;
-        }
-      }
-      bad += run_attention_case(AttnCase{hd, group, 1, 1000, 1100}, rng);  // decode
-      ++cases;
-    }
-  }
-  EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
-}
-
-// Long context: n_ctx 32768 splits a 64-token batch into chunks of scratch; a decode step at
-// n_past 20000.
-// REQ: WRK-D15
-TEST(ExactOpsGpu, AttentionLongContextMatchesCpu) {
-  REQUIRE_GPU();
-  std::mt19937 rng(25);
-  EXPECT_EQ(run_attention_case(AttnCase{64, 7, 64, 100, 32768}, rng), 0u);
-  EXPECT_EQ(run_attention_case(AttnCase{64, 7, 1, quick() ? 2000 : 20000, 32768}, rng), 0u);
-}
-
-// One decode step (n_tok 1) at n_past: the CPU reference once, then the one-launch decode
-// kernel with every cluster size (math::attention_decode_for_tests) and exact::attention
-// (its own choice). Returns the mismatch count.
-size_t run_decode_case(int hd, int group, int n_past, int n_ctx, std::mt19937& rng) {
-  const int nkv = 2, nh = nkv * group;
-  const int q_dim = nh * hd, kv_dim = nkv * hd, n_att = n_past + 1;
-  std::vector<float> kc(static_cast<size_t>(n_ctx) * kv_dim,
-                        std::numeric_limits<float>::quiet_NaN());
-  std::vector<float> vc = kc;
-  const auto kr = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
-  const auto vr = uniform(static_cast<size_t>(n_att) * kv_dim, rng, -1.0f, 1.0f);
-  std::copy(kr.begin(), kr.end(), kc.begin());
-  std::copy(vr.begin(), vr.end(), vc.begin());
-  const auto q = uniform(static_cast<size_t>(q_dim), rng, -4.0f, 4.0f);
-  const int cap = (n_att + 63) & ~63;
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> ref(static_cast<size_t>(q_dim));
-  std::vector<float> sc(static_cast<size_t>(cap)), col(static_cast<size_t>(cap));
-  for (int h = 0; h < nh; ++h) {
-    const int g = h / group;
-    cpu::attention_head(q.data() + h * hd, kc.data() + g * hd, vc.data() + g * hd, kv_dim, hd,
-                        n_att, cap, false, kq_scale, sc.data(), col.data(), ref.data() + h * hd);
-  }
-  DevArray<float> dq(q), dk(kc), dv(vc), dout(ref.size());
-  DevArray<float> scratch(ex::attention_scratch_floats(n_ctx, 1, nh));
-  DevArray<int32_t> dnp(std::vector<int32_t>{n_past});
-  size_t bad = 0;
-  const std::string what = "decode hd " + std::to_string(hd) + " group " + std::to_string(group) +
-                           " n_past " + std::to_string(n_past);
-  for (int C : {0, 1, 2, 4, 8}) {  // 0: exact::attention
-    dout.poison();
-    scratch.poison();
-    if (C == 0) {
-      ex::AttnShape s;
-      s.n_head = nh;
-      s.n_head_kv = nkv;
-      s.head_dim = hd;
-      s.n_rot = hd;
-      ex::attention(dq.get(), dk.get(), dv.get(), dout.get(), 1, s, n_ctx, dnp.get(), scratch.get(),
-                    nullptr);
-    } else {
-      xm::attention_decode_for_tests(dq.get(), dk.get(), dv.get(), dout.get(), nh, nkv, hd, n_ctx,
-                                     dnp.get(), scratch.get(), C);
-    }
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      ADD_FAILURE() << what << " C " << C << ": " << cudaGetErrorString(cudaGetLastError());
-      return bad + ref.size();
-    }
-    bad += mismatches(dout.download(), ref, what + " C " + std::to_string(C));
-  }
-  return bad;
-}
-
-// REQ: WRK-D15
-TEST(ExactOpsGpu, AttentionDecodeMatchesCpu) {
-  REQUIRE_GPU();
-  std::mt19937 rng(27);
-  size_t bad = 0, cases = 0;
-  for (int hd : {8, 64, 128}) {
-    for (int group : {1, 2, 7}) {
-      for (int n_past : {0, 1, 37, 1000}) {
-        bad += run_decode_case(hd, group, n_past, n_past + 100, rng);
-        ++cases;
-      }
-    }
-  }
-  EXPECT_EQ(bad, 0u) << "over " << cases << " cases";
-}
-
-// Decode at n_past 20000 (2000 under WORKER_KERNEL_TEST_QUICK), in a 32768 context.
-// REQ: WRK-D15
-TEST(ExactOpsGpu, AttentionDecodeLongContextMatchesCpu) {
-  REQUIRE_GPU();
-  std::mt19937 rng(28);
-  size_t bad = 0;
-  for (int hd : {8, 64, 128}) {
-    for (int group : {1, 2, 7})
-      bad += run_decode_case(hd, group, quick() ? 2000 : 20000, 32768, rng);
-  }
-  EXPECT_EQ(bad, 0u);
 }
 
 // REQ: WRK-D15

@@ -19,16 +19,17 @@
 #include <vector>
 
 #include "attention.cuh"
+#include "attention_exact.cuh"
 #include "common/errors.h"
 #include "common/fault_injection.h"
 #include "common/log.h"
+#include "common/rope.h"
 #include "cuda/cuda_context.h"
 #include "cuda/device_buffer.h"
 #include "cuda_check.h"
 #include "embed.cuh"
 #include "engine/sampler.h"
 #include "exact.cuh"
-#include "exact_fused.cuh"
 #include "linear.cuh"
 #include "matvec.cuh"
 #include "rmsnorm.cuh"
@@ -77,15 +78,14 @@ struct ExactSizes {
   size_t act_bytes = 0, attn_floats = 0;
 };
 
-ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact, bool kv_f32) {
+ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
   ExactSizes e;
   // the rounded matmul input: both modes (the fast one for its quantized prompt GEMM)
   const int widest = static_cast<int>(std::max({c.n_embd, c.n_head * c.head_dim, c.n_ff}));
   e.act_bytes = kern::exact::act_buffer_bytes(B, widest);
   if (!exact) return e;
   const int nh = static_cast<int>(c.n_head);
-  e.attn_floats = kv_f32 ? kern::exact::attention_scratch_floats(n_ctx, B, nh)
-                         : kern::exact::attention_f16_scratch_floats(n_ctx, B, nh);
+  e.attn_floats = kern::exact::attention_scratch_floats(n_ctx, B, nh);
   return e;
 }
 
@@ -419,8 +419,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
   kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
   kv_base_ = static_cast<uint8_t*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact, opt_.kv_cache_f32),
-                "decode scratch");
+  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact), "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
   samp_.buf = DeviceBuffer(SampleRegion::bytes(V, n_ctx_, sort_bytes), "sampling scratch");
@@ -504,7 +503,7 @@ void CudaEngine::upload_weights() {
   rope_.n_rot = static_cast<int>(cfg_.n_rot);
   rope_.base = cfg_.rope_base;
   rope_.neox = cfg_.rope_neox;
-  rope_.theta_scale = std::pow(cfg_.rope_base, -2.0f / static_cast<float>(cfg_.n_rot));
+  rope_.theta_scale = rope_theta_scale(cfg_.rope_base, cfg_.n_rot);
 }
 
 kern::WeightView CudaEngine::view(const TensorInfo* t) const {
@@ -607,8 +606,8 @@ void CudaEngine::setup_exact() {
     at[t] = reinterpret_cast<const float*>(base + off);
     off += align_up(static_cast<size_t>(t->n_elements()) * sizeof(float));
   }
-  kern::exact::rope_table_host(n_ctx_, static_cast<int>(cfg_.n_rot), rope_.theta_scale,
-                               reinterpret_cast<float*>(host.data() + off));
+  rope_table(n_ctx_, static_cast<int>(cfg_.n_rot), rope_.theta_scale,
+             reinterpret_cast<float*>(host.data() + off));
   rope_table_ = reinterpret_cast<const float*>(base + off);
   CUDA_CHECK(cudaMemcpy(exact_vecs_.data(), host.data(), host.size(), cudaMemcpyHostToDevice));
   auto get = [&](const TensorInfo* t) -> const float* { return t ? at.at(t) : nullptr; };
@@ -629,15 +628,9 @@ void CudaEngine::attention_exact(Scratch& s, size_t il, int n) {
   namespace ex = kern::exact;
   const LayerDev& L = layers_[il];
   const LayerVecs& V = xvec_[il];
-  if (opt_.kv_cache_f32) {
-    ex::rope_attention_act(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
-                           static_cast<float*>(kc(il)), static_cast<float*>(vc(il)), s.att, n_ctx_,
-                           s.attn_scr, L.wo.type, s.act, stream_);
-  } else {  // llama.cpp's default FP16 cache, as the CPU reference's kv_f16 mode computes it
-    ex::rope_attention_act_f16(s.q, s.k, s.v, V.bq, V.bk, V.bv, shape_, rope_table_, n, s.io,
-                               static_cast<uint16_t*>(kc(il)), static_cast<uint16_t*>(vc(il)),
-                               s.att, n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
-  }
+  ex::attention({s.q, s.k, s.v, V.bq, V.bk, V.bv}, shape_, rope_table_, n, s.io,
+                {kc(il), vc(il), opt_.kv_cache_f32 ? ex::KvType::F32 : ex::KvType::F16}, s.att,
+                n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
   s.act.holds(act_type_of(L.wo.type), s.att);
 }
 
@@ -787,7 +780,7 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
     const int B = std::max(1, std::min(opt_.max_batch, n_ctx_));
     batch_.buf.reset();
     batch_.B = 0;
-    const ExactSizes ex = exact_sizes(cfg_, B, n_ctx_, opt_.exact, opt_.kv_cache_f32);
+    const ExactSizes ex = exact_sizes(cfg_, B, n_ctx_, opt_.exact);
     if (fault::inject_alloc_failure()) {  // WRK-D28, test-only: this cudaMalloc fails
       throw WorkerError(
           ErrorCode::VramOom,
@@ -910,9 +903,8 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   const bool ex = options.exact;
   u.weights = weights_bytes(model.weights);
   u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
-  u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, ex, options.kv_cache_f32)) +
-              Scratch::bytes(c, B, std::min(B, kLogitRows),
-                             exact_sizes(c, B, n_ctx, ex, options.kv_cache_f32)) +
+  u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, ex)) +
+              Scratch::bytes(c, B, std::min(B, kLogitRows), exact_sizes(c, B, n_ctx, ex)) +
               SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
               (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
   return u;

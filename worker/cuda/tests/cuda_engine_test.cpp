@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "attention_exact.cuh"
 #include "common/errors.h"
 #include "cuda/cuda_context.h"
 #include "cuda/cuda_engine.h"
@@ -612,7 +613,7 @@ TEST(CudaEngine, Qwen05BShapedFixturesLoadGenerateAndReportVram) {
       double scratch = 4.0 * (512 * (2 * E + 2 * QD + 2 * KD + 2 * F + widest) + 32 * V + 4 * V) +
                        512 * widest * (4 + 1 + 4.0 / 32 + 4.0 / 16);
       if (exact) {
-        scratch += 4.0 * static_cast<double>(kern::exact::attention_f16_scratch_floats(
+        scratch += 4.0 * static_cast<double>(kern::exact::attention_scratch_floats(
                              kCtx, 512, static_cast<int>(c.n_head))) +
                    4.0 * kCtx * static_cast<double>(c.n_rot);
       }

@@ -5,29 +5,16 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/rope.h"
+
 namespace worker::cpu {
+
+using worker::rope_cos_sin;  // common/rope.h: the angles, shared with the CUDA backend
+using worker::rope_theta_scale;
 
 // ggml_rms_norm (sum of float squares in double) followed by the weight multiply, one row of
 // n values: mean = float(sum / n), scale = 1 / sqrtf(mean + eps), y = (x * scale) * w.
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps);
-
-// RoPE's theta_scale = base^(-2 / n_rot), as CpuEngine computes it.
-inline float rope_theta_scale(float base, int64_t n_rot) {
-  return std::pow(base, -2.0f / static_cast<float>(n_rot));
-}
-
-// cos/sin of the n_rot / 2 angles of position `pos`: theta_0 = pos, theta_{i+1} = theta_i *
-// theta_scale in float (ggml_rope_cache_init), cos and sin by the host's libm. Inline so that
-// the CPU engine and the CUDA backend's host-built table (kern::exact::rope_table_host) run
-// the very same code.
-inline void rope_cos_sin(int32_t pos, int64_t n_rot, float theta_scale, float* c, float* s) {
-  float theta = static_cast<float>(pos);
-  for (int64_t i = 0; i < n_rot / 2; ++i) {
-    c[i] = std::cos(theta);
-    s[i] = std::sin(theta);
-    theta *= theta_scale;
-  }
-}
 
 // Rotates the first n_rot dims of each of n_heads heads (head_dim apart) of v by the angles
 // c/s (rope_cos_sin): NEOX pairs (i, i + n_rot/2), normal (2i, 2i+1);
