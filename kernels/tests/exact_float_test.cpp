@@ -28,11 +28,14 @@
 // no per-file -Wno-double-promotion.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "common/test_helpers.h"
 #include "gpu_test_util.h"
 #pragma GCC diagnostic pop
 
 namespace worker {
 namespace {
+
+using test::bits;
 
 namespace xf = kern::exact::xf;
 using gputest::DevArray;
@@ -98,12 +101,6 @@ float cpu_dot(GgmlType type, bool tiny, const float* row, const float* a, int64_
 // launch once instead of repeating, without the LM-head shape and with 48-token prompts.
 bool quick_env() {
   return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 // ---- host emulation of vecdot_kernel: 8 threads per row, thread s owns chains 8s..8s+7

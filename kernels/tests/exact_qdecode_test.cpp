@@ -32,12 +32,15 @@
 #include "matvec.cuh"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "common/test_helpers.h"
 #include "exact_test_blocks.h"
 #include "gpu_test_util.h"
 #pragma GCC diagnostic pop
 
 namespace worker {
 namespace {
+
+using test::bits;
 
 namespace qd = kern::exact::qd;
 using gputest::DevArray;
@@ -68,12 +71,6 @@ std::vector<float> cpu_ref(GgmlType type, const std::vector<uint8_t>& w, int64_t
     y[static_cast<size_t>(r)] =
         cpu::dot_quantized(type, w.data() + rb * static_cast<size_t>(r), a, nullptr);
   return y;
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 size_t count_mismatch(const std::vector<float>& got, const std::vector<float>& ref,

@@ -33,12 +33,15 @@
 // gpu_test_util.h's rel_err promotes floats to double on purpose (not used here)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "common/test_helpers.h"
 #include "exact_test_blocks.h"
 #include "gpu_test_util.h"
 #pragma GCC diagnostic pop
 
 namespace worker {
 namespace {
+
+using test::bits;
 
 namespace qg = kern::exact::qg;
 using gputest::DevArray;
@@ -111,12 +114,6 @@ void cpu_rows(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols, 
       o = accumulate ? o + v : v;
     }
   }
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 // Bitwise mismatches over the listed rows (all tokens); prints the first few.

@@ -34,12 +34,15 @@
 // gpu_test_util.h's rel_err promotes floats to double on purpose (not used here)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "common/test_helpers.h"
 #include "exact_test_blocks.h"
 #include "gpu_test_util.h"
 #pragma GCC diagnostic pop
 
 namespace worker {
 namespace {
+
+using test::bits;
 
 namespace qm = kern::exact::qm;
 using gputest::DevArray;
@@ -100,12 +103,6 @@ std::vector<float> cpu_matmul(GgmlType type, const std::vector<uint8_t>& w, int 
       y[static_cast<size_t>(t) * rows + r] = cpu::dot_quantized(
           type, w.data() + rb * static_cast<size_t>(r), acts[static_cast<size_t>(t)], nullptr);
   return y;
-}
-
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 // Counts bitwise mismatches; prints the first few.

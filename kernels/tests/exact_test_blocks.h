@@ -8,23 +8,12 @@
 #include <cstring>
 #include <vector>
 
+#include "common/test_helpers.h"
 #include "gguf/ggml_types.h"
 
 namespace worker::exacttest {
 
-struct XorShift {
-  uint64_t s;
-  explicit XorShift(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
-  uint64_t next() {
-    s ^= s << 13;
-    s ^= s >> 7;
-    s ^= s << 17;
-    return s;
-  }
-  float uniform(float lo, float hi) {
-    return lo + (hi - lo) * static_cast<float>(next() >> 40) / static_cast<float>(1 << 24);
-  }
-};
+using test::XorShift;
 
 inline void put_half(uint8_t* p, float f) {
   const uint16_t h = fp32_to_fp16(f);

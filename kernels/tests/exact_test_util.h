@@ -22,21 +22,18 @@
 // gpu_test_util.h's error metrics promote floats to double (unused here).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
+#include "common/test_helpers.h"
 #include "gpu_test_util.h"
 #pragma GCC diagnostic pop
 
 namespace worker::exacttest {
 
+using test::bits;
+
 // WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer): smaller sizes,
 // no timing repetitions.
 inline bool quick() {
   return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
-}
-
-inline uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
 }
 
 inline std::vector<float> uniform(size_t n, std::mt19937& rng, float lo, float hi) {

@@ -7,12 +7,12 @@ using namespace worker;
 // REQ: M0-W-1362 WRK-D7
 TEST(Utf8, ValidAndInvalidSequences) {
   EXPECT_TRUE(utf8::is_valid("plain ascii"));
-  EXPECT_TRUE(utf8::is_valid("\xE6\x97\xA5\xE6\x9C\xAC"));      // 日本
-  EXPECT_TRUE(utf8::is_valid("\xF0\x9F\x98\x80"));              // 😀
-  EXPECT_FALSE(utf8::is_valid("\xC0\xAF"));                     // overlong '/'
-  EXPECT_FALSE(utf8::is_valid("\xED\xA0\x80"));                 // surrogate
-  EXPECT_FALSE(utf8::is_valid("\xF4\x90\x80\x80"));             // > U+10FFFF
-  EXPECT_FALSE(utf8::is_valid("\xE6\x97"));                     // truncated
+  EXPECT_TRUE(utf8::is_valid("\xE6\x97\xA5\xE6\x9C\xAC"));  // 日本
+  EXPECT_TRUE(utf8::is_valid("\xF0\x9F\x98\x80"));          // 😀
+  EXPECT_FALSE(utf8::is_valid("\xC0\xAF"));                 // overlong '/'
+  EXPECT_FALSE(utf8::is_valid("\xED\xA0\x80"));             // surrogate
+  EXPECT_FALSE(utf8::is_valid("\xF4\x90\x80\x80"));         // > U+10FFFF
+  EXPECT_FALSE(utf8::is_valid("\xE6\x97"));                 // truncated
   EXPECT_EQ(utf8::count_scalars("a\xE6\x97\xA5\xF0\x9F\x98\x80").value(), 3u);
 }
 

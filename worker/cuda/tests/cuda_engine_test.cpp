@@ -21,12 +21,12 @@
 
 #include "attention_exact.cuh"
 #include "common/errors.h"
+#include "common/test_helpers.h"
 #include "cuda/cuda_context.h"
 #include "cuda/cuda_engine.h"
 #include "cuda/device_buffer.h"
 #include "engine/cpu/cpu_engine.h"
 #include "engine/sampler.h"
-#include "engine/tests/test_paths.h"
 #include "exact.cuh"
 #include "gguf/model_config.h"
 #include "gpu_test_util.h"
@@ -36,10 +36,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using testpaths::env_or;
-using testpaths::generated_fixtures;
-using testpaths::shared_fixtures;
-using testpaths::source_dir;
+using test::env_or;
+using test::generated_fixtures;
+using test::shared_fixtures;
+using test::source_dir;
 std::string stories_path() {
   return shared_fixtures() + "/stories260K.gguf";
 }

@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "engine/tests/test_paths.h"
+#include "common/test_helpers.h"
 #include "gpu_test_util.h"
 
 namespace worker {
@@ -21,12 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-using testpaths::env_or;
+using test::env_or;
 
 // REQ: M0-W-1020 M0-W-1220
 TEST(CudaStartup, ModelTooLargeForCardExitsOneWithRequiredAndAvailableBytes) {
   REQUIRE_GPU();
-  const std::string stories = testpaths::shared_fixtures() + "/stories260K.gguf";
+  const std::string stories = test::shared_fixtures() + "/stories260K.gguf";
   ASSERT_TRUE(fs::is_regular_file(stories)) << "missing fixture " << stories;
   // The binary built with this test; WORKER_ORCD_BIN overrides it where binaries were
   // moved (ci/gpu-run.sh runs copies on the device machine).
@@ -36,7 +36,7 @@ TEST(CudaStartup, ModelTooLargeForCardExitsOneWithRequiredAndAvailableBytes) {
   const fs::path dir = fs::temp_directory_path() / ("cuda_startup_" + std::to_string(getpid()));
   fs::create_directories(dir);
   const std::string model = (dir / "huge.gguf").string();
-  const std::string gen = "python3 '" + testpaths::source_dir() +
+  const std::string gen = "python3 '" + test::source_dir() +
                           "/fixtures/make_huge_model.py' --vocab '" + stories + "' --out '" +
                           model + "' > /dev/null";
   ASSERT_EQ(std::system(gen.c_str()), 0) << gen;

@@ -8,19 +8,19 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/test_helpers.h"
 #include "engine/engine.h"
 #include "gguf/model_config.h"
-#include "test_paths.h"
 
 using namespace worker;
 
 namespace {
 
 std::string stories_path() {
-  return testpaths::shared_fixtures() + "/stories260K.gguf";
+  return test::shared_fixtures() + "/stories260K.gguf";
 }
 std::string haiku_path() {
-  return testpaths::source_dir() + "/fixtures/haiku/haiku-qwen2.gguf";
+  return test::source_dir() + "/fixtures/haiku/haiku-qwen2.gguf";
 }
 
 void expect_finite_logits(const Engine& engine, int64_t vocab) {

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/test_helpers.h"
 #include "engine/parity/logits_record.h"
-#include "test_paths.h"
 
 namespace worker {
 namespace {
@@ -57,7 +57,7 @@ class EngineCompareTool : public ::testing::Test {
     return p;
   }
   int run(const std::string& args) {
-    const std::string cmd = "/usr/bin/python3 '" + testpaths::source_dir() +
+    const std::string cmd = "/usr/bin/python3 '" + test::source_dir() +
                             "/tools/compare_logits.py' " + args + " > /dev/null 2>&1";
     const int rc = std::system(cmd.c_str());
     return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;

@@ -9,15 +9,15 @@
 #include <random>
 
 #include "common/errors.h"
+#include "common/test_helpers.h"
 #include "engine/cpu/cpu_engine.h"
 #include "engine/sampler.h"
-#include "test_paths.h"
 
 namespace worker {
 namespace {
 
 std::shared_ptr<const Model> load_stories() {
-  const std::string path = testpaths::shared_fixtures() + "/stories260K.gguf";
+  const std::string path = test::shared_fixtures() + "/stories260K.gguf";
   if (!std::filesystem::exists(path)) {
     ADD_FAILURE() << "missing shared fixture " << path << " (set WORKER_SHARED_FIXTURES)";
     return nullptr;
@@ -26,7 +26,7 @@ std::shared_ptr<const Model> load_stories() {
 }
 
 nlohmann::json load_golden() {
-  const std::string path = testpaths::shared_fixtures() + "/stories260K.greedy200.json";
+  const std::string path = test::shared_fixtures() + "/stories260K.greedy200.json";
   std::ifstream in(path);
   if (!in) {
     ADD_FAILURE() << "missing shared fixture " << path;

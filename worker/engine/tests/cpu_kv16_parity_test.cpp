@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "common/test_helpers.h"
 #include "engine/cpu/cpu_engine.h"
-#include "test_paths.h"
 
 namespace worker {
 namespace {
@@ -103,8 +103,8 @@ double max_logsoftmax_diff(Engine& e, const nlohmann::json& lps, size_t* compare
 
 // REQ: M0-W-1201 M0-W-1214
 TEST(EngineCpuKv16Parity, F16CacheMatchesLlamaCppF16Cache) {
-  const std::string gen = testpaths::generated_fixtures();
-  std::vector<Job> jobs = {{testpaths::shared_fixtures() + "/stories260K.gguf",
+  const std::string gen = test::generated_fixtures();
+  std::vector<Job> jobs = {{test::shared_fixtures() + "/stories260K.gguf",
                             {1,   403, 407, 261, 378, 432, 383, 286, 300, 311, 271, 415, 284, 437,
                              263, 350, 262, 290, 305, 344, 412, 270, 330, 298, 267, 401, 277}},
                            {gen + "/qwen2-g2-f16.gguf", {}},
@@ -122,8 +122,8 @@ TEST(EngineCpuKv16Parity, F16CacheMatchesLlamaCppF16Cache) {
     jj.push_back({{"model", j.model}, {"tokens", j.tokens}, {"greedy", kGreedy}});
   std::ofstream(work / "jobs.json") << jj.dump();
   std::ofstream(work / "oracle.mjs") << kOracleScript;
-  const std::string nlc = "file://" + testpaths::source_dir() +
-                          "/fixtures/oracle/node_modules/node-llama-cpp/dist/index.js";
+  const std::string nlc =
+      "file://" + test::source_dir() + "/fixtures/oracle/node_modules/node-llama-cpp/dist/index.js";
   const std::string cmd = "node '" + (work / "oracle.mjs").string() + "' '" +
                           (work / "jobs.json").string() + "' '" + (work / "out.jsonl").string() +
                           "' '" + nlc + "' 2>&1";

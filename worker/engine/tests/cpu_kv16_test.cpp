@@ -18,20 +18,16 @@
 #include <immintrin.h>
 #endif
 
+#include "common/test_helpers.h"
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_engine.h"
 #include "engine/cpu/cpu_ops.h"
 #include "gguf/ggml_types.h"
-#include "test_paths.h"
 
 namespace worker {
 namespace {
 
-uint32_t bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+using test::bits;
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // The F16C round trip llama.cpp's ggml_cpu_fp32_to_fp16 runs (_MM_FROUND_TO_NEAREST_INT).
@@ -228,8 +224,8 @@ std::shared_ptr<const Model> load_or_fail(const std::string& path) {
 // qwen2 fixture (head_dim 64, GQA 2: tinyBLAS KQ in the prompt).
 // REQ: M0-W-1201
 TEST(EngineCpuKv16, EngineAttentionMatchesRestatementFromCheckpoints) {
-  const std::vector<std::string> paths = {testpaths::shared_fixtures() + "/stories260K.gguf",
-                                          testpaths::generated_fixtures() + "/qwen2-g2-q8_0.gguf"};
+  const std::vector<std::string> paths = {test::shared_fixtures() + "/stories260K.gguf",
+                                          test::generated_fixtures() + "/qwen2-g2-q8_0.gguf"};
   for (const auto& path : paths) {
     auto model = load_or_fail(path);
     ASSERT_TRUE(model);
@@ -297,7 +293,7 @@ TEST(EngineCpuKv16, EngineAttentionMatchesRestatementFromCheckpoints) {
 // logits bit for bit, and the F16 mode's differ from them (slightly) on the same tokens.
 // REQ: M0-W-1201
 TEST(EngineCpuKv16, F32ModeUnchangedAndF16ModeDiffers) {
-  auto model = load_or_fail(testpaths::generated_fixtures() + "/llama-g7-f16.gguf");
+  auto model = load_or_fail(test::generated_fixtures() + "/llama-g7-f16.gguf");
   ASSERT_TRUE(model);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 17; ++i) prompt.push_back(3 + (i * 53) % 500);

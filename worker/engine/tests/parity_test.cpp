@@ -14,9 +14,9 @@
 #include <random>
 #include <sstream>
 
+#include "common/test_helpers.h"
 #include "engine/cpu/cpu_engine.h"
 #include "engine/sampler.h"
-#include "test_paths.h"
 
 namespace worker {
 namespace {
@@ -156,7 +156,7 @@ double logit_ulps(const Engine& engine, const Oracle& o, size_t n_pos) {
 class EngineParity : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const std::string dir = testpaths::generated_fixtures();
+    const std::string dir = test::generated_fixtures();
     work_ = fs::temp_directory_path() /
             ("worker-parity-" + std::to_string(static_cast<long>(::getpid())));
     fs::create_directories(work_);
@@ -166,7 +166,7 @@ class EngineParity : public ::testing::Test {
         for (const auto& [type, bound] : kBound) {
           const std::string file = dir + "/" + arch + "-" + shape + "-" + type + ".gguf";
           // WORKER_PARITY_ONLY=<substring> restricts the run when debugging one model.
-          const std::string only = testpaths::env_or("WORKER_PARITY_ONLY", "");
+          const std::string only = test::env_or("WORKER_PARITY_ONLY", "");
           if (!only.empty() && file.find(only) == std::string::npos) continue;
           if (!fs::exists(file)) {
             missing_.push_back(file);
@@ -190,7 +190,7 @@ class EngineParity : public ::testing::Test {
     if (cases_.empty()) return;
     const fs::path jobs_file = work_ / "jobs.json";
     std::ofstream(jobs_file) << jobs.dump();
-    const std::string oracle_dir = testpaths::source_dir() + "/fixtures/oracle";
+    const std::string oracle_dir = test::source_dir() + "/fixtures/oracle";
     const std::string cmd =
         "cd '" + oracle_dir + "' && node logprobs.mjs --batch '" + jobs_file.string() + "' 2>&1";
     FILE* p = popen(cmd.c_str(), "r");
@@ -204,7 +204,7 @@ class EngineParity : public ::testing::Test {
     oracle_log_ = out;
   }
   static void TearDownTestSuite() {
-    if (!testpaths::env_or("WORKER_PARITY_KEEP", "").empty()) return;
+    if (!test::env_or("WORKER_PARITY_KEEP", "").empty()) return;
     std::error_code ec;
     fs::remove_all(work_, ec);
   }
@@ -220,7 +220,7 @@ class EngineParity : public ::testing::Test {
 TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
   ASSERT_TRUE(missing_.empty()) << "missing generated fixture " << missing_.front()
                                 << " (run fixtures/generate_all.sh)";
-  if (testpaths::env_or("WORKER_PARITY_ONLY", "").empty()) {
+  if (test::env_or("WORKER_PARITY_ONLY", "").empty()) {
     ASSERT_EQ(cases_.size(), 2u * 3u * (7u + 3u));
   }
   ASSERT_EQ(oracle_rc_, 0) << "oracle failed:\n" << oracle_log_;
@@ -344,7 +344,7 @@ TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
         type.c_str(), worst, bound_for(type), ulps_by_type[type],
         exact_type(type) ? " (exact type: <= 2.5 ulp and identical greedy required)" : "");
   }
-  const std::string results = testpaths::env_or("WORKER_BINARY_DIR", WORKER_BINARY_DIR);
+  const std::string results = test::env_or("WORKER_BINARY_DIR", WORKER_BINARY_DIR);
   std::ofstream(results + "/cpu-parity.json") << report.dump(1);
 }
 

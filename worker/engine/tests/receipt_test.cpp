@@ -12,13 +12,13 @@
 #include <set>
 
 #include "common/sha256.h"
+#include "common/test_helpers.h"
 #include "engine/cpu/cpu_engine.h"
 #include "engine/engine.h"
 #include "engine/generation.h"
 #include "engine/receipt.h"
 #include "gguf/gguf_file.h"
 #include "gguf/model_config.h"
-#include "test_paths.h"
 #include "tokenizer/tokenizer.h"
 
 namespace worker {
@@ -26,7 +26,7 @@ namespace {
 using nlohmann::json;
 
 std::string stories_path() {
-  return testpaths::shared_fixtures() + "/stories260K.gguf";
+  return test::shared_fixtures() + "/stories260K.gguf";
 }
 
 struct Loaded {

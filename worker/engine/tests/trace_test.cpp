@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "common/test_helpers.h"
 #include "engine/trace.h"
 #include "gguf/model_config.h"
-#include "test_paths.h"
 
 namespace worker {
 namespace {
@@ -36,9 +36,8 @@ TraceOptions cpu_vs_cpu(const std::string& model) {
 
 // REQ: WRK-D29
 TEST(Trace, CpuAgainstItselfIsIdenticalInBothCacheModes) {
-  for (const std::string& model :
-       {require(testpaths::shared_fixtures() + "/stories260K.gguf"),
-        require(testpaths::generated_fixtures() + "/qwen2-g7-q8_0.gguf")}) {
+  for (const std::string& model : {require(test::shared_fixtures() + "/stories260K.gguf"),
+                                   require(test::generated_fixtures() + "/qwen2-g7-q8_0.gguf")}) {
     for (const bool kv_f16 : {true, false}) {
       TraceOptions o = cpu_vs_cpu(model);
       o.kv_f16 = kv_f16;
@@ -59,7 +58,7 @@ TEST(Trace, CpuAgainstItselfIsIdenticalInBothCacheModes) {
 
 // REQ: WRK-D29
 TEST(Trace, NamesThePerturbedOpExactly) {
-  const std::string model = require(testpaths::shared_fixtures() + "/stories260K.gguf");
+  const std::string model = require(test::shared_fixtures() + "/stories260K.gguf");
   const auto cfg = load_model(model)->config;
   const int64_t D = cfg.n_embd, QD = cfg.n_head * cfg.head_dim, KD = cfg.n_head_kv * cfg.head_dim;
   auto width = [&](const std::string& op) -> int64_t {
@@ -111,7 +110,7 @@ TEST(Trace, NamesThePerturbedOpExactly) {
 
 // REQ: WRK-D29
 TEST(Trace, RejectsBadSides) {
-  TraceOptions o = cpu_vs_cpu(require(testpaths::shared_fixtures() + "/stories260K.gguf"));
+  TraceOptions o = cpu_vs_cpu(require(test::shared_fixtures() + "/stories260K.gguf"));
   o.b = "gpu";
   EXPECT_THROW(run_trace(o), std::invalid_argument);
   o.b = "cuda:exact";

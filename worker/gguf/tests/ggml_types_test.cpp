@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/test_helpers.h"
 #include "gguf/gguf_file.h"
 #include "gguf/type_traits.h"
 
@@ -21,9 +22,6 @@ namespace {
 
 float bits_to_f(uint32_t u) {
   return std::bit_cast<float>(u);
-}
-uint32_t f_to_bits(float f) {
-  return std::bit_cast<uint32_t>(f);
 }
 
 // Reference half -> double from the IEEE definition (exact in double).
@@ -96,7 +94,8 @@ TEST(GgmlTypes, Fp32ToFp16RoundsToNearestEven) {
       EXPECT_NE(fp32_to_fp16(x) & 0x3FF, 0);
       continue;
     }
-    ASSERT_EQ(fp32_to_fp16(x), ref_to_half(x)) << "x=" << x << " bits=" << std::hex << f_to_bits(x);
+    ASSERT_EQ(fp32_to_fp16(x), ref_to_half(x))
+        << "x=" << x << " bits=" << std::hex << test::bits(x);
   }
 }
 
@@ -128,7 +127,7 @@ TEST(GgmlTypes, Bf16RoundTripAndNearestEven) {
       ASSERT_EQ(b & 1, 0) << x;
     }
   }
-  EXPECT_EQ(f_to_bits(bf16_to_fp32(fp32_to_bf16(1.5f))), f_to_bits(1.5f));
+  EXPECT_EQ(test::bits(bf16_to_fp32(fp32_to_bf16(1.5f))), test::bits(1.5f));
   EXPECT_TRUE(std::isnan(bf16_to_fp32(fp32_to_bf16(NAN))));
 }
 
@@ -243,7 +242,7 @@ TEST_P(GgmlDequant, MatchesElementwiseReferenceBitForBit) {
   int nonzero = 0;
   for (int i = 0; i < n; ++i) {
     const float want = c.ref(&data[static_cast<size_t>(i / c.block * c.bytes)], i % c.block);
-    ASSERT_EQ(f_to_bits(got[i]), f_to_bits(want))
+    ASSERT_EQ(test::bits(got[i]), test::bits(want))
         << ggml_type_name(static_cast<uint32_t>(c.type)) << " element " << i;
     nonzero += got[i] != 0.0f;
   }
@@ -260,7 +259,7 @@ TEST_P(GgmlDequant, MatchesElementwiseReferenceBitForBit) {
     exact += static_cast<double>(got[i]) * static_cast<double>(x[i]);
   }
   const float dot = dot_row(c.type, data.data(), x.data(), n);
-  EXPECT_EQ(f_to_bits(dot), f_to_bits(want));
+  EXPECT_EQ(test::bits(dot), test::bits(want));
   EXPECT_NEAR(static_cast<double>(dot), exact, 1e-4 * (1.0 + std::fabs(exact)));
 }
 

@@ -1,23 +1,15 @@
 #pragma once
-// Helpers shared by the GGUF tests: fixture paths and an in-test GGUF builder, so corrupt
-// files are made from scratch here rather than stored.
+// The GGUF tests' in-test file builder, so corrupt files are made from scratch here rather
+// than stored (fixture paths: common/test_helpers.h).
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/test_helpers.h"
+
 namespace worker::test {
-
-inline std::string shared_fixtures() {
-  if (const char* e = std::getenv("WORKER_SHARED_FIXTURES")) return e;
-  return std::string(WORKER_SOURCE_DIR) + "/../shared/fixtures";
-}
-
-inline std::string generated_fixtures() {
-  if (const char* e = std::getenv("WORKER_GENERATED_FIXTURES")) return e;
-  return std::string(WORKER_SOURCE_DIR) + "/fixtures/generated";
-}
 
 // Little-endian byte builder for GGUF files.
 struct Bytes {

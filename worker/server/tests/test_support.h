@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/errors.h"
+#include "common/test_helpers.h"
 #include "engine/engine.h"
 #include "gguf/model_config.h"
 #include "tokenizer/tokenizer.h"
@@ -28,13 +29,8 @@ inline constexpr double kTimeScale = 10.0;
 inline constexpr double kTimeScale = 1.0;
 #endif
 
-inline std::string shared_fixtures() {
-  if (const char* e = std::getenv("WORKER_SHARED_FIXTURES")) return e;
-  return std::string(WORKER_SOURCE_DIR) + "/../shared/fixtures";
-}
-
 inline std::string stories_path() {
-  return shared_fixtures() + "/stories260K.gguf";
+  return worker::test::shared_fixtures() + "/stories260K.gguf";
 }
 
 struct StoriesModel {

@@ -19,7 +19,7 @@ struct GoldenModel {
 class TokenizerGolden : public ::testing::TestWithParam<std::string> {};
 
 std::string model_for(const std::string& name) {
-  if (name == "stories260K") return test::shared_fixtures_dir() + "/stories260K.gguf";
+  if (name == "stories260K") return test::shared_fixtures() + "/stories260K.gguf";
   return test::llama_models_dir() + "/ggml-vocab-" + name + ".gguf";
 }
 

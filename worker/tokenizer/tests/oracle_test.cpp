@@ -68,7 +68,7 @@ TEST(TokenizerOracle, Stories260kRandomStringsMatchLlamaCpp) {
   test::RandomText gen(test::test_seed());
   std::vector<std::string> texts;
   for (int i = 0; i < 1000; ++i) texts.push_back(gen.next());
-  compare_with_oracle(test::shared_fixtures_dir() + "/stories260K.gguf", texts, false);
+  compare_with_oracle(test::shared_fixtures() + "/stories260K.gguf", texts, false);
 }
 
 // Special tokens spliced into random text, parsed as specials (single ids) by both.

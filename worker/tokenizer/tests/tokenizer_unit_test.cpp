@@ -27,7 +27,7 @@ std::string spm_path() {
   return test::llama_models_dir() + "/ggml-vocab-llama-spm.gguf";
 }
 std::string stories_path() {
-  return test::shared_fixtures_dir() + "/stories260K.gguf";
+  return test::shared_fixtures() + "/stories260K.gguf";
 }
 
 // Byte-level image of a UTF-8 string (what a GPT-2 style vocabulary stores).
