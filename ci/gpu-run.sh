@@ -6,7 +6,7 @@
 #
 #   ci/gpu-run.sh --bin DIR [--results DIR] [--report FILE] [--no-sanitize] [--skip-fixtures]
 #
-# DIR holds kernel_tests, exact_{float,quant,ops}_tests, cuda_error_tests, cuda_engine_tests, cuda_trace_tests and optionally decode_bench, worker-orcd and
+# DIR holds kernel_tests, exact_{float,quant,ops}_tests, cuda_error_tests, cuda_engine_tests, cuda_trace_tests and optionally decode_bench, kernel_bench, worker-orcd and
 # conformance runners (any executable named conformance_*; each runs with
 # WORKER_BACKEND=cuda against $DIR/worker-orcd). BENCH_MODELS names the benchmark models. gtest XML goes to --results
 # (default reports/gpu-results). Fixtures: $WORKER_SHARED_FIXTURES (stories260K) and
@@ -84,8 +84,9 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
     # the exact kernels, every test, at their quick sizes (WORKER_KERNEL_TEST_QUICK)
     for t in exact_float_tests exact_quant_tests exact_ops_tests exact_fused_tests exact_qgemm_tests attention_exact_tests exact_decode_tests exact_qdecode_tests; do
       [ -x "$bin/$t" ] || continue
-      # racecheck: not the timing loops and the 151936-row LM-head shapes (too slow under it)
-      f="*"; [ $tool = racecheck ] && f="-*Timing*:*LmHead*"
+      # racecheck: not the model-shape checks and the 151936-row LM-head shapes (too slow
+      # under it; the same kernels run there at the quick sizes)
+      f="*"; [ $tool = racecheck ] && f="-*AtModelShapes:*LmHead*"
       WORKER_KERNEL_TEST_QUICK=1 timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool \
         --error-exitcode 3 "$bin/$t" --gtest_filter="$f" >> "$results/sanitizer-$tool.log" 2>&1 ||
         rc=$?
@@ -125,6 +126,14 @@ if [ -x "$bin/decode_bench" ] && [ -n "${BENCH_MODELS:-}" ]; then
     timeout ${BENCH_TIMEOUT:-300} "$bin/decode_bench" $args > "$results/decode_bench.txt" 2>&1 || say "decode_bench FAILED"
     cat "$results/decode_bench.txt" | tee -a "$log"
   fi
+fi
+
+# Kernel timings (the exact kernels' entry points at the 0.5B shapes), one JSON row per line.
+if [ -x "$bin/kernel_bench" ]; then
+  t0=$(date +%s)
+  timeout ${BENCH_TIMEOUT:-300} "$bin/kernel_bench" --json > "$results/kernel_bench.jsonl" 2> "$results/kernel_bench.err" ||
+    say "kernel_bench FAILED: $(tail -1 "$results/kernel_bench.err")"
+  say "kernel_bench: $(wc -l < "$results/kernel_bench.jsonl") rows in $(( $(date +%s) - t0 )) s"
 fi
 
 # The committed report: commit, card, driver, per-suite counts, sanitizer summaries and
@@ -191,6 +200,14 @@ out += [f"- `{s}` {t}: {m}" for s, t, m in failures] or ["none"]
 bench = os.path.join(results, "decode_bench.txt")
 if os.path.exists(bench):
     out += ["", "## decode_bench", "", "```", open(bench).read().rstrip(), "```"]
+kb = os.path.join(results, "kernel_bench.jsonl")
+if os.path.exists(kb):
+    import json
+    out += ["", "## kernel_bench (us per call in a CUDA graph; GB/s of weight / KV bytes)", "",
+            "| op | type | shape | n_tok | us | GB/s | % of 3350 | TFLOP/s |", "|---|---|---|---|---|---|---|---|"]
+    for line in open(kb):
+        r = json.loads(line)
+        out.append(f"| {r['op']} | {r['type']} | {r['shape']} | {r['n_tok']} | {r['us']:.2f} | {r['gbs'] if r['gbs'] is not None else '-'} | {r['pct_of_bw'] if r['pct_of_bw'] is not None else '-'} | {r['tflops'] if r['tflops'] is not None else '-'} |")
 os.makedirs(os.path.dirname(os.path.abspath(report)), exist_ok=True)
 open(report, "w").write("\n".join(out) + "\n")
 PY

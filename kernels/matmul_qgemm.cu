@@ -207,8 +207,8 @@ bool is_quant(uint32_t t) {
 
 // From this many tokens the tiled kernel is expected to beat matmul's warp-per-row kernel on
 // the 0.5B model's matrices (estimate, not measured here: below it, 896-row matrices give
-// qgemm fewer CTAs than SMs). ExactQgemmGpu.ModelShapesTiming prints both times per shape
-// and token count (8 ... 512): adjust this constant from that output.
+// qgemm fewer CTAs than SMs). bench/kernel_bench prints both times per shape and token count
+// (8 ... 512): adjust this constant from that output.
 constexpr int kQgemmMinTokens = 32;
 
 bool qgemm_takes(uint32_t weight_type, int n_tok) {

@@ -1,8 +1,8 @@
 #pragma once
-// Random valid quantized weight blocks for the exact-kernel tests (exact_quant, exact_qgemm,
-// exact_qdecode): random quants, fp16 scales in a sane range (random bytes there would be
-// NaN / Inf / huge), a few negative scales, Q4_K random 6-bit scales and mins (any 12 bytes
-// are valid). Deterministic per seed; fast (weights are megabytes).
+// Random valid weights for the exact-kernel tests (exact_quant, exact_qgemm, exact_qdecode)
+// and bench/kernel_bench: F32 / F16 / BF16 values in [-0.05, 0.05); random quants, fp16
+// scales in a sane range (random bytes there would be NaN / Inf / huge), a few negative
+// scales, Q4_K random 6-bit scales and mins (any 12 bytes are valid). Deterministic per seed.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -53,6 +53,17 @@ inline std::vector<uint8_t> random_weights(GgmlType type, int64_t rows, int64_t 
           if (b[192 + j] == 0x80) b[192 + j] = 0x81;
         put_half(b + 208, sign * rng.uniform(0.0002f, 0.002f));
         break;
+      case GgmlType::F32: {
+        const float f = rng.uniform(-0.05f, 0.05f);
+        std::memcpy(b, &f, 4);
+        break;
+      }
+      case GgmlType::F16: put_half(b, rng.uniform(-0.05f, 0.05f)); break;
+      case GgmlType::BF16: {
+        const uint16_t h = fp32_to_bf16(rng.uniform(-0.05f, 0.05f));
+        std::memcpy(b, &h, 2);
+        break;
+      }
       default: break;
     }
   }

@@ -1,8 +1,7 @@
 #pragma once
 // Helpers of the exact kernels' tests (exact_ops_test.cpp, exact_fused_test.cpp,
 // attention_exact_test.cpp): bitwise comparison, the host emulation of the kernels' block-wide
-// double sum, the ActBuf fields quantize_act writes (CPU reference and device copies), and a
-// CUDA-graph timer.
+// double sum and the ActBuf fields quantize_act writes (CPU reference and device copies).
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -30,8 +29,7 @@ namespace worker::exacttest {
 
 using test::bits;
 
-// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer): smaller sizes,
-// no timing repetitions.
+// WORKER_KERNEL_TEST_QUICK (ci/gpu-run.sh sets it under compute-sanitizer): smaller sizes.
 inline bool quick() {
   return std::getenv("WORKER_KERNEL_TEST_QUICK") != nullptr;
 }
@@ -165,41 +163,6 @@ struct ActDev {
   kern::exact::ActBuf a;
   ActDev(int rows, int n) : mem(kern::exact::act_buffer_bytes(rows, n)) {
     a = kern::exact::act_buffer_at(mem.get(), rows, n);
-  }
-};
-
-// Time per repetition of a body of launches captured `reps` times in a CUDA graph (PDL edges
-// as in the engine's decode step).
-struct GraphTimer {
-  cudaStream_t st = nullptr;
-  GraphTimer() { cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking); }
-  ~GraphTimer() { cudaStreamDestroy(st); }
-  GraphTimer(const GraphTimer&) = delete;
-  GraphTimer& operator=(const GraphTimer&) = delete;
-  // Microseconds per repetition of body(stream), or -1 on a CUDA error.
-  template <typename F>
-  double us(F&& body, int reps) {
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t ge = nullptr;
-    if (cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) != cudaSuccess) return -1;
-    for (int i = 0; i < reps; ++i) body(st);
-    if (cudaStreamEndCapture(st, &g) != cudaSuccess) return -1;
-    if (cudaGraphInstantiate(&ge, g, 0) != cudaSuccess) return -1;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    cudaGraphLaunch(ge, st);  // warm-up
-    cudaEventRecord(e0, st);
-    cudaGraphLaunch(ge, st);
-    cudaEventRecord(e1, st);
-    const bool ok = cudaStreamSynchronize(st) == cudaSuccess;
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
-    return ok ? 1000.0 * static_cast<double>(ms) / reps : -1;
   }
 };
 
