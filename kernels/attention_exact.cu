@@ -303,8 +303,9 @@ __global__ void __launch_bounds__(LANES* DCH)
 //     and adding them (vecdot_reduce64's first level, acc[l] + acc[l + 32]), then per dim its
 //     second level (t[l] + t[l + 16], l < 16) and hsum16: vecdot_reduce64 exactly (float + is
 //     commutative).
-//  4. (act_mode) the output rounded as quantize_act: element-wise F32 / F16 / BF16; Q8_0 by
-//     block 0 of the cluster after a cluster barrier, one warp per 32-block (head_dim % 32 == 0).
+//  4. (act_mode) the output rounded as quantize_act, element-wise: F32 / F16 / BF16. (A Q8_0
+//     rounding fused here, by block 0 of the cluster after one more cluster barrier, measured
+//     slower than the separate quantize_act launch: bench/kernel_bench, reports/perf-notes.md.)
 // Scores and exps live in the scratch (token 0's slots of the batch layout), read across blocks
 // only after a cluster barrier (__threadfence, then the barrier's release / acquire) and
 // through L2 (__ldcg). Geometry: n_head * C blocks, independent of n_past.
@@ -528,23 +529,6 @@ __global__ void __launch_bounds__(kDecThreads)
       act.f[oi] = math::act_round_bf16(o);
     }
   }
-  if (act_mode ==
-      static_cast<int>(ActType::Q8_0)) {  // uniform; hd % 32 == 0: the head's dims are whole blocks
-    // The head's outputs come from the C blocks of the cluster: after the barrier, block 0
-    // quantizes them, one warp per 32-block (quantize_act's Q8_0 formulas, amax exact).
-    __threadfence();
-    dec_cluster_sync(C);
-    const int lane = tid % kWarp, w = tid / kWarp;
-    if (r == 0 && w < hd / 32) {  // warp-uniform
-      const size_t i0 = static_cast<size_t>(h) * hd + 32 * w;
-      const float v = __ldcg(out + i0 + lane);
-      float amax = fabsf(v);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      act.q[i0 + lane] = math::act_q8_0_quant(v, math::act_q8_0_id(amax));
-      if (lane == 0) act.d[i0 / 32] = math::act_q8_0_d(amax);
-    }
-  }
 }
 
 __global__ void ex_f16_bits_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
@@ -588,12 +572,12 @@ int decode_cluster(int n_head) {
   return c;
 }
 
-// The decode kernel's act_mode for quantize_act(weight_type) of the output (the weight's
-// ActType); kDecActNone where it has no fused form (Q8_K, or Q8_0 blocks that straddle heads).
-int dec_act_mode(uint32_t weight_type, int head_dim) {
+// The decode kernel's act_mode for quantize_act(weight_type) of the output: the element-wise
+// roundings (F32 / F16 / BF16); kDecActNone for the block quantizations (Q8_0, Q8_K), which
+// run as quantize_act after the kernel.
+int dec_act_mode(uint32_t weight_type) {
   const ActType a = act_type_of(weight_type);
-  if (a == ActType::Q8_K || (a == ActType::Q8_0 && head_dim % 32 != 0)) return kDecActNone;
-  return static_cast<int>(a);
+  return a == ActType::Q8_0 || a == ActType::Q8_K ? kDecActNone : static_cast<int>(a);
 }
 
 template <class KV>
@@ -649,7 +633,7 @@ void rope_attend_act(const QkvIn& x, const AttnShape& s, const float* rope_table
                      float* scratch, uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
   check_shape(s, "exact::attention");
   if (n_tok <= 0) return;
-  const int mode = dec_act_mode(act_type, s.head_dim);
+  const int mode = dec_act_mode(act_type);
   if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode != kDecActNone) {
     DecRope<T> rp;
     rp.k_new = x.k;
@@ -742,7 +726,7 @@ void attend_act(const float* q, const T* k_cache, const T* v_cache, float* out, 
                 uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
   check_shape(s, "exact::attend_act");
   if (n_tok <= 0) return;
-  const int mode = dec_act_mode(act_type, s.head_dim);
+  const int mode = dec_act_mode(act_type);
   if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode != kDecActNone) {
     launch_decode<typename KvOf<T>::type>(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
                                           stream, a, mode);

@@ -47,8 +47,8 @@ size_t attention_scratch_floats(int n_ctx, int max_tok, int n_head);
 // on the first n_rot dims of every Q and K head, K and V stored to the cache rows, causal
 // attention of the rotated q over the cache into out [n_tok][n_head * head_dim], then out
 // rounded for `act_type` (a weight type, as quantize_act) into `a`. One launch at decode
-// (n_tok == 1, head_dim <= 256, act_type F32 / F16 / BF16, or a Q8_0 activation with
-// head_dim % 32 == 0); otherwise the pieces below, one after the other.
+// (n_tok == 1, head_dim <= 256, act_type rounding F32 / F16 / BF16); otherwise the pieces
+// below, one after the other (the Q8_0 / Q8_K quantization always runs as quantize_act).
 void attention(const QkvIn& x, const AttnShape& s, const float* rope_table, int n_tok,
                const int32_t* d_n_past, const KvCache& kv, float* out, int n_ctx, float* scratch,
                uint32_t act_type, const ActBuf& a, cudaStream_t stream);
