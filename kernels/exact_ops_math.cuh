@@ -266,9 +266,8 @@ __host__ __device__ inline float swiglu_one(float g, float u, int i, int f16) {
   return i < f16 ? silu_ggml(g) * u : swiglu_tail(g, u);
 }
 
-// Activation rounding per element, copied from exact_quant_math.cuh (qm::round_fp16,
-// round_even, q8_0_id, q8_0_quant, q8_k_quant; h2's file, kept independent of its edits) so
-// that the fused kernels write exactly what quantize_act writes (cpu::quantize_activation).
+// Activation rounding per element, as cpu::quantize_activation computes it: used by
+// quantize_act (exact_quant_math.cuh) and the fused kernels alike.
 __host__ __device__ inline float act_round_fp16(float x) {
 #if defined(__CUDA_ARCH__)
   return __half2float(__float2half_rn(x));

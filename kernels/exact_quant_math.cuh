@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "exact_ops_math.cuh"  // the per-element activation roundings (math::act_*)
 #include "gguf/ggml_types.h"
 #if defined(__CUDACC__)
 #include "common.cuh"  // griddep_wait, load_words (device code only)
@@ -266,35 +267,12 @@ EXQ_HD float combine(const float* acc) {
 }
 
 // ---- activation quantization ----
-// Q8_0 of a 32-block, given amax: the stored scale (d = amax / 127 through fp16: `h` is
-// its fp16 value as float) and the inverse scale.
-EXQ_HD float q8_0_id(float amax) {
-  return amax != 0.0f ? 127.f / amax : 0.0f;
-}
-// x rounded to fp16 (round to nearest even) and back: the stored Q8_0 scale.
-EXQ_HD float round_fp16(float x) {
-#if defined(__CUDA_ARCH__)
-  return __half2float(__float2half_rn(x));
-#else
-  return fp16_to_fp32(fp32_to_fp16(x));
-#endif
-}
-// nearbyint / ggml's nearest_int (round half to even; |v| < 2^22).
-EXQ_HD int round_even(float v) {
-#if defined(__CUDA_ARCH__)
-  return __float2int_rn(v);
-#else
-  return static_cast<int>(std::nearbyint(v));
-#endif
-}
-EXQ_HD int8_t q8_0_quant(float x, float id) {
-  return static_cast<int8_t>(round_even(x * id));
-}
-// Q8_K: iscale = -127 / max (max: the element of largest magnitude, first on ties).
-EXQ_HD int8_t q8_k_quant(float x, float iscale) {
-  const int q = round_even(iscale * x);
-  return static_cast<int8_t>(q < 127 ? q : 127);
-}
+// The per-element roundings (Q8_0 / Q8_K quants, the fp16 scale) are math::act_* in
+// exact_ops_math.cuh, shared with the fused kernels.
+using math::act_q8_0_id;
+using math::act_q8_0_quant;
+using math::act_q8_k_quant;
+using math::act_round_fp16;
 
 // ---------------------------------------------------------------------------------------
 // Warp-level pieces of the matmul kernels. They run on the GPU (the intrinsics below) and,
@@ -815,9 +793,9 @@ EXQ_HD void act_q8_0_from(float v, int8_t* __restrict__ q, float* __restrict__ d
   float amax = fabsf(v);
   EXQ_UNROLL
   for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, shfl_xor_f(amax, o));
-  const float id = q8_0_id(amax);
-  q[k * 32 + lane] = q8_0_quant(v, id);
-  if (lane == 0) d[k] = round_fp16(amax / 127.f);
+  const float id = act_q8_0_id(amax);
+  q[k * 32 + lane] = act_q8_0_quant(v, id);
+  if (lane == 0) d[k] = act_round_fp16(amax / 127.f);
 }
 EXQ_HD void act_q8_0_block(const float* __restrict__ x, int8_t* __restrict__ q,
                            float* __restrict__ d, size_t k) {
@@ -856,7 +834,7 @@ EXQ_HD void act_q8_k_from(const float (&v)[8], int8_t* __restrict__ q, float* __
     const float iscale = -127.f / mx;
     EXQ_UNROLL
     for (int i = 0; i < 8; ++i) {
-      const int8_t qi = q8_k_quant(v[i], iscale);
+      const int8_t qi = act_q8_k_quant(v[i], iscale);
       s += qi;
       packed[i >> 2] |= static_cast<uint32_t>(static_cast<uint8_t>(qi)) << (8 * (i & 3));
     }
