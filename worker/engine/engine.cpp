@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 
+#include <stdexcept>
 #include <string>
 
 #include "common/errors.h"
@@ -30,6 +31,12 @@ void check_eval_input(std::span<const int32_t> tokens, int32_t n_past, int32_t n
                                                        std::to_string(vocab_size) + ")");
     }
   }
+}
+
+std::string kv_cache_arg(const std::string& value) {
+  if (value != "f16" && value != "f32")
+    throw std::invalid_argument("--kv-cache must be f16 or f32, got '" + value + "'");
+  return value;
 }
 
 }  // namespace worker

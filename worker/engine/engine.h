@@ -94,6 +94,10 @@ void check_eval_input(std::span<const int32_t> tokens, int32_t n_past, int32_t n
 // the total; called on the loading thread, often (the callee throttles what it shows).
 using LoadProgress = std::function<void(uint64_t done, uint64_t total)>;
 
+// The value of a --kv-cache argument (worker, generate, trace): "f16" or "f32"; anything else
+// throws std::invalid_argument naming the flag.
+std::string kv_cache_arg(const std::string& value);
+
 // Backend factory. backend = "cpu" | "cuda"; throws WorkerError with a clear message
 // (no silent fallback, D4). ctx_size 0 = the model's training context (capped at 32768).
 // kv_cache: "f16" | "f32" | "" (the default, f16 on both backends: with exact numerics the two

@@ -102,7 +102,7 @@ CliArgs parse(int argc, char** argv) {
     else if (k == "--dump-checkpoints")
       a.dump_checkpoints = val();
     else if (k == "--kv-cache")
-      a.kv_cache = val();
+      a.kv_cache = kv_cache_arg(val());
     else if (k == "--job-id")
       a.job_id = val();
     else
@@ -115,8 +115,6 @@ CliArgs parse(int argc, char** argv) {
   if (a.n < 0) throw std::invalid_argument("--n must be >= 0");
   if (!a.dump_checkpoints.empty() && a.backend != "cpu")
     throw std::invalid_argument("--dump-checkpoints is implemented by the cpu backend only");
-  if (a.kv_cache != "f16" && a.kv_cache != "f32")
-    throw std::invalid_argument("--kv-cache must be f16 or f32, got '" + a.kv_cache + "'");
   return a;
 }
 

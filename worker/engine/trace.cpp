@@ -250,9 +250,7 @@ int trace_cli_main(int argc, char** argv) {
       } else if (k == "--b") {
         o.b = val();
       } else if (k == "--kv-cache") {
-        const std::string v = val();
-        if (v != "f16" && v != "f32") throw std::invalid_argument("--kv-cache f16|f32");
-        o.kv_f16 = v == "f16";
+        o.kv_f16 = kv_cache_arg(val()) == "f16";
       } else if (k == "--steps") {
         o.steps = std::stoi(val());
       } else if (k == "--gpu") {

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "build_info.h"
+#include "engine/engine.h"
 
 namespace worker::server {
 namespace {
@@ -152,9 +153,7 @@ CliOptions parse_cli(const std::vector<std::string>& args) {
       if (o.numerics != "exact" && o.numerics != "fast")
         throw std::invalid_argument("--numerics must be exact or fast, got '" + o.numerics + "'");
     } else if (a == "--kv-cache") {
-      o.kv_cache = value();
-      if (o.kv_cache != "f16" && o.kv_cache != "f32")
-        throw std::invalid_argument("--kv-cache must be f16 or f32, got '" + o.kv_cache + "'");
+      o.kv_cache = kv_cache_arg(value());
     } else if (a == "--ctx-size") {
       o.ctx_size = parse_int<int32_t>(a, value(), 0, 1 << 20);
     } else if (a == "--queue-depth") {
