@@ -1,7 +1,9 @@
 #include "cuda_check.h"
 
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <unordered_set>
 
 #include "common/errors.h"
 
@@ -64,6 +66,15 @@ bool pdl_skipped(const char* kernel_name) {
   needle.append(kernel_name);
   needle.push_back(',');
   return skip.find(needle) != std::string::npos;
+}
+void prefer_max_shared(const void* kernel) {
+  static std::mutex mu;
+  static std::unordered_set<const void*> done;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert(kernel).second) return;
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                  cudaSharedmemCarveoutMaxShared),
+             "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)", __FILE__, __LINE__);
 }
 }  // namespace kern
 

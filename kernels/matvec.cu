@@ -608,13 +608,10 @@ template <GgmlType T, int S, bool kSwiglu, bool kMixed = false>
 void launch_q1_split(const Segs& segs, int rows, const uint8_t* w_up, int cols, size_t row_bytes,
                      const float* x, bool acc, cudaStream_t st) {
   constexpr int kRowsPerBlock = kQ1Warps / S;
-  // Left to itself the driver picks the smallest shared-memory carveout that holds one
-  // block (8-32 KB for these few KB), which let only 1-3 blocks per SM run (ncu, H100);
-  // ask for the largest so registers are the limit instead. Once per instantiation.
+  // The carveout first (launch_pdl_smem would set it at the first launch): the occupancy
+  // below depends on it.
   static const bool carveout_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(matvec_q1_kernel<T, S, kSwiglu, kMixed>,
-                                    cudaFuncAttributePreferredSharedMemoryCarveout,
-                                    cudaSharedmemCarveoutMaxShared));
+    prefer_max_shared(reinterpret_cast<const void*>(matvec_q1_kernel<T, S, kSwiglu, kMixed>));
     return true;
   }();
   (void)carveout_set;
