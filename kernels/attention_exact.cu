@@ -307,8 +307,9 @@ __global__ void __launch_bounds__(LANES* DCH)
 //     rounding fused here, by block 0 of the cluster after one more cluster barrier, measured
 //     slower than the separate quantize_act launch: bench/kernel_bench, reports/perf-notes.md.)
 // Scores and exps live in the scratch (token 0's slots of the batch layout), read across blocks
-// only after a cluster barrier (__threadfence, then the barrier's release / acquire) and
-// through L2 (__ldcg). Geometry: n_head * C blocks, independent of n_past.
+// only after a cluster barrier (its release / acquire) and through L2 (__ldcg). Before its
+// PDL wait each block reads n_past and prefetches its cache rows below n_past into L2.
+// Geometry: n_head * C blocks, independent of n_past.
 
 constexpr int kDecThreads = 256;
 constexpr int kDecMaxHd = 256;
@@ -358,13 +359,19 @@ __device__ __forceinline__ void dec_rope_head(const float* src, const float* bia
   }
 }
 
+// The cluster barrier's arrive has release and its wait acquire semantics at cluster scope
+// (PTX barrier.cluster defaults), which covers the scratch writes the other blocks of the
+// cluster read after it: no __threadfence() (a GPU-wide fence, ~1 us) before it.
 __device__ __forceinline__ void dec_cluster_sync(int C) {
   if (C > 1) {
-    __threadfence();
     cg::this_cluster().sync();
   } else {
     __syncthreads();
   }
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // q, k_cache and v_cache are not __restrict__: with ROPE the kernel writes q (rp.q_out) and this
@@ -390,11 +397,25 @@ __global__ void __launch_bounds__(kDecThreads)
   __shared__ float sh_inv;
   const int h = blockIdx.x / C, r = blockIdx.x % C, g = h / group;
   const int tid = threadIdx.x;
-  griddep_wait();
+  // Before the wait: n_past (the step's io, written by a copy before the step's first kernel)
+  // and L2 prefetches of the cache rows below n_past this block reads (K rows of its keys, the
+  // V rows of the same keys: the cluster's blocks together cover every key), which earlier
+  // steps wrote; nothing this kernel's predecessors may still write.
   const int n_past = d_n_past[0];
   const int n_att = n_past + 1;
   const int nb = (n_att + 15) / 16;
   const int cap = (n_att + 63) & ~63;
+  const int per = (nb + C - 1) / C;
+  const int b_lo = min(nb, r * per), b_hi = min(nb, b_lo + per);
+  const int j_lo = 16 * b_lo, j_hi = min(n_att, 16 * b_hi);
+  {
+    const size_t go = static_cast<size_t>(g) * hd;
+    for (int j = j_lo + tid; j < min(j_hi, n_past); j += kDecThreads) {
+      prefetch_l2(k_cache + static_cast<size_t>(j) * kv_dim + go);
+      prefetch_l2(v_cache + static_cast<size_t>(j) * kv_dim + go);
+    }
+  }
+  griddep_wait();
   const float* qh = q + static_cast<size_t>(h) * hd;
   // Keys below n_cached are read from the cache; (ROPE) key n_past from knew / vnew.
   const int n_cached = ROPE ? n_past : n_att;
@@ -430,9 +451,6 @@ __global__ void __launch_bounds__(kDecThreads)
   float* sc = scratch + static_cast<size_t>(h) * stride;
   float* bs = sc + cap_max;
   float* pmax = bs + cap_max / 16 + 1;  // C <= 8 slots after inv's (the 16 spare floats)
-  const int per = (nb + C - 1) / C;
-  const int b_lo = min(nb, r * per), b_hi = min(nb, b_lo + per);
-  const int j_lo = 16 * b_lo, j_hi = min(n_att, 16 * b_hi);
   // 1. scores of this block's keys
   const T* kbase = k_cache + static_cast<size_t>(g) * hd;
   float mx = -INFINITY;
@@ -629,7 +647,8 @@ void launch_decode(const float* q, const typename KV::T* k_cache, const typename
   CUDA_CHECK_LAUNCH(name);
 }
 
-// bias_rope_store + attend_act, one launch at decode where the act has a fused form.
+// bias_rope_store + attend_act: at decode one launch (+ quantize_act for the block
+// quantizations, which have no fused form).
 template <class T>
 void rope_attend_act(const QkvIn& x, const AttnShape& s, const float* rope_table, int n_tok,
                      const int32_t* d_n_past, T* k_cache, T* v_cache, float* out, int n_ctx,
@@ -637,7 +656,7 @@ void rope_attend_act(const QkvIn& x, const AttnShape& s, const float* rope_table
   check_shape(s, "exact::attention");
   if (n_tok <= 0) return;
   const int mode = dec_act_mode(act_type);
-  if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode != kDecActNone) {
+  if (n_tok == 1 && s.head_dim <= kDecMaxHd) {
     DecRope<T> rp;
     rp.k_new = x.k;
     rp.v_new = x.v;
@@ -652,6 +671,7 @@ void rope_attend_act(const QkvIn& x, const AttnShape& s, const float* rope_table
     rp.v_cache = v_cache;
     launch_decode<typename KvOf<T>::type>(x.q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
                                           stream, a, mode, &rp);
+    if (mode == kDecActNone) quantize_act(act_type, out, 1, s.n_head * s.head_dim, a, stream);
     return;
   }
   bias_rope_store(x, s, rope_table, n_tok, d_n_past, k_cache, v_cache, stream);

@@ -67,11 +67,14 @@ bool pdl_skipped(const char* kernel_name) {
   needle.push_back(',');
   return skip.find(needle) != std::string::npos;
 }
-void prefer_max_shared(const void* kernel) {
+void prefer_max_shared(const void* kernel, size_t dynamic_bytes) {
   static std::mutex mu;
   static std::unordered_set<const void*> done;
   const std::lock_guard<std::mutex> lock(mu);
   if (!done.insert(kernel).second) return;
+  cudaFuncAttributes fa = {};
+  cuda_check(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes", __FILE__, __LINE__);
+  if (fa.sharedSizeBytes == 0 && dynamic_bytes == 0) return;
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   cudaSharedmemCarveoutMaxShared),
              "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)", __FILE__, __LINE__);

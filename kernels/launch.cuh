@@ -13,7 +13,9 @@
 // and engine tests with PDL on and off):
 //  - griddep_wait() comes before the first read of anything an earlier kernel wrote and
 //    before the first write of anything an earlier kernel may still read;
-//  - before it, only reads of data no kernel writes (weights, norms, biases).
+//  - before it, only reads of data no kernel of this step writes: weights, norms, biases,
+//    and what was written before the step's first kernel (the step's io buffer with n_past,
+//    copied from the host before it; KV cache rows below n_past, written by earlier steps).
 // Because each kernel waits for its predecessor's completion, and that one waited for its
 // own, the wait orders the kernel after every earlier kernel in the stream.
 #include <cuda_runtime.h>
@@ -28,13 +30,14 @@ bool pdl_enabled();
 // True for a kernel named in WORKER_PDL_SKIP (comma-separated kernel names): launched
 // without the PDL attribute (bisecting an ordering problem to one kernel).
 bool pdl_skipped(const char* kernel_name);
-// Asks for the largest shared-memory carveout for `kernel` (once per kernel; thread-safe).
-// Left to itself the driver picks the smallest carveout that holds one block, which for
-// these kernels (a few KB to 48 KB of dynamic shared memory) let only 1-3 blocks run per SM
-// (ncu, H100: the exact decode products at 6-19% theoretical occupancy); with the largest,
-// registers or warps are the limit instead. launch_pdl_smem() calls it for every kernel
-// launched with dynamic shared memory.
-void prefer_max_shared(const void* kernel);
+// Asks for the largest shared-memory carveout for `kernel` when it uses shared memory (its
+// static size, or `dynamic_bytes` > 0), once per kernel (thread-safe). Left to itself the
+// driver picks the smallest carveout that holds one block, which for these kernels (a few KB
+// to 48 KB of shared memory) let only 1-3 blocks run per SM (ncu, H100: the exact decode
+// products at 6-19% theoretical occupancy); with the largest, registers or warps are the
+// limit instead. launch_pdl_smem() calls it for every launch; kernels without shared memory
+// keep the driver's choice (their L1).
+void prefer_max_shared(const void* kernel, size_t dynamic_bytes);
 
 template <typename... KArgs, typename... Args>
 void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
@@ -49,7 +52,7 @@ void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() && !pdl_skipped(name) ? 1 : 0;
-  if (smem_bytes > 0) prefer_max_shared(reinterpret_cast<const void*>(kernel));
+  prefer_max_shared(reinterpret_cast<const void*>(kernel), smem_bytes);
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name, __FILE__,
              __LINE__);
 }
