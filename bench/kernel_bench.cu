@@ -385,7 +385,7 @@ void bench_attention(Bench& b, Buffers& m) {
   // q is rotated in place call after call: a rotation, the work stays the same
   const ex::QkvIn x{q.get(), m.x.get(), m.x.get() + kKd, bias.get(), bias.get(), bias.get()};
   const ex::KvCache kv{kc.get(), vc.get(), f32 ? ex::KvType::F32 : ex::KvType::F16};
-  for (int n_past : {100, 1000, 4000}) {
+  for (int n_past : {100, 500, 1000, 4000}) {
     const Dev<int32_t> np(std::vector<int32_t>{n_past});
     const double bytes = 2.0 * (n_past + 1) * kKd * sizeof(T);
     const double fl = 4.0 * kHeads * kHd * (n_past + 1);
@@ -410,6 +410,11 @@ void bench_attention(Bench& b, Buffers& m) {
       });
     }
     ex::set_decode_cluster_for_tests(0);
+    ex::set_decode_local_keys_for_tests(0);  // the cluster exchange even where local mode applies
+    b.time("attend no local mode", "-", shape, 1, bytes, fl, [&](cudaStream_t s) {
+      ex::attend(q.get(), kc.get(), vc.get(), out.get(), 1, sh, kCtx, np.get(), scratch.get(), s);
+    });
+    ex::set_decode_local_keys_for_tests(-1);
   }
 }
 

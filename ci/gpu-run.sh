@@ -78,7 +78,7 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
     filter="*"
     [ $tool = racecheck ] && filter="KernelAttention.*:KernelRmsnorm.*:KernelSampling.*:KernelRope.*:KernelSwiglu.*:KernelMatvec.AllTypesMatchDequantizedReference"
     if [ $tool = racecheck ]; then export WORKER_KERNEL_TEST_QUICK=1; else unset WORKER_KERNEL_TEST_QUICK; fi
-    timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool --error-exitcode 3 \
+    timeout ${SANITIZER_TIMEOUT:-600} compute-sanitizer --tool $tool --error-exitcode 3 \
       "$bin/kernel_tests" --gtest_filter="$filter" > "$results/sanitizer-$tool.log" 2>&1
     rc=$?
     # the exact kernels, every test, at their quick sizes (WORKER_KERNEL_TEST_QUICK)
@@ -87,7 +87,7 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
       # racecheck: not the model-shape checks and the 151936-row LM-head shapes (too slow
       # under it; the same kernels run there at the quick sizes)
       f="*"; [ $tool = racecheck ] && f="-*AtModelShapes:*LmHead*"
-      WORKER_KERNEL_TEST_QUICK=1 timeout ${SANITIZER_TIMEOUT:-300} compute-sanitizer --tool $tool \
+      WORKER_KERNEL_TEST_QUICK=1 timeout ${SANITIZER_TIMEOUT:-600} compute-sanitizer --tool $tool \
         --error-exitcode 3 "$bin/$t" --gtest_filter="$f" >> "$results/sanitizer-$tool.log" 2>&1 ||
         rc=$?
     done

@@ -74,6 +74,9 @@ void attend_act(const float* q, const T* k_cache, const T* v_cache, float* out, 
 // Test hooks. Blocks per head of the decode kernel (1, 2, 4 or 8; 0 restores the choice from
 // n_head) for every later decode launch, both cache types.
 void set_decode_cluster_for_tests(int cluster);
+// Keys up to which the decode kernel runs in local mode (0: never, i.e. always the cluster
+// exchange; at most 768; -1 restores the default: 768 for an FP16 cache, 384 for FP32).
+void set_decode_local_keys_for_tests(int keys);
 // y[i] = fp16 bits of x[i] on the device (the cache store's rounding), i < n.
 void device_f16_bits_for_tests(const float* x, uint16_t* y, size_t n);
 

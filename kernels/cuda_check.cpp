@@ -1,5 +1,6 @@
 #include "cuda_check.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -67,16 +68,26 @@ bool pdl_skipped(const char* kernel_name) {
   needle.push_back(',');
   return skip.find(needle) != std::string::npos;
 }
-void prefer_max_shared(const void* kernel, size_t dynamic_bytes) {
+void carveout_for_occupancy(const void* kernel, unsigned threads, size_t dynamic_bytes) {
   static std::mutex mu;
   static std::unordered_set<const void*> done;
   const std::lock_guard<std::mutex> lock(mu);
   if (!done.insert(kernel).second) return;
   cudaFuncAttributes fa = {};
   cuda_check(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes", __FILE__, __LINE__);
-  if (fa.sharedSizeBytes == 0 && dynamic_bytes == 0) return;
-  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                  cudaSharedmemCarveoutMaxShared),
+  const size_t per_block = fa.sharedSizeBytes + dynamic_bytes;
+  if (per_block == 0) return;
+  // Blocks per SM without the shared-memory limit (compute capability 9.0: 64K registers
+  // allocated per warp in units of 256, 64 warps, 32 blocks), each with the 1 KB the
+  // system reserves, as a percentage of the 228 KB maximum.
+  const size_t warps = (threads + 31) / 32;
+  const size_t regs_warp = ((static_cast<size_t>(fa.numRegs) * 32 + 255) / 256) * 256;
+  const size_t by_regs = regs_warp == 0 ? 32 : 65536 / (regs_warp * warps);
+  const size_t blocks = std::max<size_t>(1, std::min({by_regs, 64 / warps, size_t{32}}));
+  const size_t need = blocks * (per_block + 1024);
+  const int pct =
+      static_cast<int>(std::min<size_t>(100, (need * 100 + 228 * 1024 - 1) / (228 * 1024)));
+  cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct),
              "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)", __FILE__, __LINE__);
 }
 }  // namespace kern

@@ -30,14 +30,14 @@ bool pdl_enabled();
 // True for a kernel named in WORKER_PDL_SKIP (comma-separated kernel names): launched
 // without the PDL attribute (bisecting an ordering problem to one kernel).
 bool pdl_skipped(const char* kernel_name);
-// Asks for the largest shared-memory carveout for `kernel` when it uses shared memory (its
-// static size, or `dynamic_bytes` > 0), once per kernel (thread-safe). Left to itself the
-// driver picks the smallest carveout that holds one block, which for these kernels (a few KB
-// to 48 KB of shared memory) let only 1-3 blocks run per SM (ncu, H100: the exact decode
-// products at 6-19% theoretical occupancy); with the largest, registers or warps are the
-// limit instead. launch_pdl_smem() calls it for every launch; kernels without shared memory
-// keep the driver's choice (their L1).
-void prefer_max_shared(const void* kernel, size_t dynamic_bytes);
+// Sets `kernel`'s shared-memory carveout to what the blocks that its registers and warps
+// allow per SM need (static + `dynamic_bytes` each), once per kernel (thread-safe; kernels
+// without shared memory keep the driver's choice). Left to itself the driver picks the
+// smallest carveout that holds one block, which let only 1-3 blocks of the exact decode
+// products run per SM (ncu, H100: 6-19% theoretical occupancy, 16-65 KB carveouts); asking
+// for the largest everywhere cost the kernels that need little shared memory their L1
+// (fast decode -1 to -2%). launch_pdl_smem() calls it for every launch.
+void carveout_for_occupancy(const void* kernel, unsigned threads, size_t dynamic_bytes);
 
 template <typename... KArgs, typename... Args>
 void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,
@@ -52,7 +52,8 @@ void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() && !pdl_skipped(name) ? 1 : 0;
-  prefer_max_shared(reinterpret_cast<const void*>(kernel), smem_bytes);
+  carveout_for_occupancy(reinterpret_cast<const void*>(kernel), block.x * block.y * block.z,
+                         smem_bytes);
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, static_cast<KArgs>(args)...), name, __FILE__,
              __LINE__);
 }

@@ -611,8 +611,8 @@ void launch_q1_split(const Segs& segs, int rows, const uint8_t* w_up, int cols, 
   // The carveout first (launch_pdl_smem would set it at the first launch): the occupancy
   // below depends on it.
   static const bool carveout_set = [] {
-    prefer_max_shared(reinterpret_cast<const void*>(matvec_q1_kernel<T, S, kSwiglu, kMixed>),
-                      q1_smem_bytes(kQ1MaxCols));
+    carveout_for_occupancy(reinterpret_cast<const void*>(matvec_q1_kernel<T, S, kSwiglu, kMixed>),
+                           kQ1Threads, q1_smem_bytes(kQ1MaxCols));
     return true;
   }();
   (void)carveout_set;

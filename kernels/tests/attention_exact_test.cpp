@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -461,20 +462,27 @@ template <class Cache>
 size_t run_attention_case(const AttnCase& c, std::mt19937& rng) {
   AttnData<Cache> a(c, rng);
   size_t bad = 0;
-  for (int C : {0, 1, 2, 4, 8}) {
-    if (c.n_tok > 1 && C > 0) break;  // clusters: the one-token kernel only
-    a.dout.poison();
-    a.scratch.poison();
-    ex::set_decode_cluster_for_tests(C);
-    ex::attend(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), c.n_tok, a.s(), c.n_ctx,
-               a.dnp.get(), a.scratch.get(), nullptr);
-    ex::set_decode_cluster_for_tests(0);
-    const std::string what = "attend " + a.name() + " C " + std::to_string(C);
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      ADD_FAILURE() << what << ": " << cudaGetErrorString(cudaGetLastError());
-      return bad + a.ref.size();
+  // lk -1: the decode kernel's local mode where n_past allows it; 0: always the cluster exchange
+  for (int lk : {-1, 0}) {
+    for (int C : {0, 1, 2, 4, 8}) {
+      if (c.n_tok > 1 && (C > 0 || lk == 0)) break;  // clusters: the one-token kernel only
+      if (lk == 0 && C != 0 && quick()) continue;    // compute-sanitizer time
+      a.dout.poison();
+      a.scratch.poison();
+      ex::set_decode_cluster_for_tests(C);
+      ex::set_decode_local_keys_for_tests(lk);
+      ex::attend(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), c.n_tok, a.s(), c.n_ctx,
+                 a.dnp.get(), a.scratch.get(), nullptr);
+      ex::set_decode_cluster_for_tests(0);
+      ex::set_decode_local_keys_for_tests(-1);
+      const std::string what =
+          "attend " + a.name() + " C " + std::to_string(C) + " lk " + std::to_string(lk);
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        ADD_FAILURE() << what << ": " << cudaGetErrorString(cudaGetLastError());
+        return bad + a.ref.size();
+      }
+      bad += mismatches(a.dout.download(), a.ref, what);
     }
-    bad += mismatches(a.dout.download(), a.ref, what);
   }
   return bad;
 }
@@ -545,19 +553,24 @@ size_t run_attend_act_case(int hd, int group, int n_tok, int n_past, GgmlType t,
   const ActHost unf = gpu_act(t, au.a, n_tok, a.q_dim);
   size_t bad = act_mismatches(unf, ref_act, what + " unfused vs cpu");
   const bool fused = n_tok == 1 && act_type_of(t) != ActType::Q8_K;
-  for (int C : {0, 1, 2, 8}) {
-    if (C != 0 && !fused) break;
+  for (int i = 0; i < 8; ++i) {  // C 0, 1, 2, 8 with local mode where n_past allows, then without
+    const int C = std::array<int, 4>{0, 1, 2, 8}[i % 4], lk = i < 4 ? -1 : 0;
+    if (C != 0 && !fused) continue;
+    if (lk == 0 && n_tok > 1) break;
+    if (lk == 0 && C != 0 && quick()) continue;  // compute-sanitizer time
     ActDev af(n_tok, a.q_dim);
     a.dout.poison();
     ex::set_decode_cluster_for_tests(C);
+    ex::set_decode_local_keys_for_tests(lk);
     ex::attend_act(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), n_tok, a.s(), a.c.n_ctx,
                    a.dnp.get(), a.scratch.get(), at, af.a, nullptr);
     ex::set_decode_cluster_for_tests(0);
+    ex::set_decode_local_keys_for_tests(-1);
+    const std::string w = what + " C " + std::to_string(C) + " lk " + std::to_string(lk);
     if (cudaDeviceSynchronize() != cudaSuccess) {
-      ADD_FAILURE() << what << " C " << C << ": " << cudaGetErrorString(cudaGetLastError());
+      ADD_FAILURE() << w << ": " << cudaGetErrorString(cudaGetLastError());
       return bad + 1;
     }
-    const std::string w = what + " C " + std::to_string(C);
     bad += mismatches(a.dout.download(), a.ref, w + " out vs cpu");
     const ActHost got = gpu_act(t, af.a, n_tok, a.q_dim);
     bad += act_mismatches(got, ref_act, w + " vs cpu");
@@ -658,8 +671,12 @@ size_t run_rope_case(const RopeCase& c, int n_past, int n_tok, GgmlType t, std::
   const ex::KvCache kv{dkc.get(), dvc.get(),
                        std::is_same_v<T, float> ? ex::KvType::F32 : ex::KvType::F16};
   size_t bad = 0;
-  for (int C : {-1, 0, 1, 2, 4, 8}) {
-    if (n_tok > 1 && C > 0) break;  // the batch takes the pieces: no cluster
+  // C -1: the unfused pieces; then every cluster choice with the decode kernel's local mode
+  // where n_past allows it (lk -1) and without (lk 0).
+  for (int i = 0; i < 11; ++i) {
+    const int C = std::array<int, 6>{-1, 0, 1, 2, 4, 8}[i < 6 ? i : i - 5], lk = i < 6 ? -1 : 0;
+    if (n_tok > 1 && C > 0) break;               // the batch takes the pieces: no cluster
+    if (lk == 0 && C != 0 && quick()) continue;  // compute-sanitizer time
     dq.upload(q);
     dkc.upload(kc);
     dvc.upload(vc);
@@ -673,11 +690,14 @@ size_t run_rope_case(const RopeCase& c, int n_past, int n_tok, GgmlType t, std::
       ex::quantize_act(at, dout.get(), n_tok, q_dim, af.a, nullptr);
     } else {
       ex::set_decode_cluster_for_tests(C);
+      ex::set_decode_local_keys_for_tests(lk);
       ex::attention(x, s, dtab.get(), n_tok, dnp.get(), kv, dout.get(), n_ctx, scratch.get(), at,
                     af.a, nullptr);
       ex::set_decode_cluster_for_tests(0);
+      ex::set_decode_local_keys_for_tests(-1);
     }
-    const std::string w = what + (C < 0 ? " unfused" : " C " + std::to_string(C));
+    const std::string w =
+        what + (C < 0 ? " unfused" : " C " + std::to_string(C) + " lk " + std::to_string(lk));
     if (cudaDeviceSynchronize() != cudaSuccess) {
       ADD_FAILURE() << w << ": " << cudaGetErrorString(cudaGetLastError());
       return bad + 1;
