@@ -84,9 +84,10 @@ void carveout_for_occupancy(const void* kernel, unsigned threads, size_t dynamic
   const size_t regs_warp = ((static_cast<size_t>(fa.numRegs) * 32 + 255) / 256) * 256;
   const size_t by_regs = regs_warp == 0 ? 32 : 65536 / (regs_warp * warps);
   const size_t blocks = std::max<size_t>(1, std::min({by_regs, 64 / warps, size_t{32}}));
+  constexpr size_t kMaxShared = size_t{228} * 1024;
   const size_t need = blocks * (per_block + 1024);
   const int pct =
-      static_cast<int>(std::min<size_t>(100, (need * 100 + 228 * 1024 - 1) / (228 * 1024)));
+      static_cast<int>(std::min<size_t>(100, (need * 100 + kMaxShared - 1) / kMaxShared));
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct),
              "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)", __FILE__, __LINE__);
 }
