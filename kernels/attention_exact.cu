@@ -315,9 +315,9 @@ __global__ void __launch_bounds__(LANES* DCH)
 constexpr int kDecThreads = 256;
 constexpr int kDecMaxHd = 256;
 constexpr int kDecMaxCluster = 8;
-// Up to KV::kLocalKeys keys (n_past + 1) the decode kernel runs in local mode: each block of
-// a head's cluster computes all scores and the softmax itself (the cluster's blocks then
-// differ only in their share of KQV's output dims), no barriers across blocks, no scratch;
+// Up to local_keys_of<KV>() keys (n_past + 1) the decode kernel runs in local mode: each
+// block of a head's cluster computes all scores and the softmax itself (the cluster's blocks
+// then differ only in their share of KQV's output dims), no barriers across blocks, no scratch;
 // beyond, the blocks split the keys and exchange maxima and sums through the scratch. The
 // redundant score work grows with the context: the switch is where the two modes measured
 // alike (bench/kernel_bench, H100, 0.5B shape: FP16 cache 6.8 vs 10.2 us at n_past 100, 10.0
