@@ -1,9 +1,11 @@
 #pragma once
 // Causal multi-head attention with GQA over the FP16 KV cache, for n_tok queries at
 // positions n_past..n_past+n_tok-1 (n_past from device memory): query t sees cache
-// positions 0..n_past+t. One block per (head, query); each warp walks a strided subset of
-// positions with an online softmax, and the warps are merged in a fixed order, so the
-// result does not depend on scheduling (D15). Decode (n_tok = 1) and prefill share it.
+// positions 0..n_past+t. Prompt batches over the FP16 cache with head_dim 32, 64 or 128:
+// flash attention on tensor cores (64 queries a block, FP16 Q and P, FP32 scores and sums).
+// Otherwise (decode, the FP32 cache, other head sizes) FP32 throughout: one block per
+// (head, query); each warp walks a strided subset of positions with an online softmax, and
+// the warps are merged in a fixed order. Both are deterministic (D15).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>

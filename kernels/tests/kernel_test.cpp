@@ -449,9 +449,14 @@ TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
   struct C {
     int nh, nkv, hd, n_past, n_tok;
   };
-  const C cases[] = {{14, 2, 64, 0, 1},   {14, 2, 64, 511, 1}, {8, 4, 8, 0, 12},
-                     {4, 1, 128, 33, 20}, {6, 6, 32, 2000, 1}, {2, 2, 256, 7, 5},
-                     {4, 2, 48, 100, 3},  {14, 2, 64, 3, 40},  {4, 4, 64, 1, 70}};
+  // Prompt batches (n_tok > 1) with head_dim 32 / 64 / 128 over the FP16 cache take the
+  // tensor-core kernel (FP16 queries and probabilities: 3e-3 relative RMS error allowed);
+  // every other case, and the FP32 cache, the FP32 kernel (1e-5).
+  const C cases[] = {{14, 2, 64, 0, 1},   {14, 2, 64, 511, 1},   {8, 4, 8, 0, 12},
+                     {4, 1, 128, 33, 20}, {6, 6, 32, 2000, 1},   {2, 2, 256, 7, 5},
+                     {4, 2, 48, 100, 3},  {14, 2, 64, 3, 40},    {4, 4, 64, 1, 70},
+                     {14, 2, 64, 0, 512}, {14, 2, 64, 700, 130}, {8, 2, 32, 5, 100},
+                     {4, 2, 128, 90, 77}};
   for (const C& c : cases) {
     const int n_ctx = c.n_past + c.n_tok, kd = c.nkv * c.hd, qd = c.nh * c.hd;
     auto q = randn(static_cast<size_t>(c.n_tok * qd), rng);
@@ -494,8 +499,10 @@ TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
     kern::attention(dq.get(), dk.get(), dv.get(), false, out.get(), c.n_tok, c.nh, c.nkv, c.hd,
                     npast.get(), part.get(), nullptr);
     const auto got = out.download();
-    EXPECT_LT(rel_err(got, ref), 1e-5) << "nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd
-                                       << " n_past=" << c.n_past << " n_tok=" << c.n_tok;
+    const bool tensor_cores = c.n_tok > 1 && (c.hd == 32 || c.hd == 64 || c.hd == 128);
+    EXPECT_LT(rel_err(got, ref), tensor_cores ? 3e-3 : 1e-5)
+        << "nh=" << c.nh << " nkv=" << c.nkv << " hd=" << c.hd << " n_past=" << c.n_past
+        << " n_tok=" << c.n_tok;
     {  // FP32 cache holding the same (half-representable) values gives the same result
       std::vector<float> k32(kh.size()), v32(vh.size());
       for (size_t i = 0; i < kh.size(); ++i) {
