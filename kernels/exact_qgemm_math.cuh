@@ -88,16 +88,21 @@ struct Acc {
 // ---- small helpers ----
 
 // float(s) for |s| < 2^22, exactly (as the int -> float conversion gives): the bits of
-// 1.5 * 2^23 + s minus 1.5 * 2^23. Two full-rate ops instead of one quarter-rate I2F.
-EXQ_HD float small_i2f(int s) {
-  const uint32_t b = 0x4B400000u + static_cast<uint32_t>(s);
+// 1.5 * 2^23 + s minus 1.5 * 2^23. Two full-rate ops instead of one quarter-rate I2F; one
+// where the integer comes from dp4a, whose accumulator input adds the bias for free
+// (biased_i2f(dp4a(a, b, kI2fBias)) == small_i2f(dp4a(a, b, 0))).
+constexpr int kI2fBias = 0x4B400000;  // the bits of 1.5 * 2^23
+EXQ_HD float biased_i2f(int b) {
 #if defined(__CUDA_ARCH__)
-  const float f = __uint_as_float(b);
+  const float f = __int_as_float(b);
 #else
   float f;
   std::memcpy(&f, &b, 4);
 #endif
   return f - 12582912.0f;
+}
+EXQ_HD float small_i2f(int s) {
+  return biased_i2f(static_cast<int>(static_cast<uint32_t>(kI2fBias) + static_cast<uint32_t>(s)));
 }
 
 EXQ_HD uint4 ld16(const void* p) {
@@ -397,8 +402,8 @@ EXQ_HD void compute_step(int tid, const Smem<FL, TT>& s, int nunits, uint32_t ge
         for (int i = 0; i < RT; ++i) {
           EXQ_UNROLL
           for (int j = 0; j < TT; ++j) {
-            const int si = qm::dp4a(wv[i], yv[j], 0);
-            a.acc[i][j] = qm::fma_(dw[i] * da[j], small_i2f(si), a.acc[i][j]);
+            const float sf = biased_i2f(qm::dp4a(wv[i], yv[j], kI2fBias));
+            a.acc[i][j] = qm::fma_(dw[i] * da[j], sf, a.acc[i][j]);
           }
         }
       }

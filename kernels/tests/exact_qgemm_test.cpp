@@ -333,6 +333,15 @@ TEST(ExactQgemmHost, ByteOffsetsAreExact) {
     EXPECT_EQ(qg::small_i2f(s), static_cast<float>(s));
   EXPECT_EQ(bits(qg::small_i2f(0)), 0u);
   EXPECT_EQ(qg::small_i2f((1 << 22) - 1), static_cast<float>((1 << 22) - 1));
+  // dp4a with the bias as its accumulator input gives the same floats
+  std::mt19937 rb(5);
+  for (int k = 0; k < 100000; ++k) {
+    const uint32_t a = static_cast<uint32_t>(rb()), b = static_cast<uint32_t>(rb());
+    const int plain = kern::exact::qm::dp4a(a, b, 0);
+    EXPECT_EQ(bits(qg::biased_i2f(kern::exact::qm::dp4a(a, b, qg::kI2fBias))),
+              bits(qg::small_i2f(plain)));
+    EXPECT_EQ(qg::small_i2f(plain), static_cast<float>(plain));
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 #include "common/log.h"
 
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -34,6 +39,41 @@ std::string rfc3339_now() {
   std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
                 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
   return buf;
+}
+
+void emergency(const char* level, const char* event_name, const char* message) noexcept {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  std::tm tm{};
+  const time_t secs = now.tv_sec;
+  gmtime_r(&secs, &tm);
+  char msg[256];
+  size_t k = 0;
+  for (const char* p = message; *p != '\0' && k + 1 < sizeof msg; ++p) {
+    const auto c = static_cast<unsigned char>(*p);
+    msg[k++] = (c == '"' || c == '\\' || c < 0x20) ? '\'' : *p;
+  }
+  msg[k] = '\0';
+  char buf[512];
+  const int n = std::snprintf(
+      buf, sizeof buf,
+      "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03dZ\",\"level\":\"%s\",\"event\":\"%s\","
+      "\"message\":\"%s\"}\n",
+      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+      static_cast<int>(now.tv_nsec / 1000000), level, event_name, msg);
+  if (n <= 0) return;
+  // A full pipe must not keep the caller (the shutdown watchdog) from exiting.
+  pollfd p{2, POLLOUT, 0};
+  if (poll(&p, 1, 100) <= 0 || (p.revents & POLLOUT) == 0) return;
+  size_t left = std::min(static_cast<size_t>(n), sizeof buf - 1);
+  const char* at = buf;
+  while (left > 0) {
+    const ssize_t w = ::write(2, at, left);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return;
+    at += w;
+    left -= static_cast<size_t>(w);
+  }
 }
 
 void event(std::string_view level, std::string_view event_name, const nlohmann::json& fields) {

@@ -10,12 +10,25 @@ namespace worker::log {
 void set_context(const nlohmann::json& fields);
 // Writes {"ts":..., "level":..., "event":..., <context>, <fields>} + '\n' to stderr.
 void event(std::string_view level, std::string_view event_name, const nlohmann::json& fields = {});
-inline void info(std::string_view ev, const nlohmann::json& f = {}) { event("info", ev, f); }
-inline void warn(std::string_view ev, const nlohmann::json& f = {}) { event("warn", ev, f); }
-inline void error(std::string_view ev, const nlohmann::json& f = {}) { event("error", ev, f); }
+inline void info(std::string_view ev, const nlohmann::json& f = {}) {
+  event("info", ev, f);
+}
+inline void warn(std::string_view ev, const nlohmann::json& f = {}) {
+  event("warn", ev, f);
+}
+inline void error(std::string_view ev, const nlohmann::json& f = {}) {
+  event("error", ev, f);
+}
 
 // RFC 3339 UTC timestamp with milliseconds, e.g. 2026-11-25T22:28:09.123Z
 std::string rfc3339_now();
+
+// One line {"ts", "level", "event", "message"} for a process that may be tearing down
+// (static objects destroyed, the heap unusable): formatted on the stack and written with
+// write(2) if stderr takes it within 100 ms; no allocation, no lock, no context fields,
+// nothing that throws. level / event_name: plain identifiers; in message, quotes,
+// backslashes and control characters become '.
+void emergency(const char* level, const char* event_name, const char* message) noexcept;
 
 // Terminal output beside the JSON lines, for a stderr that is a TTY only (callers check):
 // status() draws one line redrawn in place (empty text removes it); JSON lines written while

@@ -384,9 +384,11 @@ int worker_main(int argc, char** argv) {
                          {"signal", signal_seen.load()}});
   // Safety net for the 5 s deadline (M0-W-1630): the orderly path below takes < 5 s unless
   // something is wedged; then exit anyway, as SIGKILL would.
+  // It may fire while the process is already tearing down (after worker_main returned, with
+  // static objects destroyed): log::emergency, not the logger, and no allocation.
   std::thread watchdog([t_stop] {
     while (Clock::now() - t_stop < 4800ms) std::this_thread::sleep_for(20ms);
-    log::warn("shutdown_forced", {{"message", "orderly shutdown exceeded 4.8 s"}});
+    log::emergency("warn", "shutdown_forced", "orderly shutdown exceeded 4.8 s");
     std::_Exit(0);
   });
   watchdog.detach();

@@ -570,5 +570,34 @@ TEST_F(ServerHttp, ShutdownIsAcceptedAndNewJobsGet503) {
   EXPECT_EQ(json::parse(h->body)["status"], "unhealthy");
 }
 
+// An idle keep-alive connection (a client that sent one request and keeps the socket open)
+// does not hold up stop(): the connection's wait for the next request notices the stop
+// within ~100 ms instead of running out its keep-alive time (5 s), which would eat the
+// worker's 5 s shutdown deadline.
+// REQ: M0-W-1340 M0-W-1630
+TEST_F(ServerHttp, StopIsPromptWithAnIdleKeepAliveConnection) {
+  start();
+  const int fd = connect_to(http_->port());
+  ASSERT_GE(fd, 0);
+  const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+  std::string got;
+  char buf[4096];
+  while (got.find("\r\n\r\n") == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    got.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  std::this_thread::sleep_for(200ms);  // the connection now waits for its next request
+  const auto t0 = Clock::now();
+  http_->begin_drain();
+  runner_->stop(0ms);
+  http_->stop();
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+  EXPECT_LT(ms.count(), 1000) << "stop() waited for the idle keep-alive connection";
+  ::close(fd);
+}
+
 }  // namespace
 }  // namespace worker::server
