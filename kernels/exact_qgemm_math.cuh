@@ -14,6 +14,9 @@
 //    unit: one dp4a per (row, token, unit) is exactly the reference's lane integer (Q0) or
 //    one sub-block's part of it (K). A thread holds RT = 4 rows x TT tokens of chain L. At
 //    the end the 8 chains combine with xor-4/2/1 butterflies, which is hsum_float_8's tree.
+//    Q0Lanes puts two chains in a thread instead (L = lane & 3: chains L and L + 4, in acc
+//    and accm), so that the scale product d_w * d_a both steps use is formed once; its
+//    combine starts with the thread's own t_L = v_L + v_(L+4), then xor 2, 1.
 //  - "rep" flavours (Q4_0Rep, Q4KRep): 1 or 2 chains per (row, token) whose steps are whole
 //    block / 64-element integer dots: one thread per (row, token) walks all 8 words of a unit
 //    (128-bit shared loads), RT = 2 rows x TT tokens per thread.
@@ -48,13 +51,19 @@ template <Flavor FL>
 EXQ_HD constexpr bool lane_flavor() {
   return FL == Flavor::Q0Lanes || FL == Flavor::Q6K || FL == Flavor::Q4KLanes;
 }
+// Threads holding the 8 chains of one (row, token): 4 for Q0Lanes (two chains each), 8 for
+// the other lane flavours.
+template <Flavor FL>
+EXQ_HD constexpr int chain_threads() {
+  return FL == Flavor::Q0Lanes ? 4 : 8;
+}
 
 // Tile geometry of a flavour and TT (tokens per thread).
 template <Flavor FL, int TT>
 struct Geo {
   static constexpr bool kLane = lane_flavor<FL>();
-  static constexpr int LT = kLane ? 4 : 16;   // token lanes per warp
-  static constexpr int LR = kLane ? 1 : 2;    // row lanes per warp
+  static constexpr int LT = kLane ? 32 / chain_threads<FL>() : 16;  // token lanes per warp
+  static constexpr int LR = kLane ? 1 : 2;                          // row lanes per warp
   static constexpr int RT = kBR / (8 * LR);   // rows per thread: 4 (lane) / 2 (rep)
   static constexpr int BT = LT * TT;          // tokens per CTA
   static constexpr int WS = kLane ? 72 : 68;  // words per shared row (bank padding)
@@ -332,7 +341,8 @@ EXQ_HD void commit(int tid, const Stage<T, FL, TT>& st, Smem<FL, TT>& s) {
 }
 
 // ---- thread coordinates ----
-// Lane flavours: tile rows warp + 8 i (i < 4), tokens lt + 4 j, chain / word L.
+// Lane flavours: tile rows warp + 8 i (i < 4), tokens lt + LT j (lt = lane / chain
+// threads), chain / word L.
 // Rep flavours: tile rows 2 warp + lr + 16 i (i < 2), tokens lt + 16 j.
 template <Flavor FL, int TT>
 EXQ_HD int thread_row(int tid, int i) {
@@ -348,7 +358,7 @@ template <Flavor FL, int TT>
 EXQ_HD int thread_tok(int tid, int j) {
   const int lane = tid & 31;
   if constexpr (lane_flavor<FL>())
-    return (lane >> 3) + 4 * j;
+    return lane / chain_threads<FL>() + Geo<FL, TT>::LT * j;
   else
     return (lane & 15) + 16 * j;
 }
@@ -381,29 +391,33 @@ EXQ_HD void compute_step(int tid, const Smem<FL, TT>& s, int nunits, uint32_t ge
   for (int j = 0; j < TT; ++j) tt[j] = thread_tok<FL, TT>(tid, j);
 
   if constexpr (FL == Flavor::Q0Lanes) {
-    // acc[i] = fma(d_w * d_a, float(lane int i), acc[i]), block after block.
-    const int L = tid & 7;
+    // chain c: acc = fma(d_w * d_a, float(lane int c), acc), block after block; this thread
+    // holds chains L (acc) and L + 4 (accm) and forms their common scale product once.
+    const int L = tid & 3;
     EXQ_UNROLL
     for (int u = 0; u < kUnits; ++u) {
       if (u < nunits) {
-        uint32_t wv[RT], yv[TT];
+        uint32_t wl[RT], wh[RT], yl[TT], yh[TT];
         float dw[RT], da[TT];
         EXQ_UNROLL
         for (int i = 0; i < RT; ++i) {
-          wv[i] = s.w[rr[i] * WS + 8 * u + L];
+          wl[i] = s.w[rr[i] * WS + 8 * u + L];
+          wh[i] = s.w[rr[i] * WS + 8 * u + L + 4];
           dw[i] = s.dw[rr[i] * 8 + u];
         }
         EXQ_UNROLL
         for (int j = 0; j < TT; ++j) {
-          yv[j] = s.y[tt[j] * WS + 8 * u + L];
+          yl[j] = s.y[tt[j] * WS + 8 * u + L];
+          yh[j] = s.y[tt[j] * WS + 8 * u + L + 4];
           da[j] = s.da[tt[j] * 8 + u];
         }
         EXQ_UNROLL
         for (int i = 0; i < RT; ++i) {
           EXQ_UNROLL
           for (int j = 0; j < TT; ++j) {
-            const float sf = biased_i2f(qm::dp4a(wv[i], yv[j], kI2fBias));
-            a.acc[i][j] = qm::fma_(dw[i] * da[j], sf, a.acc[i][j]);
+            const float d = dw[i] * da[j];
+            a.acc[i][j] = qm::fma_(d, biased_i2f(qm::dp4a(wl[i], yl[j], kI2fBias)), a.acc[i][j]);
+            a.accm[i][j] = qm::fma_(d, biased_i2f(qm::dp4a(wh[i], yh[j], kI2fBias)), a.accm[i][j]);
           }
         }
       }
@@ -597,10 +611,11 @@ EXQ_HD uint32_t gemm_mask_of(int tid, int tok0, int gemm_end) {
 }
 
 // The butterfly the lane flavours run across the 8 chain lanes of a (row, token) (device:
-// shuffles xor 4, 2, 1, each lane adding its partner's value), written on an array: lane 0
-// ends with (t0 + t2) + (t1 + t3), t_i = v[i] + v[i+4], which is hsum_float_8 (float + is
-// commutative). The min chains (lanes 0..3) run the xor 2, 1 steps: (m0 + m2) + (m1 + m3).
-// Host emulation of the kernel's combine; the device code is in matmul_qgemm.cu.
+// shuffles xor 4, 2, 1, each lane adding its partner's value; Q0Lanes: the thread's own
+// acc + accm, then xor 2, 1), written on an array: lane 0 ends with (t0 + t2) + (t1 + t3),
+// t_i = v[i] + v[i+4], which is hsum_float_8 (float + is commutative). The min chains
+// (lanes 0..3) run the xor 2, 1 steps: (m0 + m2) + (m1 + m3). Host emulation of the
+// kernel's combine; the device code is in matmul_qgemm.cu.
 inline float butterfly8_host(const float (&v)[8]) {
   float a[8], b[8];
   for (int l = 0; l < 8; ++l) a[l] = v[l] + v[l ^ 4];

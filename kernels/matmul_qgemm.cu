@@ -6,10 +6,11 @@
 // exact_qgemm_math.cuh, which the host emulation test replays thread by thread):
 //  - Q0Lanes (Q8_0, Q5_0, Q4_0 with rows % 8 != 0; dot_q0_lanes): 8 chains per output,
 //    acc[i] = fma(d_w * d_a, float(int dot of elements 4i..4i+3), acc[i]) block after block,
-//    then hsum_float_8. Thread L of an 8-thread group owns chain L of 4 rows x TT tokens: one
-//    dp4a of 4 int8 pairs is exactly the lane integer (weights unpacked to signed int8 in
-//    shared memory; Q4_0 / Q5_0 offsets applied per byte: exact), converted to float exactly
-//    (small_i2f: |int| < 2^22) and fma'd into the chain in block order.
+//    then hsum_float_8. Thread L of a 4-thread group owns chains L and L + 4 of 4 rows x TT
+//    tokens (one scale product for both): one dp4a of 4 int8 pairs is exactly the lane
+//    integer (weights unpacked to signed int8 in shared memory; Q4_0 / Q5_0 offsets applied
+//    per byte: exact), converted to float exactly (the 1.5 * 2^23 bias as dp4a's
+//    accumulator input, biased_i2f: |int| < 2^22) and fma'd into the chain in block order.
 //  - Q6K (dot_q6_k): 8 chains over super-blocks, lane int L = sum over sub-blocks g of
 //    scale * dot(elements 32g+4L..+3) minus 32 (bs[2L] sc[2L] + bs[2L+1] sc[2L+1]) (integers:
 //    exact in any order), acc[L] = fma(d_a * d_w, float(lane), acc[L]); hsum_float_8.
@@ -22,8 +23,8 @@
 //    for tokens with batch index < batch_n - batch_n % 4 (gemm), one per super-block for the
 //    others (gemv); result acc - accm.
 // The 8 lane chains combine with shuffle butterflies xor 4, 2, 1 (xor 2, 1 for the 4 min
-// chains): lane 0 gets (t0 + t2) + (t1 + t3) with t_i = v_i + v_(i+4), hsum_float_8's tree,
-// since a + b == b + a bit for bit.
+// chains; Q0Lanes: the thread's two chains added, then xor 2, 1): lane 0 gets (t0 + t2) +
+// (t1 + t3) with t_i = v_i + v_(i+4), hsum_float_8's tree, since a + b == b + a bit for bit.
 //
 // Work split: a CTA (256 threads) owns 32 weight rows x BT tokens; per step of 256 elements
 // the CTA unpacks the rows' weights (each weight block read once per tile) and copies the
@@ -59,7 +60,7 @@ using qm::Flavor;
 // need up to 128 registers).
 template <Flavor FL, int TT>
 constexpr int min_blocks() {
-  if constexpr (FL == Flavor::Q0Lanes) return TT >= 8 ? 3 : 4;
+  if constexpr (FL == Flavor::Q0Lanes) return 3;
   return 2;
 }
 
@@ -113,7 +114,12 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
     for (int j = 0; j < TT; ++j) {
       float v = a.acc[i][j], m = a.accm[i][j];
       bool writer = true;
-      if constexpr (qg::lane_flavor<FL>()) {
+      if constexpr (FL == Flavor::Q0Lanes) {  // chains L and L + 4 in this thread
+        v = v + m;
+        v = v + __shfl_xor_sync(0xffffffffu, v, 2);
+        v = v + __shfl_xor_sync(0xffffffffu, v, 1);
+        writer = (lane & 3) == 0;
+      } else if constexpr (qg::lane_flavor<FL>()) {
         v = v + __shfl_xor_sync(0xffffffffu, v, 4);
         v = v + __shfl_xor_sync(0xffffffffu, v, 2);
         v = v + __shfl_xor_sync(0xffffffffu, v, 1);
@@ -171,16 +177,24 @@ int sm_count() {
 
 // Tokens per thread: the largest tile (most reuse of each shared-memory word) whose grid
 // still gives about two CTAs per SM; small grids (few rows or tokens) take smaller tiles.
-// Lane flavours BT = 4 TT (8 / 16 / 32 tokens per CTA), rep flavours BT = 16 TT (16 / 32 /
-// 64). Q4KLanes holds two chain sets per pair: at most TT = 4; Q4KRep at most TT = 2 (its
-// integer pair sums and two chains per output need ~128 registers there).
+// Q0Lanes BT = 8 TT, the other lane flavours BT = 4 TT (8 / 16 / 32 tokens per CTA), rep
+// flavours BT = 16 TT (16 / 32 / 64). Q4KLanes holds two chain sets per pair: at most TT = 4;
+// Q4KRep at most TT = 2 (its integer pair sums and two chains per output need ~128 registers
+// there).
 template <GgmlType T, Flavor FL>
 void launch_tt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
                bool accumulate, cudaStream_t stream, int prefetch) {
   const int64_t gx = (w.rows + kBR - 1) / kBR;
   const int64_t fill = 2 * static_cast<int64_t>(sm_count());
   auto enough = [&](int bt) { return gx * ((n_tok + bt - 1) / bt) >= fill; };
-  if constexpr (qg::lane_flavor<FL>()) {
+  if constexpr (FL == Flavor::Q0Lanes) {  // 8 token lanes a warp: BT = 8 TT
+    if (n_tok > 16 && enough(32))
+      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+    else if (n_tok > 8 && enough(16))
+      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+    else
+      launch<T, FL, 1>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+  } else if constexpr (qg::lane_flavor<FL>()) {  // 4 token lanes a warp: BT = 4 TT
     if (FL != Flavor::Q4KLanes && n_tok > 16 && enough(32))
       launch<T, FL, (FL == Flavor::Q4KLanes ? 4 : 8)>(w, a, n_tok, gemm_end, y, accumulate, stream,
                                                       prefetch);
