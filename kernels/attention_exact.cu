@@ -423,13 +423,15 @@ __global__ void __launch_bounds__(kDecThreads)
   const int nb = (n_att + 15) / 16;
   const int cap = (n_att + 63) & ~63;
   const bool local = n_att <= local_keys;  // uniform over the grid
+  // This block's share of the cluster's 16-blocks of keys, [s_lo, s_hi); it computes the
+  // scores of all of them (local) or of its share, and prefetches its share either way (the
+  // other blocks' loads then hit L2).
   const int per = (nb + C - 1) / C;
-  // This block's 16-blocks of keys: all of them (local), or its share of the cluster's.
-  const int b_lo = local ? 0 : min(nb, r * per), b_hi = local ? nb : min(nb, r * per + per);
+  const int s_lo = min(nb, r * per), s_hi = min(nb, r * per + per);
+  const int b_lo = local ? 0 : s_lo, b_hi = local ? nb : s_hi;
   const int j_lo = 16 * b_lo, j_hi = min(n_att, 16 * b_hi);
   {
-    // The prefetches split over the cluster either way (the other blocks' loads then hit L2).
-    const int p_lo = 16 * min(nb, r * per), p_hi = min(n_att, 16 * min(nb, r * per + per));
+    const int p_lo = 16 * s_lo, p_hi = min(n_att, 16 * s_hi);
     const size_t go = static_cast<size_t>(g) * hd;
     for (int j = p_lo + tid; j < min(p_hi, n_past); j += kDecThreads) {
       prefetch_l2(k_cache + static_cast<size_t>(j) * kv_dim + go);
@@ -469,14 +471,16 @@ __global__ void __launch_bounds__(kDecThreads)
     for (int i = tid; i < hd; i += kDecThreads) qs[i] = KV::query(qh[i]);
   }
   __syncthreads();
-  // Scores, exps and block sums: this block's shared arrays (local mode) or the head's scratch.
-  float* const sc = local ? sc_l : scratch + static_cast<size_t>(h) * stride;
-  float* const bs = local ? bs_l : sc + cap_max;
-  float* const pmax = bs + cap_max / 16 + 1;  // C <= 8 slots after inv's (the 16 spare floats)
+  // Scores, exps and block sums: this block's shared arrays (local mode) or the head's scratch
+  // (scores, then block sums, then C <= 8 block maxima in the 16 spare floats).
+  float* const hs = scratch + static_cast<size_t>(h) * stride;
+  float* const sc = local ? sc_l : hs;
+  float* const bs = local ? bs_l : hs + cap_max;
+  float* const pmax = hs + cap_max + cap_max / 16 + 1;  // exchange mode only
   // Reads of them: other blocks wrote the scratch (through L2); the shared ones are this block's.
   const auto ld = [local](const float* p) { return local ? *p : __ldcg(p); };
-  // Local mode with a cluster: the blocks' reads of q are done; block 0 writes q_out after the
-  // wait at the end.
+  // Local mode with a cluster: the blocks' reads of q are done; the q output is written after
+  // the wait at the end.
   const bool split_barrier = ROPE && local && C > 1;
   if (split_barrier) asm volatile("barrier.cluster.arrive;" ::: "memory");
   // 1. scores of this block's keys
@@ -496,14 +500,6 @@ __global__ void __launch_bounds__(kDecThreads)
     dec_cluster_sync(C);
     mx = -INFINITY;
     for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
-  }
-  if constexpr (ROPE) {
-    // bias_rope_store's q output, once every block of the cluster has read q: after the
-    // cluster barrier above (or, one block per head, block_max's); local mode with a
-    // cluster: after the split barrier's wait at the end.
-    if (r == 0 && (!local || C == 1)) {
-      for (int i = tid; i < hd; i += kDecThreads) rp.q_out[static_cast<size_t>(h) * hd + i] = qr[i];
-    }
   }
   // 2. exps and 16-block sums of this block's keys
   for (int b = b_lo + tid; b < b_hi; b += kDecThreads) {
@@ -587,13 +583,12 @@ __global__ void __launch_bounds__(kDecThreads)
     }
   }
   if constexpr (ROPE) {
-    if (split_barrier) {
-      asm volatile("barrier.cluster.wait;" ::: "memory");
-      if (r == 0) {
-        for (int i = tid; i < hd; i += kDecThreads) {
-          rp.q_out[static_cast<size_t>(h) * hd + i] = qr[i];
-        }
-      }
+    // bias_rope_store's q output (it may be q itself), once every block of the head's cluster
+    // has read q: after the cluster barriers of exchange mode, the split barrier of local
+    // mode, or (one block per head) this block's own barriers.
+    if (split_barrier) asm volatile("barrier.cluster.wait;" ::: "memory");
+    if (r == 0) {
+      for (int i = tid; i < hd; i += kDecThreads) rp.q_out[static_cast<size_t>(h) * hd + i] = qr[i];
     }
   }
 }

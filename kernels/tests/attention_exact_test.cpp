@@ -13,7 +13,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -145,7 +144,7 @@ float emu_softmax_inv(const std::vector<float>& e, int n_att, int* fallback) {
   std::vector<float> bs(static_cast<size_t>(nb));
   std::vector<double> part(256, 0.0);
   for (int b = 0; b < nb; ++b) {
-    bs[static_cast<size_t>(b)] = xm::hsum16(e.data() + 16 * b);
+    bs[static_cast<size_t>(b)] = xm::hsum16(e.data() + 16 * static_cast<size_t>(b));
     part[static_cast<size_t>(b % 256)] += static_cast<double>(bs[static_cast<size_t>(b)]);
   }
   float inv;
@@ -389,8 +388,10 @@ TYPED_TEST(AttentionExactGpu, BiasRopeStoreMatchesCpu) {
             for (int i = 0; i < kv_dim; ++i) rk[t * kv_dim + i] += bk[i];
             for (int i = 0; i < kv_dim; ++i) rv[t * kv_dim + i] += bv[i];
           }
-          cpu::rope_row(rq.data() + t * q_dim, nh, hd, c.n_rot, c.neox, ts, n_past + t);
-          cpu::rope_row(rk.data() + t * kv_dim, nkv, hd, c.n_rot, c.neox, ts, n_past + t);
+          cpu::rope_row(rq.data() + static_cast<size_t>(t) * q_dim, nh, hd, c.n_rot, c.neox, ts,
+                        n_past + t);
+          cpu::rope_row(rk.data() + static_cast<size_t>(t) * kv_dim, nkv, hd, c.n_rot, c.neox, ts,
+                        n_past + t);
         }
         DevArray<float> dq(q), dk(k), dv(v), dbq(bq), dbk(bk), dbv(bv), dtab(table);
         DevArray<T> kc(static_cast<size_t>(n_ctx) * kv_dim), vc(kc.size());
@@ -553,28 +554,31 @@ size_t run_attend_act_case(int hd, int group, int n_tok, int n_past, GgmlType t,
   const ActHost unf = gpu_act(t, au.a, n_tok, a.q_dim);
   size_t bad = act_mismatches(unf, ref_act, what + " unfused vs cpu");
   const bool fused = n_tok == 1 && act_type_of(t) != ActType::Q8_K;
-  for (int i = 0; i < 8; ++i) {  // C 0, 1, 2, 8 with local mode where n_past allows, then without
-    const int C = std::array<int, 4>{0, 1, 2, 8}[i % 4], lk = i < 4 ? -1 : 0;
-    if (C != 0 && !fused) continue;
+  // C 0, 1, 2, 8 with the decode kernel's local mode where n_past allows it (lk -1), then
+  // without (lk 0; one token only)
+  for (int lk : {-1, 0}) {
     if (lk == 0 && n_tok > 1) break;
-    if (lk == 0 && C != 0 && quick()) continue;  // compute-sanitizer time
-    ActDev af(n_tok, a.q_dim);
-    a.dout.poison();
-    ex::set_decode_cluster_for_tests(C);
-    ex::set_decode_local_keys_for_tests(lk);
-    ex::attend_act(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), n_tok, a.s(), a.c.n_ctx,
-                   a.dnp.get(), a.scratch.get(), at, af.a, nullptr);
-    ex::set_decode_cluster_for_tests(0);
-    ex::set_decode_local_keys_for_tests(-1);
-    const std::string w = what + " C " + std::to_string(C) + " lk " + std::to_string(lk);
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      ADD_FAILURE() << w << ": " << cudaGetErrorString(cudaGetLastError());
-      return bad + 1;
+    for (int C : {0, 1, 2, 8}) {
+      if (C != 0 && !fused) continue;
+      if (lk == 0 && C != 0 && quick()) continue;  // compute-sanitizer time
+      ActDev af(n_tok, a.q_dim);
+      a.dout.poison();
+      ex::set_decode_cluster_for_tests(C);
+      ex::set_decode_local_keys_for_tests(lk);
+      ex::attend_act(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), n_tok, a.s(), a.c.n_ctx,
+                     a.dnp.get(), a.scratch.get(), at, af.a, nullptr);
+      ex::set_decode_cluster_for_tests(0);
+      ex::set_decode_local_keys_for_tests(-1);
+      const std::string w = what + " C " + std::to_string(C) + " lk " + std::to_string(lk);
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        ADD_FAILURE() << w << ": " << cudaGetErrorString(cudaGetLastError());
+        return bad + 1;
+      }
+      bad += mismatches(a.dout.download(), a.ref, w + " out vs cpu");
+      const ActHost got = gpu_act(t, af.a, n_tok, a.q_dim);
+      bad += act_mismatches(got, ref_act, w + " vs cpu");
+      bad += act_mismatches(got, unf, w + " vs unfused");
     }
-    bad += mismatches(a.dout.download(), a.ref, w + " out vs cpu");
-    const ActHost got = gpu_act(t, af.a, n_tok, a.q_dim);
-    bad += act_mismatches(got, ref_act, w + " vs cpu");
-    bad += act_mismatches(got, unf, w + " vs unfused");
   }
   return bad;
 }
@@ -671,43 +675,46 @@ size_t run_rope_case(const RopeCase& c, int n_past, int n_tok, GgmlType t, std::
   const ex::KvCache kv{dkc.get(), dvc.get(),
                        std::is_same_v<T, float> ? ex::KvType::F32 : ex::KvType::F16};
   size_t bad = 0;
-  // C -1: the unfused pieces; then every cluster choice with the decode kernel's local mode
-  // where n_past allows it (lk -1) and without (lk 0).
-  for (int i = 0; i < 11; ++i) {
-    const int C = std::array<int, 6>{-1, 0, 1, 2, 4, 8}[i < 6 ? i : i - 5], lk = i < 6 ? -1 : 0;
-    if (n_tok > 1 && C > 0) break;               // the batch takes the pieces: no cluster
-    if (lk == 0 && C != 0 && quick()) continue;  // compute-sanitizer time
-    dq.upload(q);
-    dkc.upload(kc);
-    dvc.upload(vc);
-    dout.poison();
-    af.mem.poison();
-    scratch.poison();
-    if (C < 0) {
-      ex::bias_rope_store(x, s, dtab.get(), n_tok, dnp.get(), dkc.get(), dvc.get(), nullptr);
-      ex::attend(dq.get(), dkc.get(), dvc.get(), dout.get(), n_tok, s, n_ctx, dnp.get(),
-                 scratch.get(), nullptr);
-      ex::quantize_act(at, dout.get(), n_tok, q_dim, af.a, nullptr);
-    } else {
-      ex::set_decode_cluster_for_tests(C);
-      ex::set_decode_local_keys_for_tests(lk);
-      ex::attention(x, s, dtab.get(), n_tok, dnp.get(), kv, dout.get(), n_ctx, scratch.get(), at,
-                    af.a, nullptr);
-      ex::set_decode_cluster_for_tests(0);
-      ex::set_decode_local_keys_for_tests(-1);
+  // C -1: the unfused pieces (once); then every cluster choice with the decode kernel's local
+  // mode where n_past allows it (lk -1) and without (lk 0; one token only).
+  for (int lk : {-1, 0}) {
+    if (lk == 0 && n_tok > 1) break;
+    for (int C : {-1, 0, 1, 2, 4, 8}) {
+      if (C < 0 && lk == 0) continue;              // the pieces run once
+      if (n_tok > 1 && C > 0) break;               // the batch takes the pieces: no cluster
+      if (lk == 0 && C != 0 && quick()) continue;  // compute-sanitizer time
+      dq.upload(q);
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dout.poison();
+      af.mem.poison();
+      scratch.poison();
+      if (C < 0) {
+        ex::bias_rope_store(x, s, dtab.get(), n_tok, dnp.get(), dkc.get(), dvc.get(), nullptr);
+        ex::attend(dq.get(), dkc.get(), dvc.get(), dout.get(), n_tok, s, n_ctx, dnp.get(),
+                   scratch.get(), nullptr);
+        ex::quantize_act(at, dout.get(), n_tok, q_dim, af.a, nullptr);
+      } else {
+        ex::set_decode_cluster_for_tests(C);
+        ex::set_decode_local_keys_for_tests(lk);
+        ex::attention(x, s, dtab.get(), n_tok, dnp.get(), kv, dout.get(), n_ctx, scratch.get(), at,
+                      af.a, nullptr);
+        ex::set_decode_cluster_for_tests(0);
+        ex::set_decode_local_keys_for_tests(-1);
+      }
+      const std::string w =
+          what + (C < 0 ? " unfused" : " C " + std::to_string(C) + " lk " + std::to_string(lk));
+      if (cudaDeviceSynchronize() != cudaSuccess) {
+        ADD_FAILURE() << w << ": " << cudaGetErrorString(cudaGetLastError());
+        return bad + 1;
+      }
+      // vs the CPU (the unfused pass too: it is what the fused call must equal).
+      bad += mismatches(dq.download(), rq, w + " q");
+      bad += mismatches(dkc.download(), kref, w + " k cache");  // incl. the untouched rows
+      bad += mismatches(dvc.download(), vref, w + " v cache");
+      bad += mismatches(dout.download(), ref, w + " out");
+      bad += act_mismatches(gpu_act(t, af.a, n_tok, q_dim), ref_act, w + " act");
     }
-    const std::string w =
-        what + (C < 0 ? " unfused" : " C " + std::to_string(C) + " lk " + std::to_string(lk));
-    if (cudaDeviceSynchronize() != cudaSuccess) {
-      ADD_FAILURE() << w << ": " << cudaGetErrorString(cudaGetLastError());
-      return bad + 1;
-    }
-    // vs the CPU (the unfused pass too: it is what the fused call must equal).
-    bad += mismatches(dq.download(), rq, w + " q");
-    bad += mismatches(dkc.download(), kref, w + " k cache");  // incl. the untouched rows
-    bad += mismatches(dvc.download(), vref, w + " v cache");
-    bad += mismatches(dout.download(), ref, w + " out");
-    bad += act_mismatches(gpu_act(t, af.a, n_tok, q_dim), ref_act, w + " act");
   }
   return bad;
 }
