@@ -60,6 +60,17 @@ int connect_to(int port) {
   return fd;
 }
 
+// Reads from fd into got until got holds marker; false on EOF or an error first.
+bool recv_until(int fd, const std::string& marker, std::string& got) {
+  char buf[4096];
+  while (got.find(marker) == std::string::npos) {
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return false;
+    got.append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
 void send_execute(int fd, const json& body_json) {
   const std::string body = body_json.dump();
   const std::string req =
@@ -367,12 +378,7 @@ TEST_F(ServerHttp, ClosingTheSocketCancelsTheJob) {
   ASSERT_GE(fd, 0);
   send_execute(fd, json{{"prompt", "Once"}, {"max_tokens", 400}});
   std::string got;
-  char buf[4096];
-  while (got.find("event: token") == std::string::npos) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(recv_until(fd, "event: token", got)) << got;
   const auto t0 = Clock::now();
   ::close(fd);
   ASSERT_TRUE(wait_busy(false, 2s));
@@ -400,12 +406,7 @@ TEST_F(ServerHttp, ClosingAQueuedStreamRemovesItFromTheQueue) {
   ASSERT_GE(fd, 0);
   send_execute(fd, json{{"prompt", "Once"}, {"max_tokens", 60}});
   std::string got;
-  char buf[1024];
-  while (got.find(": queued position 1") == std::string::npos) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(recv_until(fd, ": queued position 1", got)) << got;
   EXPECT_EQ(runner_->queue_size(), 1u);
   const auto t0 = Clock::now();
   ::close(fd);
@@ -582,12 +583,7 @@ TEST_F(ServerHttp, StopIsPromptWithAnIdleKeepAliveConnection) {
   const std::string req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
   ASSERT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
   std::string got;
-  char buf[4096];
-  while (got.find("\r\n\r\n") == std::string::npos) {
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    ASSERT_GT(n, 0);
-    got.append(buf, static_cast<size_t>(n));
-  }
+  ASSERT_TRUE(recv_until(fd, "\r\n\r\n", got)) << got;
   EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
   std::this_thread::sleep_for(200ms);  // the connection now waits for its next request
   const auto t0 = Clock::now();
