@@ -115,7 +115,8 @@ class ServerHttp : public ::testing::Test {
       http_->stop();
     }
   }
-  httplib::Result post(const std::string& path, const json& body, httplib::Headers headers = {}) {
+  httplib::Result post(const std::string& path, const json& body,
+                       const httplib::Headers& headers = {}) {
     return client_->Post(path.c_str(), headers, body.dump(), "application/json");
   }
   bool wait_busy(bool want, std::chrono::milliseconds limit = 3s) {
