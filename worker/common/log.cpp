@@ -21,6 +21,19 @@ constexpr std::string_view kClearLine = "\r\033[K";
 void write_locked(std::string_view s) {
   std::fwrite(s.data(), 1, s.size(), stderr);
 }
+
+// The current UTC time as RFC 3339 with milliseconds into buf, without allocating (the
+// emergency line uses it during teardown).
+void rfc3339_now_into(char (&buf)[96]) noexcept {
+  using namespace std::chrono;
+  const auto now = system_clock::now();
+  const auto ms = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
+  const std::time_t t = system_clock::to_time_t(now);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+}
 }  // namespace
 
 void set_context(const nlohmann::json& fields) {
@@ -29,24 +42,14 @@ void set_context(const nlohmann::json& fields) {
 }
 
 std::string rfc3339_now() {
-  using namespace std::chrono;
-  const auto now = system_clock::now();
-  const auto ms = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
-  const std::time_t t = system_clock::to_time_t(now);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
   char buf[96];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
-                tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<int>(ms));
+  rfc3339_now_into(buf);
   return buf;
 }
 
 void emergency(const char* level, const char* event_name, const char* message) noexcept {
-  timespec now{};
-  clock_gettime(CLOCK_REALTIME, &now);
-  std::tm tm{};
-  const time_t secs = now.tv_sec;
-  gmtime_r(&secs, &tm);
+  char ts[96];
+  rfc3339_now_into(ts);
   char msg[256];
   size_t k = 0;
   for (const char* p = message; *p != '\0' && k + 1 < sizeof msg; ++p) {
@@ -56,11 +59,8 @@ void emergency(const char* level, const char* event_name, const char* message) n
   msg[k] = '\0';
   char buf[512];
   const int n = std::snprintf(
-      buf, sizeof buf,
-      "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03dZ\",\"level\":\"%s\",\"event\":\"%s\","
-      "\"message\":\"%s\"}\n",
-      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
-      static_cast<int>(now.tv_nsec / 1000000), level, event_name, msg);
+      buf, sizeof buf, "{\"ts\":\"%s\",\"level\":\"%s\",\"event\":\"%s\",\"message\":\"%s\"}\n", ts,
+      level, event_name, msg);
   if (n <= 0) return;
   // A full pipe must not keep the caller (the shutdown watchdog) from exiting.
   pollfd p{2, POLLOUT, 0};
