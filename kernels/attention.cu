@@ -171,12 +171,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
                : "r"(s));
 }
 
-// 16 bytes global -> shared; bytes = 0 writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async16_zfill(void* smem, const void* gmem, int bytes) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
-}
-
 template <int HD>
 __global__ void __launch_bounds__(kFaWarps* kWarp)
     flash_prompt_kernel(const float* __restrict__ q, const __half* __restrict__ kc,
@@ -207,10 +201,10 @@ __global__ void __launch_bounds__(kFaWarps* kWarp)
       const int p = p0 + r;
       const size_t off = static_cast<size_t>(p < n_kv ? p : 0) * kv_stride + col;
       const int bytes = p < n_kv ? 16 : 0;  // zeros past the last key (V there must be finite)
-      cp_async16_zfill(&ks[st][r * kLd + col], kbase + off, bytes);
-      cp_async16_zfill(&vs[st][r * kLd + col], vbase + off, bytes);
+      cp_async16(&ks[st][r * kLd + col], kbase + off, bytes);
+      cp_async16(&vs[st][r * kLd + col], vbase + off, bytes);
     }
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
   };
   issue(0, 0);
 
@@ -245,9 +239,9 @@ __global__ void __launch_bounds__(kFaWarps* kWarp)
     const int st = kt & 1, p0 = kt * kK;
     if (kt + 1 < n_tiles) {
       issue(st ^ 1, p0 + kK);
-      asm volatile("cp.async.wait_group 1;" ::: "memory");
+      cp_async_wait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;" ::: "memory");
+      cp_async_wait<0>();
     }
     __syncthreads();  // tile kt in shared memory for every warp
     const __half* kt_s = ks[st];

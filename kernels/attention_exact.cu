@@ -36,6 +36,7 @@
 #include <cooperative_groups.h>
 
 #include "attention_exact.cuh"
+#include "attention_exact_decode.cuh"
 #include "attention_exact_math.cuh"
 #include "common.cuh"
 #include "common/errors.h"
@@ -282,315 +283,18 @@ __global__ void __launch_bounds__(LANES* DCH)
   }
 }
 
-// ---- attention, one token (decode): one launch -----------------------------------------
-//
-// ex_attn_decode_kernel: a cluster of C blocks per head (C = 1: one block), bit for bit the
-// three kernels above for n_tok == 1 (vec_dot orders for KQ and KQV):
-//  0. (ROPE) every block does bias_rope_store's ops for its head and KV group: q + bq, RoPE
-//     (the q output), then KV::query of it; k + bk, RoPE, v + bv, each stored as KV::store and
-//     kept as the exact floats of the stored values. One block per KV group (r == 0, the
-//     group's first head) writes the two cache rows at n_past; no block reads them: key n_past
-//     uses the shared copies (the values the unfused kernels would read back).
-//  1. scores: block r of the cluster takes the keys of 16-blocks [b_lo, b_hi) (one thread per
-//     key, KV::kq_vec) and its max; cluster barrier; the max of the C block maxima (max: exact
-//     in any order). Local mode (n_att <= local_keys_of<KV>()): every block takes all keys, into
-//     its own shared memory, and no cluster barrier is needed in steps 1-2.
-//  2. exps of its own 16-blocks and their hsum16; cluster barrier; every block sums all block
-//     sums in the softmax kernel's tree (256 threads, thread k summing blocks k, k + 256, ...,
-//     then block_sum_double), the same certainty check and sequential fallback: every block
-//     gets the CPU's inv. (Local mode: the same from its own arrays.)
-//  3. KQV for its share of the dims: 64 FMA chains per dim over cap = n_att rounded up to 64
-//     keys (zero FMAs in the padding), one thread running chains l and l + 32 (l < 32) of a dim
-//     and adding them (vecdot_reduce64's first level, acc[l] + acc[l + 32]), then per dim its
-//     second level (t[l] + t[l + 16], l < 16) and hsum16: vecdot_reduce64 exactly (float + is
-//     commutative).
-//  4. (act_mode) the output rounded as quantize_act, element-wise: F32 / F16 / BF16. (A Q8_0
-//     rounding fused here, by block 0 of the cluster after one more cluster barrier, measured
-//     slower than the separate quantize_act launch: bench/kernel_bench, reports/perf-notes.md.)
-// Scores and exps live in the scratch (token 0's slots of the batch layout), read across blocks
-// only after a cluster barrier (its release / acquire) and through L2 (__ldcg). Before its
-// PDL wait each block reads n_past and prefetches its cache rows below n_past into L2.
-// Geometry: n_head * C blocks, independent of n_past.
+// ---- attention, one token (decode): one launch (attention_exact_decode.cuh) ------------
 
-constexpr int kDecThreads = 256;
-constexpr int kDecMaxHd = 256;
-constexpr int kDecMaxCluster = 8;
-// Up to local_keys_of<KV>() keys (n_past + 1) the decode kernel runs in local mode: each
-// block of a head's cluster computes all scores and the softmax itself (the cluster's blocks
-// then differ only in their share of KQV's output dims), no barriers across blocks, no scratch;
-// beyond, the blocks split the keys and exchange maxima and sums through the scratch. The
-// redundant score work grows with the context: the switch is where the two modes measured
-// alike (bench/kernel_bench, H100, 0.5B shape: FP16 cache 6.8 vs 10.2 us at n_past 100, 10.0
-// vs 11.3 at 500, 13.7 vs 13.1 at 1000; FP32 cache 7.3 vs 10.0 at 100, 12.0 vs 11.3 at 500).
-constexpr int kDecLocalKeys = 768;  // the shared arrays' size: the larger of the two
-template <class KV>
-constexpr int local_keys_of() {
-  return sizeof(typename KV::T) == 2 ? 768 : 384;
-}
-// The rounding of the output for the next matmul: an ActType, or kDecActNone.
-constexpr int kDecActNone = -1;
 static_assert(kDecThreads == kSoftmaxThreads, "the decode kernel reproduces the softmax tree");
 
-// ROPE: the decode kernel also does bias_rope_store's work for its token.
-template <class T>
-struct DecRope {
-  const float* k_new = nullptr;  // this token's K and V rows (kv_dim each), before bias / RoPE
-  const float* v_new = nullptr;
-  const float* bq = nullptr;  // biases or nullptr
-  const float* bk = nullptr;
-  const float* bv = nullptr;
-  const float2* table = nullptr;  // common/rope.h rope_table's {cos, sin} pairs
-  int n_rot = 0;
-  int neox = 0;
-  float* q_out = nullptr;  // q rotated in place (bias_rope_store's output)
-  T* k_cache = nullptr;
-  T* v_cache = nullptr;
-};
-
-// One head of bias_rope_store's ops before the store: dst = RoPE(src + bias) for the first
-// n_rot dims, src + bias for the rest; cs: the position's {cos, sin} pairs.
-__device__ __forceinline__ void dec_rope_head(const float* src, const float* bias, const float2* cs,
-                                              int hd, int n_rot, int neox, float* dst) {
-  const int half = n_rot / 2;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-    float x0 = src[i0], x1 = src[i1];
-    if (bias != nullptr) {
-      x0 = x0 + bias[i0];
-      x1 = x1 + bias[i1];
-    }
-    const float2 c = cs[i];
-    float d0, d1;
-    math::rope_pair(x0, x1, c.x, c.y, d0, d1);
-    dst[i0] = d0;
-    dst[i1] = d1;
-  }
-  for (int d = n_rot + threadIdx.x; d < hd; d += blockDim.x) {
-    float x = src[d];
-    if (bias != nullptr) x = x + bias[d];
-    dst[d] = x;
-  }
-}
-
-// The cluster barrier's arrive has release and its wait acquire semantics at cluster scope
-// (PTX barrier.cluster defaults), which covers the scratch writes the other blocks of the
-// cluster read after it: no __threadfence() (a GPU-wide fence, ~1 us) before it.
-__device__ __forceinline__ void dec_cluster_sync(int C) {
-  if (C > 1) {
-    cg::this_cluster().sync();
-  } else {
-    __syncthreads();
-  }
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
-// q, k_cache and v_cache are not __restrict__: with ROPE the kernel writes q (rp.q_out) and this
-// token's cache rows (rp.k_cache / v_cache) through other pointers; plain coherent loads also
-// measured faster here than the read-only path restrict allows.
+// Block blockIdx.x % C of head blockIdx.x / C; a hardware cluster of C blocks when C > 1.
 template <class KV, bool ROPE>
 __global__ void __launch_bounds__(kDecThreads)
-    ex_attn_decode_kernel(const float* q, const typename KV::T* k_cache,
-                          const typename KV::T* v_cache, float* __restrict__ scratch,
-                          float* __restrict__ out, int n_head, int group, int hd, int kv_dim,
-                          size_t stride, int cap_max, int C, int local_keys, float kq_scale,
-                          const int32_t* __restrict__ d_n_past, ActBuf act, int act_mode,
-                          DecRope<typename KV::T> rp) {
-  using T = typename KV::T;
-  __shared__ float qs[kDecMaxHd];  // the query as KQ reads it
-  // ROPE: the rotated q (the q output) and this token's K and V rows as stored.
-  __shared__ float qr[ROPE ? kDecMaxHd : 1];
-  __shared__ float knew[ROPE ? kDecMaxHd : 1];
-  __shared__ float vnew[ROPE ? kDecMaxHd : 1];
-  __shared__ float r32[32 * kDecMaxHd];
-  __shared__ float shf[32];
-  __shared__ double shd[32];
-  __shared__ float sh_inv;
-  // Local mode (n_att <= local_keys): every block of the cluster computes all scores, exps
-  // and block sums itself, here; no data crosses blocks.
-  __shared__ float sc_l[kDecLocalKeys];
-  __shared__ float bs_l[kDecLocalKeys / 16];
-  const int h = blockIdx.x / C, r = blockIdx.x % C, g = h / group;
-  const int tid = threadIdx.x;
-  // Before the wait: n_past (the step's io, written by a copy before the step's first kernel)
-  // and L2 prefetches of the cache rows below n_past this block reads (K rows of its keys, the
-  // V rows of the same keys: the cluster's blocks together cover every key), which earlier
-  // steps wrote; nothing this kernel's predecessors may still write.
-  const int n_past = d_n_past[0];
-  const int n_att = n_past + 1;
-  const int nb = (n_att + 15) / 16;
-  const int cap = (n_att + 63) & ~63;
-  const bool local = n_att <= local_keys;  // uniform over the grid
-  // This block's share of the cluster's 16-blocks of keys, [s_lo, s_hi); it computes the
-  // scores of all of them (local) or of its share, and prefetches its share either way (the
-  // other blocks' loads then hit L2).
-  const int per = (nb + C - 1) / C;
-  const int s_lo = min(nb, r * per), s_hi = min(nb, r * per + per);
-  const int b_lo = local ? 0 : s_lo, b_hi = local ? nb : s_hi;
-  const int j_lo = 16 * b_lo, j_hi = min(n_att, 16 * b_hi);
-  {
-    const int p_lo = 16 * s_lo, p_hi = min(n_att, 16 * s_hi);
-    const size_t go = static_cast<size_t>(g) * hd;
-    for (int j = p_lo + tid; j < min(p_hi, n_past); j += kDecThreads) {
-      prefetch_l2(k_cache + static_cast<size_t>(j) * kv_dim + go);
-      prefetch_l2(v_cache + static_cast<size_t>(j) * kv_dim + go);
-    }
-  }
-  griddep_wait();
-  const float* qh = q + static_cast<size_t>(h) * hd;
-  // Keys below n_cached are read from the cache; (ROPE) key n_past from knew / vnew.
-  const int n_cached = ROPE ? n_past : n_att;
-  if constexpr (ROPE) {
-    const float2* cs = rp.table + static_cast<size_t>(n_past) * (rp.n_rot / 2);
-    const size_t go = static_cast<size_t>(g) * hd;
-    dec_rope_head(qh, rp.bq != nullptr ? rp.bq + static_cast<size_t>(h) * hd : nullptr, cs, hd,
-                  rp.n_rot, rp.neox, qr);
-    dec_rope_head(rp.k_new + go, rp.bk != nullptr ? rp.bk + go : nullptr, cs, hd, rp.n_rot, rp.neox,
-                  knew);
-    for (int d = tid; d < hd; d += kDecThreads) {
-      float x = rp.v_new[go + d];
-      if (rp.bv != nullptr) x = x + rp.bv[go + d];
-      vnew[d] = x;
-    }
-    __syncthreads();
-    const bool store = r == 0 && h % group == 0;  // one block per KV group
-    const size_t row = static_cast<size_t>(n_past) * kv_dim + go;
-    for (int d = tid; d < hd; d += kDecThreads) {  // element d: this thread only
-      qs[d] = KV::query(qr[d]);
-      const T kb = KV::store(knew[d]), vb = KV::store(vnew[d]);
-      knew[d] = KV::load(kb);
-      vnew[d] = KV::load(vb);
-      if (store) {
-        rp.k_cache[row + d] = kb;
-        rp.v_cache[row + d] = vb;
-      }
-    }
-  } else {
-    for (int i = tid; i < hd; i += kDecThreads) qs[i] = KV::query(qh[i]);
-  }
-  __syncthreads();
-  // Scores, exps and block sums: this block's shared arrays (local mode) or the head's scratch
-  // (scores, then block sums, then C <= 8 block maxima in the 16 spare floats).
-  float* const hs = scratch + static_cast<size_t>(h) * stride;
-  float* const sc = local ? sc_l : hs;
-  float* const bs = local ? bs_l : hs + cap_max;
-  float* const pmax = hs + cap_max + cap_max / 16 + 1;  // exchange mode only
-  // Reads of them: other blocks wrote the scratch (through L2); the shared ones are this block's.
-  const auto ld = [local](const float* p) { return local ? *p : __ldcg(p); };
-  // Local mode with a cluster: the blocks' reads of q are done; the q output is written after
-  // the wait at the end.
-  const bool split_barrier = ROPE && local && C > 1;
-  if (split_barrier) asm volatile("barrier.cluster.arrive;" ::: "memory");
-  // 1. scores of this block's keys
-  const T* kbase = k_cache + static_cast<size_t>(g) * hd;
-  float mx = -INFINITY;
-  for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {
-    const float d = ROPE && j >= n_cached
-                        ? KV::kq_vec(knew, qs, hd, false)
-                        : KV::kq_vec(kbase + static_cast<size_t>(j) * kv_dim, qs, hd, true);
-    const float s = d * kq_scale;
-    sc[j] = s;
-    mx = fmaxf(mx, s);
-  }
-  mx = block_max(mx, shf);
-  if (!local) {  // the max of the cluster's block maxima (exact in any order)
-    if (tid == 0) pmax[r] = mx;
-    dec_cluster_sync(C);
-    mx = -INFINITY;
-    for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
-  }
-  // 2. exps and 16-block sums of this block's keys
-  for (int b = b_lo + tid; b < b_hi; b += kDecThreads) {
-    float e[16];
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int j = 16 * b + i;
-      e[i] = j < n_att ? math::expf_ggml(ld(sc + j) - mx) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sc[16 * b + i] = e[i];
-    bs[b] = math::hsum16(e);
-  }
-  if (local) {
-    __syncthreads();
-  } else {
-    dec_cluster_sync(C);
-  }
-  double s = 0.0;
-  for (int b = tid; b < nb; b += kDecThreads) s += static_cast<double>(ld(bs + b));
-  s = math::block_sum_double(s, shd);
-  float inv;
-  if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the block (and the cluster)
-    if (tid == 0) {
-      double qd = 0.0;  // the CPU's order: block sums added one by one
-      for (int b = 0; b < nb; ++b) qd += static_cast<double>(ld(bs + b));
-      sh_inv = math::softmax_inv(qd);
-    }
-    __syncthreads();
-    inv = sh_inv;
-  }
-  // 3. KQV for dims [d_lo, d_lo + dn): task (l, d), l < 32, runs chains l and l + 32.
-  const int dper = (hd + C - 1) / C;
-  const int d_lo = min(hd, r * dper), dn = min(hd, d_lo + dper) - d_lo;
-  const T* vbase = v_cache + static_cast<size_t>(g) * hd + d_lo;
-  const int full = n_cached & ~63;
-  for (int task = tid; task < 32 * dn; task += kDecThreads) {
-    const int dl = task % dn, l = task / dn;
-    const T* vcol = vbase + dl;
-    float a0 = 0.0f, a1 = 0.0f;  // chains l and l + 32
-    int base = 0;
-    // Whole 64-key groups of cached keys: no bounds checks, so the loads of several groups
-    // are in flight together.
-#pragma unroll 8
-    for (; base < full; base += 64) {
-      const size_t j0 = static_cast<size_t>(base + l), j1 = j0 + 32;
-      a0 = fmaf(KV::load(vcol[j0 * kv_dim]), KV::prob(ld(sc + j0), inv), a0);
-      a1 = fmaf(KV::load(vcol[j1 * kv_dim]), KV::prob(ld(sc + j1), inv), a1);
-    }
-    for (; base < cap; base += 64) {  // the last group (at most one)
-      const int j0 = base + l, j1 = j0 + 32;
-      float v0 = 0.0f, v1 = 0.0f;  // cache rows at or beyond n_cached are never read
-      if (j0 < n_att) {
-        v0 = ROPE && j0 >= n_cached ? vnew[d_lo + dl]
-                                    : KV::load(vcol[static_cast<size_t>(j0) * kv_dim]);
-      }
-      if (j1 < n_att) {
-        v1 = ROPE && j1 >= n_cached ? vnew[d_lo + dl]
-                                    : KV::load(vcol[static_cast<size_t>(j1) * kv_dim]);
-      }
-      // Beyond n_att: the CPU's zero-padded values times zero weights.
-      a0 = j0 < n_att ? fmaf(v0, KV::prob(ld(sc + j0), inv), a0) : fmaf(0.0f, 0.0f, a0);
-      a1 = j1 < n_att ? fmaf(v1, KV::prob(ld(sc + j1), inv), a1) : fmaf(0.0f, 0.0f, a1);
-    }
-    r32[l * dn + dl] = a0 + a1;  // vecdot_reduce64's first level: acc[l] + acc[32 + l]
-  }
-  __syncthreads();
-  for (int dl = tid; dl < dn; dl += kDecThreads) {
-    float rr[16];  // second level: (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l])
-#pragma unroll
-    for (int i = 0; i < 16; ++i) rr[i] = r32[i * dn + dl] + r32[(i + 16) * dn + dl];
-    const float o = math::hsum16(rr);
-    const size_t oi = static_cast<size_t>(h) * hd + d_lo + dl;
-    out[oi] = o;
-    if (act_mode == static_cast<int>(ActType::F32)) {
-      act.f[oi] = o;
-    } else if (act_mode == static_cast<int>(ActType::F16)) {
-      act.f[oi] = math::act_round_fp16(o);
-    } else if (act_mode == static_cast<int>(ActType::BF16)) {
-      act.f[oi] = math::act_round_bf16(o);
-    }
-  }
-  if constexpr (ROPE) {
-    // bias_rope_store's q output (it may be q itself), once every block of the head's cluster
-    // has read q: after the cluster barriers of exchange mode, the split barrier of local
-    // mode, or (one block per head) this block's own barriers.
-    if (split_barrier) asm volatile("barrier.cluster.wait;" ::: "memory");
-    if (r == 0) {
-      for (int i = tid; i < hd; i += kDecThreads) rp.q_out[static_cast<size_t>(h) * hd + i] = qr[i];
-    }
-  }
+    ex_attn_decode_kernel(DecArgs<typename KV::T> a, int C) {
+  __shared__ DecSmem sm;
+  const int blk = static_cast<int>(blockIdx.x);
+  attn_decode_block<KV, ROPE>(a, blk / C, blk % C, C, true, sm, [] { griddep_wait(); },
+                              [](int) {});
 }
 
 __global__ void ex_f16_bits_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
@@ -643,19 +347,58 @@ int dec_act_mode(uint32_t weight_type) {
   return a == ActType::Q8_0 || a == ActType::Q8_K ? kDecActNone : static_cast<int>(a);
 }
 
-template <class KV>
-void launch_decode(const float* q, const typename KV::T* k_cache, const typename KV::T* v_cache,
-                   float* out, const AttnShape& s, int n_ctx, const int32_t* d_n_past,
-                   float* scratch, cudaStream_t stream, const ActBuf& act = ActBuf{},
-                   int act_mode = kDecActNone, const DecRope<typename KV::T>* rope = nullptr) {
-  const int cluster = decode_cluster(s.n_head);
+template <class T>
+DecArgs<T> dec_args(const float* q, const T* k_cache, const T* v_cache, float* out,
+                    const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+                    const ActBuf& act, int act_mode, const DecRope<T>& rope) {
+  using KV = typename KvOf<T>::type;
   static_assert(local_keys_of<KV>() <= kDecLocalKeys, "the decode kernel's local arrays");
-  const int local_keys = g_local_keys_for_tests >= 0 ? g_local_keys_for_tests : local_keys_of<KV>();
   const ScratchLayout lay = scratch_layout(n_ctx, 1, s.n_head);
-  const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
-  const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  DecArgs<T> a;
+  a.q = q;
+  a.k_cache = k_cache;
+  a.v_cache = v_cache;
+  a.scratch = scratch;
+  a.out = out;
+  a.n_head = s.n_head;
+  a.group = s.n_head / s.n_head_kv;
+  a.hd = s.head_dim;
+  a.kv_dim = s.n_head_kv * s.head_dim;
+  a.stride = lay.stride;
+  a.cap_max = lay.cap_max;
+  a.local_keys = g_local_keys_for_tests >= 0 ? g_local_keys_for_tests : local_keys_of<KV>();
+  a.kq_scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+  a.d_n_past = d_n_past;
+  a.act = act;
+  a.act_mode = act_mode;
+  a.rp = rope;
+  return a;
+}
+
+template <class T>
+DecRope<T> dec_rope(const QkvIn& x, const AttnShape& s, const float* rope_table, T* k_cache,
+                    T* v_cache) {
+  DecRope<T> rp;
+  rp.k_new = x.k;
+  rp.v_new = x.v;
+  rp.bq = x.bq;
+  rp.bk = x.bk;
+  rp.bv = x.bv;
+  rp.table = reinterpret_cast<const float2*>(rope_table);
+  rp.n_rot = s.n_rot;
+  rp.neox = s.neox ? 1 : 0;
+  rp.q_out = x.q;
+  rp.k_cache = k_cache;
+  rp.v_cache = v_cache;
+  return rp;
+}
+
+template <class T, bool ROPE>
+void launch_decode(const DecArgs<T>& a, cudaStream_t stream) {
+  using KV = typename KvOf<T>::type;
+  const int cluster = decode_cluster(a.n_head);
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(s.n_head * cluster));
+  cfg.gridDim = dim3(static_cast<unsigned>(a.n_head * cluster));
   cfg.blockDim = dim3(kDecThreads);
   cfg.dynamicSmemBytes = 0;
   cfg.stream = stream;
@@ -676,19 +419,8 @@ void launch_decode(const float* q, const typename KV::T* k_cache, const typename
   }
   cfg.attrs = attr;
   cfg.numAttrs = na;
-  if (rope != nullptr) {
-    cuda_check(
-        cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel<KV, true>, q, k_cache, v_cache, scratch, out,
-                           s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max, cluster,
-                           local_keys, kq_scale, d_n_past, act, act_mode, *rope),
-        name, __FILE__, __LINE__);
-  } else {
-    cuda_check(cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel<KV, false>, q, k_cache, v_cache,
-                                  scratch, out, s.n_head, group, hd, kv_dim, lay.stride,
-                                  lay.cap_max, cluster, local_keys, kq_scale, d_n_past, act,
-                                  act_mode, DecRope<typename KV::T>{}),
-               name, __FILE__, __LINE__);
-  }
+  cuda_check(cudaLaunchKernelEx(&cfg, ex_attn_decode_kernel<KV, ROPE>, a, cluster), name, __FILE__,
+             __LINE__);
   CUDA_CHECK_LAUNCH(name);
 }
 
@@ -702,20 +434,9 @@ void rope_attend_act(const QkvIn& x, const AttnShape& s, const float* rope_table
   if (n_tok <= 0) return;
   const int mode = dec_act_mode(act_type);
   if (n_tok == 1 && s.head_dim <= kDecMaxHd) {
-    DecRope<T> rp;
-    rp.k_new = x.k;
-    rp.v_new = x.v;
-    rp.bq = x.bq;
-    rp.bk = x.bk;
-    rp.bv = x.bv;
-    rp.table = reinterpret_cast<const float2*>(rope_table);
-    rp.n_rot = s.n_rot;
-    rp.neox = s.neox ? 1 : 0;
-    rp.q_out = x.q;
-    rp.k_cache = k_cache;
-    rp.v_cache = v_cache;
-    launch_decode<typename KvOf<T>::type>(x.q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
-                                          stream, a, mode, &rp);
+    launch_decode<T, true>(dec_args(x.q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, a,
+                                    mode, dec_rope(x, s, rope_table, k_cache, v_cache)),
+                           stream);
     if (mode == kDecActNone) quantize_act(act_type, out, 1, s.n_head * s.head_dim, a, stream);
     return;
   }
@@ -725,6 +446,23 @@ void rope_attend_act(const QkvIn& x, const AttnShape& s, const float* rope_table
 }
 
 }  // namespace
+
+template <class T>
+DecArgs<T> decode_attention_args(const QkvIn& x, const AttnShape& s, const float* rope_table,
+                                 const int32_t* d_n_past, T* k_cache, T* v_cache, float* out,
+                                 int n_ctx, float* scratch, uint32_t act_type, const ActBuf& a) {
+  check_shape(s, "exact::decode_attention_args");
+  DecRope<T> rp = dec_rope(x, s, rope_table, k_cache, v_cache);
+  rp.q_out = nullptr;
+  return dec_args(x.q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, a,
+                  dec_act_mode(act_type), rp);
+}
+template DecArgs<float> decode_attention_args(const QkvIn&, const AttnShape&, const float*,
+                                              const int32_t*, float*, float*, float*, int, float*,
+                                              uint32_t, const ActBuf&);
+template DecArgs<uint16_t> decode_attention_args(const QkvIn&, const AttnShape&, const float*,
+                                                 const int32_t*, uint16_t*, uint16_t*, float*, int,
+                                                 float*, uint32_t, const ActBuf&);
 
 size_t attention_scratch_floats(int n_ctx, int max_tok, int n_head) {
   const ScratchLayout l = scratch_layout(n_ctx, max_tok, n_head);
@@ -751,7 +489,9 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
   check_shape(s, "exact::attend");
   if (n_tok <= 0) return;
   if (n_tok == 1 && s.head_dim <= kDecMaxHd) {  // decode: one launch
-    launch_decode<KV>(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, stream);
+    launch_decode<T, false>(dec_args(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
+                                     ActBuf{}, kDecActNone, DecRope<T>{}),
+                            stream);
     return;
   }
   const ScratchLayout lay = scratch_layout(n_ctx, n_tok, s.n_head);
@@ -796,8 +536,9 @@ void attend_act(const float* q, const T* k_cache, const T* v_cache, float* out, 
   if (n_tok <= 0) return;
   const int mode = dec_act_mode(act_type);
   if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode != kDecActNone) {
-    launch_decode<typename KvOf<T>::type>(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
-                                          stream, a, mode);
+    launch_decode<T, false>(
+        dec_args(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, a, mode, DecRope<T>{}),
+        stream);
     return;
   }
   attend(q, k_cache, v_cache, out, n_tok, s, n_ctx, d_n_past, scratch, stream);

@@ -32,6 +32,7 @@
 #include "common.cuh"
 #include "common/errors.h"
 #include "exact_float_math.cuh"
+#include "exact_float_rows.cuh"
 #include "exact_ops_math.cuh"
 #include "launch.cuh"
 #include "matvec1.cuh"
@@ -39,49 +40,11 @@
 namespace worker::kern::exact {
 namespace {
 
+using fr::Raw;
+using fr::prefetch;
+using fr::warp_dot;
+
 constexpr int kRowsPerBlock = 4;  // one warp each
-
-template <GgmlType T>
-struct Raw {
-  using type = uint32_t;  // two 16-bit weights
-};
-template <>
-struct Raw<GgmlType::F32> {
-  using type = uint2;  // two floats
-};
-
-// The weight loads are volatile asm so that they are issued where they are written: the
-// rolling window below relies on D loads being in flight; plain loads were sunk next to
-// their use by the compiler (the 896 x 4864 product ran one L2 round trip per step).
-template <GgmlType T>
-__device__ __forceinline__ typename Raw<T>::type load_pair(const uint8_t* __restrict__ row, int i,
-                                                           int lane) {
-  if constexpr (T == GgmlType::F32) {
-    const uint2* p = reinterpret_cast<const uint2*>(row) + 32 * i + lane;
-    uint2 v;
-    asm volatile("ld.global.nc.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
-    return v;
-  } else {
-    const uint32_t* p = reinterpret_cast<const uint32_t*>(row) + 32 * i + lane;
-    uint32_t v;
-    asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
-    return v;
-  }
-}
-
-template <GgmlType T>
-__device__ __forceinline__ void unpack_pair(const typename Raw<T>::type& r, float& w0, float& w1) {
-  if constexpr (T == GgmlType::F32) {
-    w0 = __uint_as_float(r.x);
-    w1 = __uint_as_float(r.y);
-  } else if constexpr (T == GgmlType::F16) {
-    w0 = __half2float(__ushort_as_half(static_cast<unsigned short>(r & 0xFFFFu)));
-    w1 = __half2float(__ushort_as_half(static_cast<unsigned short>(r >> 16)));
-  } else {
-    w0 = __uint_as_float(r << 16);
-    w1 = __uint_as_float(r & 0xFFFF0000u);
-  }
-}
 
 // Stages the block's activation row (cols floats, cols % 4 == 0) in shared memory: read from
 // global memory step by step, every chain step would wait for an L2 round trip.
@@ -95,101 +58,11 @@ __device__ __forceinline__ const float2* stage_x(const float* __restrict__ x, in
   return reinterpret_cast<const float2*>(xs4);
 }
 
-template <GgmlType T, int D>
-__device__ __forceinline__ void prefetch(const uint8_t* __restrict__ row, int n_it, int lane,
-                                         typename Raw<T>::type (&raw)[D]) {
-#pragma unroll
-  for (int u = 0; u < D; ++u) {
-    if (u < n_it) raw[u] = load_pair<T>(row, u, lane);
-  }
-}
-
-// The chains' reduce (+ hsum16) and the leftovers: the result is valid in lane 0 (leftovers
-// are added there), the tree's sum in every lane. `row` may be global or shared memory.
-template <GgmlType T>
-__device__ __forceinline__ float finish(float a0, float a1, const uint8_t* row, int cols,
-                                        const float* __restrict__ x, int lane) {
-  const int np = (cols / 64) * 64;
-  auto we = [row](int i) {
-    if constexpr (T == GgmlType::F32) {
-      return reinterpret_cast<const float*>(row)[i];
-    } else {
-      const uint32_t h = reinterpret_cast<const unsigned short*>(row)[i];
-      if constexpr (T == GgmlType::F16) {
-        return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
-      } else {
-        return __uint_as_float(h << 16);
-      }
-    }
-  };
-  // leftovers (cols % 64 != 0, rare) read x from global memory
-  if constexpr (T == GgmlType::BF16) {
-    (void)a1;
-#pragma unroll
-    for (int m = 8; m >= 1; m >>= 1) a0 = xf::add_rn(a0, __shfl_xor_sync(0xffffffffu, a0, m));
-    const float h2 = __shfl_xor_sync(0xffffffffu, a0, 16);
-    double d = static_cast<double>(a0);
-    d += static_cast<double>(h2);
-    if (lane == 0 && np != cols) d = xf::tail_double(d, we, x, np, cols);
-    return static_cast<float>(d);
-  } else {
-#pragma unroll
-    for (int m = 16; m >= 1; m >>= 1) {
-      a0 = xf::add_rn(a0, __shfl_xor_sync(0xffffffffu, a0, m));
-      a1 = xf::add_rn(a1, __shfl_xor_sync(0xffffffffu, a1, m));
-    }
-    float res = xf::add_rn(a0, a1);
-    if (lane == 0 && np != cols) {
-      if constexpr (T == GgmlType::F32) {
-        res = xf::tail_f32(res, we, x, np, cols);
-      } else {
-        res = static_cast<float>(xf::tail_double(static_cast<double>(res), we, x, np, cols));
-      }
-    }
-    return res;
-  }
-}
-
-// The row's dot with the staged activation, in the reference's order (see the top); the
-// result is valid in lane 0 (leftovers are added there), the tree's sum in every lane.
-template <GgmlType T, int D>
-__device__ __forceinline__ float warp_dot(const uint8_t* __restrict__ row, int cols,
-                                          typename Raw<T>::type (&raw)[D],
-                                          const float2* __restrict__ xp,
-                                          const float* __restrict__ x, int lane) {
-  const int n_it = cols / 64;
-  float a0 = 0.0f, a1 = 0.0f;  // F32/F16: chains 2t, 2t+1; BF16: a0 is the dpbf16 lane
-  for (int i0 = 0; i0 < n_it; i0 += D) {
-#pragma unroll
-    for (int u = 0; u < D; ++u) {
-      const int i = i0 + u;
-      if (i < n_it) {
-        float w0, w1;
-        unpack_pair<T>(raw[u], w0, w1);
-        if (i + D < n_it) raw[u] = load_pair<T>(row, i + D, lane);
-        const float2 xv = xp[32 * i + lane];
-        if constexpr (T == GgmlType::BF16) {
-          a0 = xf::dpbf16_step(a0, w0, xv.x, w1, xv.y);
-        } else {
-          a0 = xf::fma_step(a0, w0, xv.x);
-          a1 = xf::fma_step(a1, w1, xv.y);
-        }
-      }
-    }
-  }
-  return finish<T>(a0, a1, row, cols, x, lane);
-}
-
 // Long rows (the FFN down projection: 896 rows of 4864): few warps, each with a long chain,
 // cannot keep enough loads in flight (measured 47 us for 8.7 MB). Here a block copies R
 // whole rows (one contiguous range) into shared memory with 16-byte cp.async copies, all
 // issued before the PDL wait, then warp w runs row w's chains from shared memory: every
 // byte of the matrix is requested at once.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
-}
-
 template <GgmlType T>
 __global__ void vecdot1_tile_kernel(const uint8_t* __restrict__ w, int rows, int cols,
                                     size_t row_bytes, int R, const float* __restrict__ x,
@@ -203,7 +76,7 @@ __global__ void vecdot1_tile_kernel(const uint8_t* __restrict__ w, int rows, int
     const uint8_t* src = w + static_cast<size_t>(r0) * row_bytes;
     const size_t n16 = static_cast<size_t>(nr) * row_bytes / 16;
     for (size_t k = threadIdx.x; k < n16; k += blockDim.x) cp_async16(tile + 16 * k, src + 16 * k);
-    asm volatile("cp.async.commit_group;" ::: "memory");
+    cp_async_commit();
   }
   griddep_wait();
   float4* xs4 = reinterpret_cast<float4*>(tile + static_cast<size_t>(R) * row_bytes);
@@ -211,32 +84,11 @@ __global__ void vecdot1_tile_kernel(const uint8_t* __restrict__ w, int rows, int
   for (int k = static_cast<int>(threadIdx.x); k < cols / 4; k += static_cast<int>(blockDim.x)) {
     xs4[k] = xg[k];
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  cp_async_wait<0>();
   __syncthreads();
   if (wid >= nr) return;
   const uint8_t* row = tile + static_cast<size_t>(wid) * row_bytes;  // shared memory
-  const float2* xp = reinterpret_cast<const float2*>(xs4);
-  const int n_it = cols / 64;
-  float a0 = 0.0f, a1 = 0.0f;
-#pragma unroll 8
-  for (int i = 0; i < n_it; ++i) {
-    float w0, w1;
-    if constexpr (T == GgmlType::F32) {
-      const uint2 v = reinterpret_cast<const uint2*>(row)[32 * i + lane];
-      unpack_pair<T>(v, w0, w1);
-    } else {
-      const uint32_t v = reinterpret_cast<const uint32_t*>(row)[32 * i + lane];
-      unpack_pair<T>(v, w0, w1);
-    }
-    const float2 xv = xp[32 * i + lane];
-    if constexpr (T == GgmlType::BF16) {
-      a0 = xf::dpbf16_step(a0, w0, xv.x, w1, xv.y);
-    } else {
-      a0 = xf::fma_step(a0, w0, xv.x);
-      a1 = xf::fma_step(a1, w1, xv.y);
-    }
-  }
-  const float res = finish<T>(a0, a1, row, cols, x, lane);
+  const float res = fr::smem_row_dot<T>(row, cols, reinterpret_cast<const float2*>(xs4), x, lane);
   const int r = r0 + wid;
   if (lane == 0) y[r] = accumulate ? xf::add_rn(y[r], res) : res;
 }

@@ -74,14 +74,6 @@ size_t tile_alloc(size_t tile_bytes) {
   return (tile_bytes + 32 + 15) & ~size_t{15};
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
-}
-
 // The dots of the nr rows of a tile held in shared memory (row i at rowp(i)), written by
 // out(i, dot). Warp w takes groups of G rows (g0 = w, w + kQdWarps * G, ...; rows g0 +
 // kQdWarps * i); per pass each lane computes its unit of each of the G rows into the warp's

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -27,6 +29,7 @@
 #include "cuda/cuda_context.h"
 #include "cuda/device_buffer.h"
 #include "cuda_check.h"
+#include "decode_step.cuh"
 #include "embed.cuh"
 #include "engine/sampler.h"
 #include "exact.cuh"
@@ -76,6 +79,7 @@ class Layout {
 // mode's quantized prompt GEMM) and, in exact mode, the attention's probabilities.
 struct ExactSizes {
   size_t act_bytes = 0, attn_floats = 0;
+  size_t step_bytes = 0;  // the persistent decode step's tables (decode scratch only)
 };
 
 ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
@@ -86,6 +90,7 @@ ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
   if (!exact) return e;
   const int nh = static_cast<int>(c.n_head);
   e.attn_floats = kern::exact::attention_scratch_floats(n_ctx, B, nh);
+  if (B == 1) e.step_bytes = kern::exact::DecodeStep::device_bytes(static_cast<int>(c.n_layer));
   return e;
 }
 
@@ -100,6 +105,7 @@ struct Scratch {
   int32_t* io = nullptr;       // [0] = n_past, [1..B] = token ids
   kern::exact::ActBuf act;     // exact kernels: the current matmul input, rounded
   float* attn_scr = nullptr;   // exact attention's probabilities
+  void* step_mem = nullptr;    // the persistent decode step's tables (decode scratch)
 
   static void lay(Layout& L, const ModelConfig& c, int B, int rows, const ExactSizes& ex,
                   Scratch* s) {
@@ -126,7 +132,9 @@ struct Scratch {
     int32_t* io = L.take<int32_t>(b + 1);
     void* act = ex.act_bytes ? L.take<uint8_t>(ex.act_bytes) : nullptr;
     float* attn_scr = ex.attn_floats ? L.take<float>(ex.attn_floats) : nullptr;
+    void* step_mem = ex.step_bytes ? L.take<uint8_t>(ex.step_bytes) : nullptr;
     if (s) {
+      s->step_mem = step_mem;
       if (act) {
         const int widest = static_cast<int>(std::max({E, QD, F}));
         s->act = kern::exact::act_buffer_at(act, B, widest);
@@ -312,6 +320,8 @@ class CudaEngine final : public Engine {
   void attention_exact(Scratch& s, size_t il, int n);
   void forward_exact(Scratch& s, int n, bool last_only);
   void final_logits_exact(Scratch& s, int first_row, int n_out, int rows_per_call, float* host_out);
+  void setup_decode_step();
+  void append_step_trace() const;
   void decode_body();
   void decode_one(int32_t token);
   void trace(const char* name, int layer, const void* dev, int pos_off, int rows, int width,
@@ -354,6 +364,9 @@ class CudaEngine final : public Engine {
   uint8_t* kv_base_ = nullptr;
   size_t kv_layer_bytes_ = 0;
   Scratch dec_;    // one token, fixed addresses (graph)
+  // Exact decode as one persistent kernel (kernels/decode_step.cuh), when the model qualifies.
+  std::unique_ptr<kern::exact::DecodeStep> step_;
+  std::string step_trace_path_;  // WORKER_DECODE_STEP_TRACE: each step's timestamps appended
   Scratch batch_;  // prefill, grows on demand
   SampleRegion samp_;
   PinnedBuffer pin_io_;      // [0] = n_past, [1..] = tokens
@@ -428,6 +441,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
     SampleRegion::lay(L, V, n_ctx_, sort_bytes, &samp_);
   }
   kern::sampling_init(samp_.s, V, stream_);
+  if (opt_.exact) setup_decode_step();
   pin_io_ = PinnedBuffer(sizeof(int32_t) * (static_cast<size_t>(opt_.max_batch) + 1));
   pin_sample_ =
       PinnedBuffer(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx_));
@@ -722,10 +736,74 @@ void CudaEngine::trace(const char* name, int layer, const void* dev, int pos_off
           std::span<const float>(v.data() + static_cast<size_t>(r) * W, W));
 }
 
+// The persistent decode step for this model, unless it does not qualify (then the decode
+// step launches one kernel per op, forward_exact) or WORKER_DECODE_STEP=0.
+void CudaEngine::setup_decode_step() {
+  if (!kern::exact::decode_step_enabled()) {
+    log::info("decode_step", {{"path", "per_op"}, {"reason", "WORKER_DECODE_STEP=0"}});
+    return;
+  }
+  kern::exact::DecodeModel m;
+  for (size_t il = 0; il < layers_.size(); ++il) {
+    const LayerDev& L = layers_[il];
+    const LayerVecs& V = xvec_[il];
+    m.layers.push_back({L.wq, L.wk, L.wv, L.wo, L.gate, L.up, L.down, V.attn_norm, V.ffn_norm, V.bq,
+                        V.bk, V.bv,
+                        {kc(il), vc(il),
+                         opt_.kv_cache_f32 ? kern::exact::KvType::F32 : kern::exact::KvType::F16}});
+  }
+  m.output = output_;
+  m.output_norm = out_norm_f32_;
+  m.shape = shape_;
+  m.eps = cfg_.norm_eps;
+  m.n_ctx = n_ctx_;
+  m.rope_table = rope_table_;
+  m.x = dec_.x;
+  m.q = dec_.q;
+  m.k = dec_.k;
+  m.v = dec_.v;
+  m.att = dec_.att;
+  m.act_att = dec_.act.f;
+  m.act_g = static_cast<float*>(dec_.lowp);
+  m.logits = dec_.logits;
+  m.attn_scratch = dec_.attn_scr;
+  m.d_n_past = dec_.io;
+  m.device_mem = dec_.step_mem;
+  std::string why;
+  step_ = kern::exact::DecodeStep::plan(m, &why);
+  if (step_) {
+    if (const char* t = std::getenv("WORKER_DECODE_STEP_TRACE"); t != nullptr && *t != '\0') {
+      step_->enable_trace();
+      step_trace_path_ = t;
+    }
+    log::info("decode_step", {{"path", "persistent"},
+                              {"blocks", std::to_string(step_->blocks())},
+                              {"smem_bytes", std::to_string(step_->smem_bytes())}});
+  } else {
+    log::info("decode_step", {{"path", "per_op"}, {"reason", why}});
+  }
+}
+
+// Profiling for kernel work (WORKER_DECODE_STEP_TRACE=file): the step's timestamps
+// (DecodeStep::read_trace: uint64 [n_layer + 1][17][blocks]) appended to the file, one record
+// per token after a header of {n_layer, 17, blocks} as uint64.
+void CudaEngine::append_step_trace() const {
+  const std::vector<uint64_t> t = step_->read_trace();
+  std::FILE* f = std::fopen(step_trace_path_.c_str(), "ab");
+  if (f == nullptr) return;
+  const uint64_t hdr[3] = {layers_.size(), 17, static_cast<uint64_t>(step_->blocks())};
+  (void)std::fwrite(hdr, sizeof(hdr), 1, f);
+  (void)std::fwrite(t.data(), sizeof(uint64_t), t.size(), f);
+  (void)std::fclose(f);
+}
+
 void CudaEngine::decode_body() {
   CUDA_CHECK(cudaMemcpyAsync(dec_.io, pin_io_.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
                              stream_));
-  if (opt_.exact) {
+  if (opt_.exact && step_ && !sink_) {
+    kern::embed(tok_embd_, dec_.io + 1, 1, dec_.x, stream_);
+    step_->launch(stream_);
+  } else if (opt_.exact) {
     forward_exact(dec_, 1, true);
     final_logits_exact(dec_, 0, 1, 1, nullptr);
   } else {
@@ -759,6 +837,7 @@ void CudaEngine::decode_one(int32_t token) {
   // The pinned step buffer is reused by the next call; errors surface here (M0-W-1420).
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   d_last_ = dec_.logits;
+  if (!step_trace_path_.empty() && step_ && !sink_) append_step_trace();
 }
 
 void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {

@@ -1,0 +1,731 @@
+// The exact decode step as one persistent kernel (decode_step.cuh).
+//
+// Grid: one block of 256 threads per SM, all resident at once (the launch is the step's only
+// kernel after the embedding; the blocks of the kernel after it start only once every block
+// of this one has passed its griddep_wait(), so nothing can hold an SM that a block of this
+// one still needs). Every op of a layer is split over the blocks: block c takes rows
+// [R c / G, R (c + 1) / G) of each product (G blocks), and blocks [0, n_head * C) the attention
+// (C blocks a head in local mode, as ex_attn_decode_kernel's cluster; one in exchange mode).
+//
+// Dependencies: after its share of op k, a block adds 1 to counter k (red.release.gpu, after a
+// barrier of the block); a block that needs op k's outputs spins until counter k reaches G
+// (ld.acquire.gpu by one thread, then a barrier). One counter per (layer, op); the last block
+// to finish zeroes them for the next launch. Data other blocks wrote during the launch is read
+// with ld.global.cg (L2).
+//
+// Weights before the wait: shared memory is three regions, P (Wo + Q/K/V, the attention's
+// shared arrays over the Q/K/V tile, then the down tile), G (gate + up) and XS (the op's
+// input, rounded for its weights). A block copies its rows of the next ops' matrices into P and
+// G with cp.async as soon as the region is free, in this order per layer:
+//   after down (l - 1):  P <- Wo (l), Q/K/V (l);  G <- gate, up (l)
+//   after Wo (l):        P <- down (l)
+// so Q/K/V wait for their own bytes only, gate + up stream during Q/K/V, attention and Wo, and
+// down during gate + up. After the last layer the LM head streams through P and G as a ring of
+// 8-row stages.
+//
+// Numerics: the same per-thread code as the launch-per-op step: the RMSNorm's double tree with
+// the certainty check (thread k summing columns k, k + 256, ...), each matrix row in the vec_dot
+// order of matvec1_float (fr::smem_row_dot), SwiGLU (math::swiglu_one), the activation
+// roundings, and attn_decode_block for the attention.
+//
+// Compiled with -fmad=false: every product / sum / fma is explicit.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "attention_exact_decode.cuh"
+#include "common.cuh"
+#include "common/errors.h"
+#include "cuda_check.h"
+#include "decode_step.cuh"
+#include "exact_float_rows.cuh"
+#include "exact_ops_math.cuh"
+#include "launch.cuh"
+
+namespace worker::kern::exact {
+namespace {
+
+constexpr int kThreads = kDecThreads;  // the attention body's block size
+constexpr int kWarps = kThreads / kWarp;
+constexpr int kOps = 5;  // counters a layer: Q/K/V, attention, Wo, gate + up, down
+// The thread that issues the bulk copies: not thread 0, which polls the counters (an issue
+// that waits for room in the copy engine's queue must not delay the poll).
+constexpr int kIssuer = kThreads - kWarp;
+constexpr int kTracePoints = 17;  // a layer's timestamps (DecodeStep::read_trace)
+constexpr int kLmStages = 8;  // LM head ring: stages of kWarps rows
+
+template <class KT>
+struct StepLayer {
+  const uint8_t *wq, *wk, *wv, *wo, *gate, *up, *down;
+  const float *attn_norm, *ffn_norm;
+  DecArgs<KT> attn;
+};
+
+template <class KT>
+struct StepParams {
+  const StepLayer<KT>* layers;
+  int n_layer;
+  int E, QD, KD, F, V;  // n_embd, n_head * head_dim, n_head_kv * head_dim, n_ff, vocab
+  int n_head, cv;       // heads; blocks a head in local mode
+  size_t rbE, rbQ, rbF;  // bytes of a row of E, QD, F columns
+  float eps;
+  const float* out_norm;
+  const uint8_t* out_w;
+  float *x, *q, *k, *v, *act_att, *act_g, *logits;
+  unsigned* sync;
+  const int32_t* d_n_past;
+  unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
+  unsigned off_res;  // the block's rows of x (Wo / down residual) and gate / up dots
+  uint64_t* trace;                  // nullptr, or kTracePoints timestamps a layer per block
+};
+
+__device__ __forceinline__ int part(int rows, int c, int G) {
+  return static_cast<int>(static_cast<long long>(rows) * c / G);
+}
+
+// ---- counters ----------------------------------------------------------------------------
+__device__ __forceinline__ void arrive(unsigned* ctr) {
+  __syncthreads();  // the block's writes of this op, ordered before thread 0's release
+  if (threadIdx.x == 0) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
+  }
+}
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+// Profiling (DecodeStep::enable_trace): thread 0's %globaltimer at point k of layer l.
+__device__ __forceinline__ void stamp(uint64_t* trace, int l, int k) {
+  if (trace != nullptr && threadIdx.x == 0) {
+    trace[(static_cast<size_t>(l) * kTracePoints + k) * gridDim.x + blockIdx.x] = global_ns();
+  }
+}
+
+// A counter that does not complete within kStallNs is a bug (a block that never arrives): the
+// kernel traps (the step fails with a CUDA error, the job with CUDA_ERROR) instead of hanging
+// the worker.
+constexpr uint64_t kStallNs = 5'000'000'000ull;
+__device__ __forceinline__ void wait_for(const unsigned* ctr, unsigned n) {
+  if (threadIdx.x == 0) {
+    unsigned v = 0;
+    uint64_t t0 = 0;
+    for (int spins = 0;; ++spins) {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
+      if (v >= n) break;
+      if ((spins & 1023) == 1023) {
+        const uint64_t t = global_ns();
+        if (t0 == 0) {
+          t0 = t;
+        } else if (t - t0 > kStallNs) {
+          __trap();
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// ---- copies: TMA bulk copies (one thread issues; an mbarrier counts the bytes) ----------
+__device__ __forceinline__ unsigned saddr(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(saddr(bar)) : "memory");
+}
+// The issuing thread's arrival, expecting `bytes` of copies (0: the phase completes now).
+__device__ __forceinline__ void mbar_expect(uint64_t* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(saddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+// Every thread: until the phase with this parity has completed (its bytes have landed).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}" ::"r"(saddr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Orders this block's earlier shared-memory accesses (after a barrier) before the bulk copies
+// the calling thread issues next into the same bytes.
+__device__ __forceinline__ void fence_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+// Weights are read once a step: their lines go first when L2 needs room, so that the KV cache
+// rows prefetched for the attention and the activations stay.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, size_t bytes,
+                                          uint64_t* bar) {
+  if (bytes == 0) return;
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
+      "[%1], %2, [%3], %4;" ::"r"(saddr(dst)),
+      "l"(src), "r"(static_cast<unsigned>(bytes)), "r"(saddr(bar)), "l"(evict_first_policy())
+      : "memory");
+}
+// Bytes of rows [r0, r1) (0 when empty).
+__device__ __forceinline__ size_t rows_bytes(size_t rb, int r0, int r1) {
+  return r1 > r0 ? static_cast<size_t>(r1 - r0) * rb : 0;
+}
+
+// ---- activation rounding for weight type T ------------------------------------------------
+template <GgmlType T>
+__device__ __forceinline__ float round_act(float v) {
+  if constexpr (T == GgmlType::F16) {
+    return math::act_round_fp16(v);
+  } else if constexpr (T == GgmlType::BF16) {
+    return math::act_round_bf16(v);
+  } else {
+    return v;
+  }
+}
+
+// xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2.
+// Also keeps x[r0 .. r1) in keep[0 ..].
+template <GgmlType T>
+__device__ void norm_act(float* xs, const float* x, const float* w, int n, float eps, double* shd,
+                         float* sh_mean, float* keep, int r0, int r1) {
+  const int tid = static_cast<int>(threadIdx.x);
+  double s = 0.0;
+  for (int i = tid; i < n; i += kThreads) {
+    const float xi = __ldcg(x + i);
+    xs[i] = xi;
+    if (i >= r0 && i < r1) keep[i - r0] = xi;
+    s += static_cast<double>(xi * xi);
+  }
+  s = math::block_sum_double(s, shd);
+  float mean;
+  if (!math::rms_mean_certain(s, n, &mean)) {  // uniform: every thread has the same s
+    if (tid == 0) {
+      double qd = 0.0;  // the CPU's order
+      for (int i = 0; i < n; ++i) qd += static_cast<double>(xs[i] * xs[i]);
+      *sh_mean = math::rms_mean(qd, n);
+    }
+    __syncthreads();
+    mean = *sh_mean;
+  }
+  const float scale = math::rms_scale(mean, eps);
+  __syncthreads();  // thread 0's fallback reads xs
+  for (int i = tid; i < n; i += kThreads) xs[i] = round_act<T>((xs[i] * scale) * w[i]);
+  __syncthreads();
+}
+
+// xs = n floats other blocks wrote (already rounded), from L2.
+__device__ __forceinline__ void stage_l2(float* xs, const float* src, int n) {
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += kThreads) xs[i] = __ldcg(src + i);
+  __syncthreads();
+}
+
+// out(i, dot of row i) for the nr rows of a tile in shared memory; warp w takes rows w, w + 8..
+// Rows i and i + 8 of a pair run together (smem_rows_dot<T, 2>).
+template <GgmlType T, class Out>
+__device__ __forceinline__ void tile_rows(const uint8_t* tile, size_t rb, int nr, int cols,
+                                          const float* xs, Out&& out) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5;
+  const float2* xp = reinterpret_cast<const float2*>(xs);
+  int i = w;
+  for (; i + kWarps < nr; i += 2 * kWarps) {
+    const uint8_t* const rows[2] = {tile + static_cast<size_t>(i) * rb,
+                                    tile + static_cast<size_t>(i + kWarps) * rb};
+    float d[2];
+    fr::smem_rows_dot<T, 2>(rows, cols, xp, xs, lane, d);
+    if (lane == 0) {
+      out(i, d[0]);
+      out(i + kWarps, d[1]);
+    }
+  }
+  if (i < nr) {
+    const float d = fr::smem_row_dot<T>(tile + static_cast<size_t>(i) * rb, cols, xp, xs, lane);
+    if (lane == 0) out(i, d);
+  }
+}
+
+template <GgmlType T, class KV>
+__global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typename KV::T> p) {
+  using KT = typename KV::T;
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ double shd[32];
+  __shared__ float sh_mean;
+  // Copies in flight: P (Wo + Q/K/V), G (gate + up), D (down), the LM head's stages.
+  __shared__ uint64_t bar_p, bar_g, bar_d, bar_lm[kLmStages];
+  const int c = static_cast<int>(blockIdx.x), G = static_cast<int>(gridDim.x);
+  const auto Gu = static_cast<unsigned>(G);
+  const int tid = static_cast<int>(threadIdx.x);
+  uint8_t* const P = smem;
+  uint8_t* const Gr = smem + p.off_g;
+  float* const xs = reinterpret_cast<float*>(smem + p.off_xs);
+  // xres: this block's rows [e0, e1) of x, as the norm read them or Wo / down wrote them (the
+  // residual adds need no global load); gu: its gate and up dots before the SwiGLU.
+  float* const xres = reinterpret_cast<float*>(smem + p.off_res);
+  const int QKD = p.QD + 2 * p.KD;
+  // this block's rows of each product
+  const int e0 = part(p.E, c, G), e1 = part(p.E, c + 1, G);      // Wo, down
+  const int k0 = part(QKD, c, G), k1 = part(QKD, c + 1, G);      // Q/K/V
+  const int f0 = part(p.F, c, G), f1 = part(p.F, c + 1, G);      // gate, up
+  const int v0 = part(p.V, c, G), v1 = part(p.V, c + 1, G);      // LM head
+
+  // kIssuer issues the copies of layer L's P tiles (after a barrier of the block).
+  const auto issue_p = [&](const StepLayer<KT>& L) {
+    if (tid != kIssuer) return;
+    fence_async_smem();
+    const size_t wo_b = rows_bytes(p.rbQ, e0, e1), qkv_b = rows_bytes(p.rbE, k0, k1);
+    mbar_expect(&bar_p, static_cast<unsigned>(wo_b + qkv_b));
+    bulk_copy(P, L.wo + static_cast<size_t>(e0) * p.rbQ, wo_b, &bar_p);
+    const uint8_t* ws[3] = {L.wq, L.wk, L.wv};
+    const int lo[4] = {0, p.QD, p.QD + p.KD, QKD};
+    for (int s = 0; s < 3; ++s) {
+      const int s0 = max(k0, lo[s]), s1 = min(k1, lo[s + 1]);
+      bulk_copy(P + p.off_qkv + rows_bytes(p.rbE, k0, s0),
+                ws[s] + static_cast<size_t>(max(0, s0 - lo[s])) * p.rbE, rows_bytes(p.rbE, s0, s1),
+                &bar_p);
+    }
+  };
+  // ... and of its G tiles.
+  const auto issue_g = [&](const StepLayer<KT>& L) {
+    if (tid != kIssuer) return;
+    fence_async_smem();
+    const size_t gu_b = rows_bytes(p.rbE, f0, f1);
+    mbar_expect(&bar_g, static_cast<unsigned>(2 * gu_b));
+    bulk_copy(Gr, L.gate + static_cast<size_t>(f0) * p.rbE, gu_b, &bar_g);
+    bulk_copy(Gr + gu_b, L.up + static_cast<size_t>(f0) * p.rbE, gu_b, &bar_g);
+  };
+  // LM head: stage s holds rows v0 + 8 s .. (8 rows), in slot s % lm_stages
+  const int lm_chunks = (v1 - v0 + kWarps - 1) / kWarps;
+  const size_t lm_slot = static_cast<size_t>(kWarps) * p.rbE;
+  const auto issue_lm = [&](int s) {  // kIssuer, after a barrier of the block
+    if (tid != kIssuer || s >= lm_chunks) return;
+    fence_async_smem();
+    const int r0 = v0 + kWarps * s, r1 = min(v1, r0 + kWarps);
+    const size_t b = rows_bytes(p.rbE, r0, r1);
+    mbar_expect(&bar_lm[s % kLmStages], static_cast<unsigned>(b));
+    bulk_copy(P + static_cast<size_t>(s % kLmStages) * lm_slot,
+              p.out_w + static_cast<size_t>(r0) * p.rbE, b, &bar_lm[s % kLmStages]);
+  };
+
+  if (tid == 0) {
+    mbar_init(&bar_p);
+    mbar_init(&bar_g);
+    mbar_init(&bar_d);
+    for (auto& b : bar_lm) mbar_init(&b);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  issue_p(p.layers[0]);
+  // n_past: the step's io, copied before the embedding kernel (which this launch follows)
+  const int n_past = p.d_n_past[0];
+  const bool local = n_past + 1 <= p.layers[0].attn.local_keys;
+  const int C = local ? p.cv : 1;
+  griddep_wait();  // the embedding of this step's token (m.x)
+  for (int l = 0; l < p.n_layer; ++l) {
+    const StepLayer<KT>& L = p.layers[l];
+    unsigned* const ctr = p.sync + static_cast<size_t>(kOps) * l;
+    // ---- RMSNorm + Q/K/V ----
+    if (l > 0) wait_for(ctr - 1, Gu);  // down (l - 1)
+    stamp(p.trace, l, 0);
+    norm_act<T>(xs, p.x, L.attn_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e1);
+    stamp(p.trace, l, 1);
+    mbar_wait(&bar_p, static_cast<unsigned>(l & 1));  // P: Wo, Q/K/V
+    tile_rows<T>(P + p.off_qkv, p.rbE, k1 - k0, p.E, xs, [&](int i, float d) {
+      const int r = k0 + i;
+      if (r < p.QD) {
+        p.q[r] = d;
+      } else if (r < p.QD + p.KD) {
+        p.k[r - p.QD] = d;
+      } else {
+        p.v[r - p.QD - p.KD] = d;
+      }
+    });
+    stamp(p.trace, l, 2);
+    arrive(ctr + 0);
+    // ---- attention (the shared arrays over the Q/K/V tile) ----
+    for (int u = c; u < p.n_head * C; u += G) {  // (head, block of the head) units
+      auto& sm = *reinterpret_cast<DecSmem*>(P + p.off_qkv);
+      attn_decode_block<KV, true>(L.attn, u / C, u % C, C, false, sm,
+                                  [&] {
+                                    wait_for(ctr + 0, Gu);
+                                    stamp(p.trace, l, 3);
+                                  },
+                                  [&](int k) {
+                                    if (u == c) stamp(p.trace, l, 12 + k);
+                                  });
+      __syncthreads();  // sm is reused by the next unit
+    }
+    stamp(p.trace, l, 4);
+    arrive(ctr + 1);
+    issue_g(L);  // after the attention: its latency-bound loads do not queue behind these
+    // ---- Wo: x += Wo att ----
+    wait_for(ctr + 1, Gu);
+    stamp(p.trace, l, 5);
+    stage_l2(xs, p.act_att, p.QD);
+    tile_rows<T>(P, p.rbQ, e1 - e0, p.QD, xs, [&](int i, float d) {
+      const float v = xf::add_rn(xres[i], d);
+      xres[i] = v;
+      p.x[e0 + i] = v;
+    });
+    stamp(p.trace, l, 6);
+    arrive(ctr + 2);
+    if (tid == kIssuer) {  // P is free: Wo and the attention are done
+      fence_async_smem();
+      const size_t b = rows_bytes(p.rbF, e0, e1);
+      mbar_expect(&bar_d, static_cast<unsigned>(b));
+      bulk_copy(P, L.down + static_cast<size_t>(e0) * p.rbF, b, &bar_d);
+    }
+    // ---- RMSNorm + gate + up + SwiGLU ----
+    wait_for(ctr + 2, Gu);
+    stamp(p.trace, l, 7);
+    norm_act<T>(xs, p.x, L.ffn_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+    stamp(p.trace, l, 8);
+    mbar_wait(&bar_g, static_cast<unsigned>(l & 1));  // G: gate, up
+    {
+      const int lane = tid & 31, w = tid >> 5, nr = f1 - f0;
+      const float2* xp = reinterpret_cast<const float2*>(xs);
+      const uint8_t* up = Gr + static_cast<size_t>(nr) * p.rbE;
+      // the dots now, the SwiGLU below with a thread per row
+      float* const gd = xres + (e1 - e0);
+      const auto out = [&](int i, float dg, float du) {
+        gd[2 * i] = dg;
+        gd[2 * i + 1] = du;
+      };
+      int i = w;
+      for (; i + kWarps < nr; i += 2 * kWarps) {  // rows i and i + 8: four chains at once
+        const size_t o = static_cast<size_t>(i) * p.rbE, o2 = o + kWarps * p.rbE;
+        const uint8_t* const rows[4] = {Gr + o, up + o, Gr + o2, up + o2};
+        float d[4];
+        fr::smem_rows_dot<T, 4>(rows, p.E, xp, xs, lane, d);
+        if (lane == 0) {
+          out(i, d[0], d[1]);
+          out(i + kWarps, d[2], d[3]);
+        }
+      }
+      if (i < nr) {
+        const size_t o = static_cast<size_t>(i) * p.rbE;
+        const uint8_t* const rows[2] = {Gr + o, up + o};
+        float d[2];
+        fr::smem_rows_dot<T, 2>(rows, p.E, xp, xs, lane, d);
+        if (lane == 0) out(i, d[0], d[1]);
+      }
+    }
+    __syncthreads();
+    for (int i = tid; i < f1 - f0; i += kThreads) {
+      const float* const gd = xres + (e1 - e0);
+      const int r = f0 + i;
+      p.act_g[r] = round_act<T>(math::swiglu_one(gd[2 * i], gd[2 * i + 1], r, p.F & ~15));
+    }
+    stamp(p.trace, l, 9);
+    arrive(ctr + 3);
+    // ---- down: x += Wdown g ----
+    wait_for(ctr + 3, Gu);
+    stamp(p.trace, l, 10);
+    stage_l2(xs, p.act_g, p.F);
+    mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
+    tile_rows<T>(P, p.rbF, e1 - e0, p.F, xs, [&](int i, float d) {
+      const float v = xf::add_rn(xres[i], d);
+      xres[i] = v;
+      p.x[e0 + i] = v;
+    });
+    stamp(p.trace, l, 11);
+    arrive(ctr + 4);
+    if (l + 1 < p.n_layer) {
+      issue_p(p.layers[l + 1]);
+    } else {
+      for (int s = 0; s < kLmStages; ++s) issue_lm(s);
+    }
+  }
+  // ---- final RMSNorm + LM head ----
+  wait_for(p.sync + static_cast<size_t>(kOps) * p.n_layer - 1, Gu);
+  stamp(p.trace, p.n_layer, 0);
+  norm_act<T>(xs, p.x, p.out_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+  stamp(p.trace, p.n_layer, 1);
+  const int lane = tid & 31, w = tid >> 5;
+  const float2* xp = reinterpret_cast<const float2*>(xs);
+  for (int s = 0; s < lm_chunks; ++s) {
+    mbar_wait(&bar_lm[s % kLmStages], static_cast<unsigned>((s / kLmStages) & 1));
+    const int r = v0 + kWarps * s + w;
+    if (r < v1) {
+      const uint8_t* row = P + static_cast<size_t>(s % kLmStages) * lm_slot +
+                           static_cast<size_t>(w) * p.rbE;
+      const float d = fr::smem_row_dot<T>(row, p.E, xp, xs, lane);
+      if (lane == 0) p.logits[r] = d;
+    }
+    __syncthreads();
+    issue_lm(s + kLmStages);
+  }
+  stamp(p.trace, p.n_layer, 2);
+  // Every block has passed its last wait once it counts itself here: the last one zeroes the
+  // counters for the next launch (they start zeroed: DecodeStep::plan).
+  if (tid == 0) {
+    unsigned* const done = p.sync + static_cast<size_t>(kOps) * p.n_layer;
+    if (atomicAdd(done, 1u) == Gu - 1) {
+      for (int i = 0; i <= kOps * p.n_layer; ++i) p.sync[i] = 0;
+      __threadfence();
+    }
+  }
+}
+
+
+template <GgmlType T, class KV>
+void set_attrs(size_t smem) {
+  cuda_check(cudaFuncSetAttribute(decode_step_kernel<T, KV>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)),
+             "decode_step_kernel attributes", __FILE__, __LINE__);
+}
+
+size_t align16(size_t n) {
+  return (n + 15) & ~size_t{15};
+}
+
+// The layer table (either cache type) and the counters (kOps a layer + the exit count).
+size_t table_bytes(int n_layer) {
+  const size_t per = std::max(sizeof(StepLayer<float>), sizeof(StepLayer<uint16_t>));
+  return (per * static_cast<size_t>(n_layer) + 255) & ~size_t{255};
+}
+size_t sync_bytes(int n_layer) {
+  return sizeof(unsigned) * (static_cast<size_t>(kOps) * static_cast<size_t>(n_layer) + 1);
+}
+
+bool float_type(uint32_t t) {
+  return t == static_cast<uint32_t>(GgmlType::F32) || t == static_cast<uint32_t>(GgmlType::F16) ||
+         t == static_cast<uint32_t>(GgmlType::BF16);
+}
+
+}  // namespace
+
+size_t DecodeStep::device_bytes(int n_layer) {
+  return table_bytes(n_layer) + sync_bytes(n_layer);
+}
+
+bool decode_step_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("WORKER_DECODE_STEP");
+    return e == nullptr || std::strcmp(e, "0") != 0;
+  }();
+  return on;
+}
+
+struct DecodeStep::Impl {
+  unsigned* sync = nullptr;  // in DecodeModel::device_mem, after the layer table
+  size_t sync_bytes = 0;
+  uint64_t* trace = nullptr;  // enable_trace()
+  size_t trace_n = 0;
+  uint32_t type = 0;
+  bool kv_f16 = true;
+  int n_layer = 0;
+  StepParams<float> pf;     // FP32 cache
+  StepParams<uint16_t> ph;  // FP16 cache
+  ~Impl() {
+    if (trace != nullptr) (void)cudaFree(trace);
+  }
+};
+
+DecodeStep::~DecodeStep() {
+  delete impl_;
+}
+
+namespace {
+
+template <class KT>
+StepParams<KT> fill_params(const DecodeModel& m) {
+  StepParams<KT> p = {};
+  const AttnShape& s = m.shape;
+  p.n_layer = static_cast<int>(m.layers.size());
+  p.E = static_cast<int>(m.layers[0].wq.cols);
+  p.QD = s.n_head * s.head_dim;
+  p.KD = s.n_head_kv * s.head_dim;
+  p.F = static_cast<int>(m.layers[0].gate.rows);
+  p.V = static_cast<int>(m.output.rows);
+  p.n_head = s.n_head;
+  p.rbE = m.layers[0].wq.row_bytes;
+  p.rbQ = m.layers[0].wo.row_bytes;
+  p.rbF = m.layers[0].down.row_bytes;
+  p.eps = m.eps;
+  p.out_norm = m.output_norm;
+  p.out_w = static_cast<const uint8_t*>(m.output.data);
+  p.x = m.x;
+  p.q = m.q;
+  p.k = m.k;
+  p.v = m.v;
+  p.act_att = m.act_att;
+  p.act_g = m.act_g;
+  p.logits = m.logits;
+  p.d_n_past = m.d_n_past;
+  return p;
+}
+
+template <class KT>
+std::vector<StepLayer<KT>> layer_table(const DecodeModel& m) {
+  std::vector<StepLayer<KT>> t;
+  for (const DecodeLayer& d : m.layers) {
+    StepLayer<KT> L = {};
+    L.wq = static_cast<const uint8_t*>(d.wq.data);
+    L.wk = static_cast<const uint8_t*>(d.wk.data);
+    L.wv = static_cast<const uint8_t*>(d.wv.data);
+    L.wo = static_cast<const uint8_t*>(d.wo.data);
+    L.gate = static_cast<const uint8_t*>(d.gate.data);
+    L.up = static_cast<const uint8_t*>(d.up.data);
+    L.down = static_cast<const uint8_t*>(d.down.data);
+    L.attn_norm = d.attn_norm;
+    L.ffn_norm = d.ffn_norm;
+    ActBuf a;
+    a.f = m.act_att;
+    L.attn = decode_attention_args<KT>(QkvIn{m.q, m.k, m.v, d.bq, d.bk, d.bv}, m.shape,
+                                       m.rope_table, m.d_n_past, static_cast<KT*>(d.kv.k),
+                                       static_cast<KT*>(d.kv.v), m.att, m.n_ctx, m.attn_scratch,
+                                       d.wo.type, a);
+    t.push_back(L);
+  }
+  return t;
+}
+
+// f(traits) for the float weight type t.
+template <typename F>
+void by_float_type(uint32_t t, F&& f) {
+  dispatch(t, [&](auto tr) {
+    if constexpr (decltype(tr)::kFamily == DotFamily::Float) f(tr);
+  });
+}
+
+}  // namespace
+
+std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* why) {
+  const auto no = [why](const std::string& w) {
+    if (why != nullptr) *why = w;
+    return std::unique_ptr<DecodeStep>();
+  };
+  if (m.layers.empty()) return no("no layers");
+  if (m.device_mem == nullptr) return no("no device memory for the step's tables");
+  const AttnShape& s = m.shape;
+  const DecodeLayer& l0 = m.layers[0];
+  const uint32_t T = l0.wq.type;
+  if (!float_type(T)) return no("weights are not F32 / F16 / BF16");
+  const int64_t E = l0.wq.cols, QD = static_cast<int64_t>(s.n_head) * s.head_dim,
+                KD = static_cast<int64_t>(s.n_head_kv) * s.head_dim, F = l0.gate.rows;
+  if (s.head_dim > kDecMaxHd || s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0) {
+    return no("attention shape");
+  }
+  const auto shaped = [T](const WeightView& w, int64_t rows, int64_t cols) {
+    return w.type == T && w.rows == rows && w.cols == cols && w.row_bytes % 16 == 0 &&
+           matvec1_float_takes(w.type, w.cols) && w.data != nullptr;
+  };
+  for (const DecodeLayer& d : m.layers) {
+    if (!shaped(d.wq, QD, E) || !shaped(d.wk, KD, E) || !shaped(d.wv, KD, E) ||
+        !shaped(d.wo, E, QD) || !shaped(d.gate, F, E) || !shaped(d.up, F, E) ||
+        !shaped(d.down, E, F)) {
+      return no("layer matrices differ in type or shape");
+    }
+    if (d.kv.type != l0.kv.type) return no("cache types differ");
+  }
+  if (!shaped(m.output, m.output.rows, E)) return no("output matrix type or shape");
+
+  int dev = 0, sms = 0, optin = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int G = sms;
+  const auto share = [G](int64_t rows) { return static_cast<size_t>((rows + G - 1) / G); };
+  const size_t rbE = l0.wq.row_bytes, rbQ = l0.wo.row_bytes, rbF = l0.down.row_bytes;
+  const size_t wo_b = align16(share(E) * rbQ);
+  const size_t qkv_b = align16(share(QD + 2 * KD) * rbE);
+  const size_t down_b = align16(share(E) * rbF);
+  const size_t gu_b = align16(2 * share(F) * rbE);
+  const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
+  const size_t pg = std::max(p_b + gu_b, static_cast<size_t>(kLmStages) * kWarps * rbE);
+  const size_t xs_b = align16(static_cast<size_t>(std::max({E, QD, F})) * sizeof(float));
+  const size_t res_b = align16((share(E) + 2 * share(F)) * sizeof(float));
+  const size_t smem = pg + xs_b + res_b;
+  constexpr size_t kStatic = 32 * sizeof(double) + 16;
+  if (smem + kStatic > static_cast<size_t>(optin)) {
+    return no("a block's share of the weights needs " + std::to_string(smem) +
+              " bytes of shared memory (" + std::to_string(optin) + " on this device)");
+  }
+
+  std::unique_ptr<DecodeStep> st(new DecodeStep());
+  st->impl_ = new Impl();
+  Impl& im = *st->impl_;
+  im.type = T;
+  im.n_layer = static_cast<int>(m.layers.size());
+  im.kv_f16 = l0.kv.type == KvType::F16;
+  st->blocks_ = G;
+  st->smem_ = smem;
+  auto* base = static_cast<uint8_t*>(m.device_mem);
+  const auto finish = [&](auto& p, auto table) {
+    const size_t bytes = table.size() * sizeof(table[0]);
+    CUDA_CHECK(cudaMemcpy(base, table.data(), bytes, cudaMemcpyHostToDevice));
+    p.layers = reinterpret_cast<decltype(p.layers)>(base);
+  };
+  if (im.kv_f16) {
+    im.ph = fill_params<uint16_t>(m);
+    finish(im.ph, layer_table<uint16_t>(m));
+  } else {
+    im.pf = fill_params<float>(m);
+    finish(im.pf, layer_table<float>(m));
+  }
+  im.sync_bytes = sync_bytes(im.n_layer);
+  im.sync = reinterpret_cast<unsigned*>(base + table_bytes(im.n_layer));
+  CUDA_CHECK(cudaMemset(im.sync, 0, im.sync_bytes));
+  const int cv = std::max(1, std::min(kDecMaxCluster, G / s.n_head));
+  for (auto* p : {&im.pf.off_qkv, &im.ph.off_qkv}) *p = static_cast<unsigned>(wo_b);
+  for (auto* p : {&im.pf.off_g, &im.ph.off_g}) *p = static_cast<unsigned>(p_b);
+  for (auto* p : {&im.pf.off_xs, &im.ph.off_xs}) *p = static_cast<unsigned>(pg);
+  for (auto* p : {&im.pf.off_res, &im.ph.off_res}) *p = static_cast<unsigned>(pg + xs_b);
+  im.pf.cv = im.ph.cv = cv;
+  im.pf.sync = im.ph.sync = im.sync;
+  by_float_type(T, [&](auto tr) {
+    constexpr GgmlType TT = decltype(tr)::kType;
+    if (im.kv_f16) {
+      set_attrs<TT, math::KvF16>(smem);
+    } else {
+      set_attrs<TT, math::KvF32>(smem);
+    }
+  });
+  return st;
+}
+
+void DecodeStep::enable_trace() {
+  Impl& im = *impl_;
+  if (im.trace != nullptr) return;
+  im.trace_n = static_cast<size_t>(kTracePoints) * (im.n_layer + 1) * static_cast<size_t>(blocks_);
+  CUDA_CHECK(cudaMalloc(&im.trace, im.trace_n * sizeof(uint64_t)));
+  CUDA_CHECK(cudaMemset(im.trace, 0, im.trace_n * sizeof(uint64_t)));
+  im.pf.trace = im.ph.trace = im.trace;
+}
+
+std::vector<uint64_t> DecodeStep::read_trace() const {
+  const Impl& im = *impl_;
+  std::vector<uint64_t> v(im.trace_n);
+  if (im.trace != nullptr) {
+    CUDA_CHECK(cudaMemcpy(v.data(), im.trace, v.size() * sizeof(uint64_t), cudaMemcpyDeviceToHost));
+  }
+  return v;
+}
+
+void DecodeStep::launch(cudaStream_t stream) const {
+  const Impl& im = *impl_;
+  const dim3 grid(static_cast<unsigned>(blocks_)), block(kThreads);
+  by_float_type(im.type, [&](auto tr) {
+    constexpr GgmlType TT = decltype(tr)::kType;
+    if (im.kv_f16) {
+      launch_pdl_smem("decode_step_kernel", decode_step_kernel<TT, math::KvF16>, grid, block,
+                      smem_, stream, im.ph);
+    } else {
+      launch_pdl_smem("decode_step_kernel", decode_step_kernel<TT, math::KvF32>, grid, block,
+                      smem_, stream, im.pf);
+    }
+  });
+  CUDA_CHECK_LAUNCH("decode_step_kernel");
+}
+
+}  // namespace worker::kern::exact

@@ -1,0 +1,94 @@
+#pragma once
+// The exact decode step as one persistent kernel (decode_step.cu): every layer's RMSNorm,
+// Q/K/V, attention, Wo, RMSNorm, gate + up + SwiGLU, down, then the final norm and the LM head,
+// in one launch of one block per SM. Ops are separated by counters in global memory instead
+// of kernel boundaries, and each block's share of the next ops' weights is copied into its
+// shared memory while it waits. The arithmetic is the exact kernels' per-thread code
+// (exact_float_rows.cuh, attention_exact_decode.cuh, exact_ops_math.cuh): the same bits as
+// the launch-per-op decode step, which the engine tests compare with the CPU reference.
+//
+// Runs models whose layer matrices and output matrix are all one float type (F32, F16 or
+// BF16); DecodeStep::plan() says whether a model qualifies on this device.
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "act_round.cuh"
+#include "attention_exact.cuh"
+#include "matvec.cuh"  // WeightView
+
+namespace worker::kern::exact {
+
+// One layer's tensors (device memory); norms as FP32.
+struct DecodeLayer {
+  WeightView wq, wk, wv, wo, gate, up, down;
+  const float* attn_norm = nullptr;
+  const float* ffn_norm = nullptr;
+  const float* bq = nullptr;  // biases or nullptr
+  const float* bk = nullptr;
+  const float* bv = nullptr;
+  KvCache kv;
+};
+
+// The model and the decode scratch (device memory, fixed addresses: the step is replayed as a
+// CUDA graph).
+struct DecodeModel {
+  std::vector<DecodeLayer> layers;
+  WeightView output;
+  const float* output_norm = nullptr;
+  AttnShape shape;
+  float eps = 0.0f;
+  int n_ctx = 0;
+  const float* rope_table = nullptr;
+  // scratch
+  float* x = nullptr;  // [n_embd] the residual stream (embed writes it before the step)
+  float *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
+  float* act_att = nullptr;  // [n_head * head_dim] attention output rounded for Wo
+  float* act_g = nullptr;    // [n_ff] SwiGLU output rounded for down
+  float* logits = nullptr;   // [vocab]
+  float* attn_scratch = nullptr;
+  const int32_t* d_n_past = nullptr;
+  // DecodeStep::device_bytes(layers.size()) bytes, 256-aligned, for the step's tables
+  void* device_mem = nullptr;
+};
+
+class DecodeStep {
+ public:
+  // Device memory the step needs for n_layer layers (its layer table and counters; the
+  // caller provides it as DecodeModel::device_mem and counts it as scratch).
+  static size_t device_bytes(int n_layer);
+  // A plan for `m` on the current device, or nullptr with *why set when the model does not
+  // qualify (weight types, shapes, shared memory).
+  static std::unique_ptr<DecodeStep> plan(const DecodeModel& m, std::string* why);
+  ~DecodeStep();
+  DecodeStep(const DecodeStep&) = delete;
+  DecodeStep& operator=(const DecodeStep&) = delete;
+  // Launches the step (after the embedding of this step's token into m.x, on the same
+  // stream); the logits land in m.logits.
+  void launch(cudaStream_t stream) const;
+  // Profiling for kernel work: every later launch records, per block, %globaltimer at 17
+  // points of each layer (after each wait, norm and product, and the attention's phases;
+  // [layer][point][block]) and 3 of the LM head (layer n_layer); read_trace() returns the
+  // last launch's.
+  void enable_trace();
+  std::vector<uint64_t> read_trace() const;
+  int blocks() const { return blocks_; }
+  size_t smem_bytes() const { return smem_; }
+
+ private:
+  DecodeStep() = default;
+  struct Impl;
+  Impl* impl_ = nullptr;
+  int blocks_ = 0;
+  size_t smem_ = 0;
+};
+
+// WORKER_DECODE_STEP=0 in the environment turns the persistent decode step off (A/B
+// measurements); read once.
+bool decode_step_enabled();
+
+}  // namespace worker::kern::exact
