@@ -290,6 +290,7 @@ class CudaEngine final : public Engine {
     b.sm = ctx_->sm();
     b.cuda_runtime_version = ctx_->runtime_version();
     b.device_name = ctx_->props().name;
+    if (opt_.exact) b.decode = step_ ? "persistent" : "per_op";
     return b;
   }
   VramUsage vram() const override {
@@ -739,8 +740,10 @@ void CudaEngine::trace(const char* name, int layer, const void* dev, int pos_off
 // The persistent decode step for this model, unless it does not qualify (then the decode
 // step launches one kernel per op, forward_exact) or WORKER_DECODE_STEP=0.
 void CudaEngine::setup_decode_step() {
-  if (!kern::exact::decode_step_enabled()) {
-    log::info("decode_step", {{"path", "per_op"}, {"reason", "WORKER_DECODE_STEP=0"}});
+  if (!opt_.decode_step || !kern::exact::decode_step_enabled()) {
+    log::info("decode_step",
+              {{"path", "per_op"},
+               {"reason", opt_.decode_step ? "WORKER_DECODE_STEP=0" : "decode_step option off"}});
     return;
   }
   kern::exact::DecodeModel m;

@@ -26,6 +26,10 @@ struct CudaEngineOptions {
   // summation orders), whose logits differ from the reference in the last bits (bounds in
   // worker/cuda/tests/cuda_engine_test.cpp).
   bool exact = true;
+  // Exact numerics: the decode step as one persistent kernel (kernels/decode_step.cuh) where
+  // the model qualifies (float weights of one type; BackendInfo::decode says which ran), the
+  // same bits as one kernel per op (false, or WORKER_DECODE_STEP=0 in the environment).
+  bool decode_step = true;
   LoadProgress progress;  // weight bytes uploaded so far (the terminal progress line)
 };
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int32_t ctx_size,

@@ -46,6 +46,7 @@ struct BackendInfo {
   std::string sm;         // "9.0" (cuda)
   std::string cuda_runtime_version;
   std::string device_name;
+  std::string decode;  // cuda, exact numerics: "persistent" (one kernel a step) | "per_op"
 };
 
 class Engine {

@@ -326,6 +326,7 @@ int worker_main(int argc, char** argv) {
                {"sm", info.sm},
                {"cuda_runtime_version", info.cuda_runtime_version},
                {"device_name", info.device_name},
+               {"decode", info.decode},
                {"gpu_device", opt.gpu_device},
                // What ran, for every report and bug (issue 17).
                {"build",

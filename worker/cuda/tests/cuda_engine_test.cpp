@@ -4,9 +4,11 @@
 // sampler, graph replay, reproducibility and VRAM staying at baseline. Without a GPU
 // every test reports "not run".
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +19,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention_exact.cuh"
@@ -215,11 +218,26 @@ size_t count_bit_differences(std::span<const float> a, std::span<const float> b,
 // an FP32 cache against the reference's default. The 27-token prompt takes the batch orders
 // (tinyBLAS, repack gemm for 24 tokens and gemv for the last 3); decode the one-token orders
 // and the CUDA graph.
-void run_exact_parity(bool kv_f32) {
+//
+// The decode step: the float-weight fixtures (F32 / F16 / BF16, and stories260K) run it as the
+// persistent kernel (kernels/decode_step.cuh; BackendInfo::decode says so, checked here), the
+// others one kernel per op; decode_step = false runs the float ones per op as well.
+bool float_weights(const std::string& name) {
+  return name.find("-f32.") != std::string::npos || name.find("-f16.") != std::string::npos ||
+         name.find("-bf16.") != std::string::npos;
+}
+
+void run_exact_parity(bool kv_f32, bool decode_step = true) {
   auto models = generated_models();
   ASSERT_FALSE(models.empty()) << "no generated fixtures in " << generated_fixtures()
                                << " (run fixtures/generate_all.sh)";
-  models.push_back(stories_path());
+  if (decode_step) {
+    models.push_back(stories_path());
+  } else {  // only the models whose decode path the option changes
+    std::erase_if(models, [](const std::string& p) {
+      return !float_weights(fs::path(p).filename().string());
+    });
+  }
   int failed = 0;
   for (const auto& path : models) {
     SCOPED_TRACE(path);
@@ -230,7 +248,13 @@ void run_exact_parity(bool kv_f32) {
     auto cpu = make_cpu_engine(model, 256, nullptr, copt);
     CudaEngineOptions gopt;  // defaults: exact numerics, FP16 cache
     gopt.kv_cache_f32 = kv_f32;
+    gopt.decode_step = decode_step;
     auto gpu = make_cuda_engine(model, 256, 0, gopt);
+    if (float_weights(name) && decode_step) {
+      EXPECT_EQ(gpu->info().decode, "persistent") << "the float fixtures take the decode step";
+    } else if (float_weights(name)) {
+      EXPECT_EQ(gpu->info().decode, "per_op");
+    }
     const auto prompt = random_prompt(27, model->config.vocab_size, 42);
     cpu->eval(prompt, true);
     gpu->eval(prompt, true);
@@ -271,8 +295,8 @@ void run_exact_parity(bool kv_f32) {
     EXPECT_EQ(hc, hg) << "greedy continuations differ";
     EXPECT_EQ(diff, 0u) << "first difference at " << where << ": " << first;
     if (diff != 0 || hc != hg) ++failed;
-    std::printf("[exact] kv=%s %-26s %zu logits compared, %zu differ%s%s; greedy %s\n",
-                kv_f32 ? "f32" : "f16", name.c_str(), compared, diff,
+    std::printf("[exact] kv=%s decode=%s %-26s %zu logits compared, %zu differ%s%s; greedy %s\n",
+                kv_f32 ? "f32" : "f16", gpu->info().decode.c_str(), name.c_str(), compared, diff,
                 first.empty() ? "" : " (first at ",
                 first.empty() ? "" : (where + ": " + first + ")").c_str(),
                 hc == hg ? "identical" : "DIVERGED");
@@ -291,6 +315,92 @@ TEST(CudaEngine, ExactParityWithCpuReferenceBitForBitFp16Kv) {
 TEST(CudaEngine, ExactParityWithCpuReferenceBitForBitFp32Kv) {
   REQUIRE_GPU();
   run_exact_parity(true);
+}
+
+// The launch-per-op decode of the float-weight models (decode_step = false), both caches.
+// REQ: M0-W-1214 M0-W-1420 WRK-D1 WRK-D15
+TEST(CudaEngine, ExactParityPerOpDecodeStep) {
+  REQUIRE_GPU();
+  run_exact_parity(false, false);
+  run_exact_parity(true, false);
+}
+
+// The persistent decode step's profile (WORKER_DECODE_STEP_TRACE, DecodeStep::enable_trace):
+// one record a decode step, {n_layer, 17, blocks} then uint64 [n_layer + 1][17][blocks]
+// %globaltimer stamps. Checks that the counters order the ops: within a block the points
+// follow the op order, and no block starts Wo before every block has finished its attention
+// (nor gate + up before every block's Wo, down before every gate + up, the next layer before
+// every down).
+TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
+  REQUIRE_GPU();
+  const std::string path = generated_fixtures() + "/qwen2-g7-f16.gguf";
+  ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
+  const fs::path trace = fs::temp_directory_path() / ("decode_step_trace_" +
+                                                      std::to_string(::getpid()) + ".bin");
+  fs::remove(trace);
+  ::setenv("WORKER_DECODE_STEP_TRACE", trace.c_str(), 1);
+  auto model = load_model(path);
+  auto gpu = make_cuda_engine(model, 256, 0, CudaEngineOptions{});
+  ::unsetenv("WORKER_DECODE_STEP_TRACE");
+  ASSERT_EQ(gpu->info().decode, "persistent");
+  const auto prompt = random_prompt(20, model->config.vocab_size, 7);
+  gpu->eval(prompt, false);
+  constexpr int kSteps = 3;
+  for (int i = 0; i < kSteps; ++i) {
+    const int32_t t = prompt[static_cast<size_t>(i)];
+    gpu->eval(std::span<const int32_t>(&t, 1));
+  }
+  gpu.reset();
+  std::vector<uint64_t> d(fs::file_size(trace) / sizeof(uint64_t));
+  {
+    std::FILE* f = std::fopen(trace.c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fread(d.data(), sizeof(uint64_t), d.size(), f), d.size());
+    std::fclose(f);
+  }
+  fs::remove(trace);
+  ASSERT_GE(d.size(), 3u);
+  const uint64_t L = d[0], P = d[1], G = d[2];
+  ASSERT_EQ(L, model->config.n_layer);
+  ASSERT_EQ(P, 17u);
+  ASSERT_GT(G, 0u);
+  const size_t rec = 3 + (L + 1) * P * G;
+  ASSERT_EQ(d.size(), kSteps * rec) << "one record per decode step";
+  for (int st = 0; st < kSteps; ++st) {
+    const uint64_t* t = d.data() + st * rec + 3;
+    const auto at = [&](uint64_t l, uint64_t p, uint64_t b) { return t[(l * P + p) * G + b]; };
+    // points every block stamps, in its op order: 0 norm start, 1 norm end, 2 Q/K/V end,
+    // 4 attention end, 5 Wo start, 6 Wo end, 7 gate+up start, 8 norm end, 9 gate+up end,
+    // 10 down start, 11 down end
+    const uint64_t order[] = {0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11};
+    for (uint64_t l = 0; l < L; ++l) {
+      for (uint64_t b = 0; b < G; ++b) {
+        for (size_t k = 0; k + 1 < std::size(order); ++k) {
+          ASSERT_NE(at(l, order[k], b), 0u) << "layer " << l << " point " << order[k];
+          ASSERT_LE(at(l, order[k], b), at(l, order[k + 1], b))
+              << "layer " << l << " block " << b << " points " << order[k] << ", " << order[k + 1];
+        }
+      }
+      // a consumer op starts after every block finished the producer op
+      const std::pair<uint64_t, uint64_t> deps[] = {{4, 5}, {6, 7}, {9, 10}};
+      for (const auto& [prod, cons] : deps) {
+        uint64_t last = 0, first = UINT64_MAX;
+        for (uint64_t b = 0; b < G; ++b) {
+          last = std::max(last, at(l, prod, b));
+          first = std::min(first, at(l, cons, b));
+        }
+        EXPECT_LE(last, first) << "layer " << l << ": op at point " << cons
+                               << " started before every block finished point " << prod;
+      }
+      uint64_t last_down = 0, first_next = UINT64_MAX;
+      for (uint64_t b = 0; b < G; ++b) {
+        last_down = std::max(last_down, at(l, 11, b));
+        first_next = std::min(first_next, at(l + 1, 0, b));  // layer L: the LM head's wait
+      }
+      EXPECT_LE(last_down, first_next) << "layer " << l + 1 << " started before layer " << l
+                                       << "'s down finished";
+    }
+  }
 }
 
 // The fast kernels (CudaEngineOptions::exact = false) against the CPU reference on every
