@@ -57,7 +57,7 @@ constexpr int kOps = 5;  // counters a layer: Q/K/V, attention, Wo, gate + up, d
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
 constexpr int kIssuer = 0;
 constexpr int kTracePoints = 17;  // a layer's timestamps (DecodeStep::read_trace)
-constexpr int kLmStages = 8;  // LM head ring: stages of kWarps rows
+constexpr int kLmStages = 8;  // LM head ring: at most this many stages of kWarps rows
 
 template <class KT>
 struct StepLayer {
@@ -81,6 +81,7 @@ struct StepParams {
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
   unsigned off_res;  // the block's rows of x (Wo / down residual) and gate / up dots
+  int lm_stages;     // 2 .. kLmStages: what fits in P and G
   uint64_t* trace;                  // nullptr, or kTracePoints timestamps a layer per block
 };
 
@@ -311,9 +312,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     fence_async_smem();
     const int r0 = v0 + kWarps * s, r1 = min(v1, r0 + kWarps);
     const size_t b = rows_bytes(p.rbE, r0, r1);
-    mbar_expect(&bar_lm[s % kLmStages], static_cast<unsigned>(b));
-    bulk_copy(P + static_cast<size_t>(s % kLmStages) * lm_slot,
-              p.out_w + static_cast<size_t>(r0) * p.rbE, b, &bar_lm[s % kLmStages]);
+    mbar_expect(&bar_lm[s % p.lm_stages], static_cast<unsigned>(b));
+    bulk_copy(P + static_cast<size_t>(s % p.lm_stages) * lm_slot,
+              p.out_w + static_cast<size_t>(r0) * p.rbE, b, &bar_lm[s % p.lm_stages]);
   };
 
   if (tid == 0) {
@@ -442,7 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     if (l + 1 < p.n_layer) {
       issue_p(p.layers[l + 1]);
     } else {
-      for (int s = 0; s < kLmStages; ++s) issue_lm(s);
+      for (int s = 0; s < p.lm_stages; ++s) issue_lm(s);
     }
   }
   // ---- final RMSNorm + LM head ----
@@ -453,16 +454,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   const int lane = tid & 31, w = tid >> 5;
   const float2* xp = reinterpret_cast<const float2*>(xs);
   for (int s = 0; s < lm_chunks; ++s) {
-    mbar_wait(&bar_lm[s % kLmStages], static_cast<unsigned>((s / kLmStages) & 1));
+    mbar_wait(&bar_lm[s % p.lm_stages], static_cast<unsigned>((s / p.lm_stages) & 1));
     const int r = v0 + kWarps * s + w;
     if (r < v1) {
-      const uint8_t* row = P + static_cast<size_t>(s % kLmStages) * lm_slot +
+      const uint8_t* row = P + static_cast<size_t>(s % p.lm_stages) * lm_slot +
                            static_cast<size_t>(w) * p.rbE;
       const float d = fr::smem_row_dot<T>(row, p.E, xp, xs, lane);
       if (lane == 0) p.logits[r] = d;
     }
     __syncthreads();
-    issue_lm(s + kLmStages);
+    issue_lm(s + p.lm_stages);
   }
   stamp(p.trace, p.n_layer, 2);
   // Every block has passed its last wait once it counts itself here: the last one zeroes the
@@ -643,12 +644,16 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   const size_t down_b = align16(share(E) * rbF);
   const size_t gu_b = align16(2 * share(F) * rbE);
   const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
-  const size_t pg = std::max(p_b + gu_b, static_cast<size_t>(kLmStages) * kWarps * rbE);
   const size_t xs_b = align16(static_cast<size_t>(std::max({E, QD, F})) * sizeof(float));
   const size_t res_b = align16((share(E) + 2 * share(F)) * sizeof(float));
+  constexpr size_t kStatic = 32 * sizeof(double) + 16 + (3 + kLmStages) * sizeof(uint64_t);
+  // The LM head's ring takes the P and G regions: as many stages as fit, at least 2.
+  const size_t slot = static_cast<size_t>(kWarps) * rbE;
+  const size_t room = static_cast<size_t>(optin) - std::min<size_t>(optin, kStatic + xs_b + res_b);
+  const int lm_stages = static_cast<int>(std::min<size_t>(kLmStages, room / slot));
+  const size_t pg = std::max(p_b + gu_b, static_cast<size_t>(std::max(lm_stages, 2)) * slot);
   const size_t smem = pg + xs_b + res_b;
-  constexpr size_t kStatic = 32 * sizeof(double) + 16;
-  if (smem + kStatic > static_cast<size_t>(optin)) {
+  if (lm_stages < 2 || smem + kStatic > static_cast<size_t>(optin)) {
     return no("a block's share of the weights needs " + std::to_string(smem) +
               " bytes of shared memory (" + std::to_string(optin) + " on this device)");
   }
@@ -685,6 +690,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   for (auto* p : {&im.pf.off_xs, &im.ph.off_xs}) *p = static_cast<unsigned>(pg);
   for (auto* p : {&im.pf.off_res, &im.ph.off_res}) *p = static_cast<unsigned>(pg + xs_b);
   im.pf.cv = im.ph.cv = cv;
+  im.pf.lm_stages = im.ph.lm_stages = lm_stages;
   im.pf.sync = im.ph.sync = im.sync;
   by_float_type(T, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
