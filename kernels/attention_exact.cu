@@ -293,8 +293,8 @@ __global__ void __launch_bounds__(kDecThreads)
     ex_attn_decode_kernel(DecArgs<typename KV::T> a, int C) {
   __shared__ DecSmem sm;
   const int blk = static_cast<int>(blockIdx.x);
-  attn_decode_block<KV, ROPE>(a, blk / C, blk % C, C, true, sm, [] { griddep_wait(); },
-                              [](int) {});
+  attn_decode_block<KV, ROPE>(
+      a, blk / C, blk % C, C, true, sm, [] { griddep_wait(); }, [](int) {});
 }
 
 __global__ void ex_f16_bits_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,

@@ -7,16 +7,17 @@
 #include <stdint.h>
 
 #include "act_round.cuh"
-#include "attention_exact_math.cuh"
 #include "attention_exact.cuh"
+#include "attention_exact_math.cuh"
 #include "common.cuh"
 
 namespace worker::kern::exact {
 
 // ---- attention, one token (decode): one launch -----------------------------------------
 //
-// attn_decode_block (ex_attn_decode_kernel, and the persistent decode kernel): a cluster of C blocks per head (C = 1: one block), bit for bit the
-// three kernels above for n_tok == 1 (vec_dot orders for KQ and KQV):
+// attn_decode_block (ex_attn_decode_kernel, and the persistent decode kernel): a cluster of C
+// blocks per head (C = 1: one block), bit for bit the three kernels above for n_tok == 1 (vec_dot
+// orders for KQ and KQV):
 //  0. (ROPE) every block does bias_rope_store's ops for its head and KV group: q + bq, RoPE
 //     (the q output), then KV::query of it; k + bk, RoPE, v + bv, each stored as KV::store and
 //     kept as the exact floats of the stored values. One block per KV group (r == 0, the

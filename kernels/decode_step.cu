@@ -13,19 +13,25 @@
 // to finish zeroes them for the next launch. Data other blocks wrote during the launch is read
 // with ld.global.cg (L2).
 //
-// Weights before the wait: shared memory is three regions, P (Wo + Q/K/V, the attention's
-// shared arrays over the Q/K/V tile, then the down tile), G (gate + up) and XS (the op's
-// input, rounded for its weights). A block copies its rows of the next ops' matrices into P and
-// G with cp.async as soon as the region is free, in this order per layer:
-//   after down (l - 1):  P <- Wo (l), Q/K/V (l);  G <- gate, up (l)
-//   after Wo (l):        P <- down (l)
-// so Q/K/V wait for their own bytes only, gate + up stream during Q/K/V, attention and Wo, and
-// down during gate + up. After the last layer the LM head streams through P and G as a ring of
-// 8-row stages.
+// Weights before the wait: shared memory is four regions, P (Wo + Q/K/V, the attention's
+// shared arrays over the Q/K/V tile, then the down tile), G (gate + up), XS (the op's input,
+// rounded for its weights) and a small one for the block's rows of x (the residual adds read
+// no global memory) and its gate / up dots. Thread 0 copies the block's rows of the next ops'
+// matrices into P and G with TMA bulk copies (cp.async.bulk, an mbarrier counting the bytes;
+// L2 evict-first, the weights are read once a step) as soon as the region is free:
+//   after down (l - 1):   P <- Wo (l), Q/K/V (l)
+//   after attention (l):  G <- gate, up (l)   (issued earlier, their 17 MB of loads slowed the
+//                                              norm and attention's latency-bound reads)
+//   after Wo (l):         P <- down (l)
+// After the last layer the LM head streams through P and G as a ring of 8-row stages.
+//
+// Where a step's time goes is measured by the trace (enable_trace, bench/steptrace.py) and
+// written in reports/perf-notes.md (v11).
 //
 // Numerics: the same per-thread code as the launch-per-op step: the RMSNorm's double tree with
 // the certainty check (thread k summing columns k, k + 256, ...), each matrix row in the vec_dot
-// order of matvec1_float (fr::smem_row_dot), SwiGLU (math::swiglu_one), the activation
+// order of matvec1_float (fr::smem_rows_dot: independent rows interleaved, each row's chains
+// unchanged), SwiGLU (math::swiglu_one, a thread per row after the dots), the activation
 // roundings, and attn_decode_block for the attention.
 //
 // Compiled with -fmad=false: every product / sum / fma is explicit.
@@ -57,7 +63,7 @@ constexpr int kOps = 5;  // counters a layer: Q/K/V, attention, Wo, gate + up, d
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
 constexpr int kIssuer = 0;
 constexpr int kTracePoints = 17;  // a layer's timestamps (DecodeStep::read_trace)
-constexpr int kLmStages = 8;  // LM head ring: at most this many stages of kWarps rows
+constexpr int kLmStages = 8;      // LM head ring: at most this many stages of kWarps rows
 
 template <class KT>
 struct StepLayer {
@@ -70,8 +76,8 @@ template <class KT>
 struct StepParams {
   const StepLayer<KT>* layers;
   int n_layer;
-  int E, QD, KD, F, V;  // n_embd, n_head * head_dim, n_head_kv * head_dim, n_ff, vocab
-  int n_head, cv;       // heads; blocks a head in local mode
+  int E, QD, KD, F, V;   // n_embd, n_head * head_dim, n_head_kv * head_dim, n_ff, vocab
+  int n_head, cv;        // heads; blocks a head in local mode
   size_t rbE, rbQ, rbF;  // bytes of a row of E, QD, F columns
   float eps;
   const float* out_norm;
@@ -80,8 +86,8 @@ struct StepParams {
   unsigned* sync;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
-  unsigned off_res;  // the block's rows of x (Wo / down residual) and gate / up dots
-  int lm_stages;     // 2 .. kLmStages: what fits in P and G
+  unsigned off_res;                 // the block's rows of x (Wo / down residual) and gate / up dots
+  int lm_stages;                    // 2 .. kLmStages: what fits in P and G
   uint64_t* trace;                  // nullptr, or kTracePoints timestamps a layer per block
 };
 
@@ -169,8 +175,7 @@ __device__ __forceinline__ uint64_t evict_first_policy() {
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
   return pol;
 }
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, size_t bytes,
-                                          uint64_t* bar) {
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, size_t bytes, uint64_t* bar) {
   if (bytes == 0) return;
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], "
@@ -274,10 +279,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   float* const xres = reinterpret_cast<float*>(smem + p.off_res);
   const int QKD = p.QD + 2 * p.KD;
   // this block's rows of each product
-  const int e0 = part(p.E, c, G), e1 = part(p.E, c + 1, G);      // Wo, down
-  const int k0 = part(QKD, c, G), k1 = part(QKD, c + 1, G);      // Q/K/V
-  const int f0 = part(p.F, c, G), f1 = part(p.F, c + 1, G);      // gate, up
-  const int v0 = part(p.V, c, G), v1 = part(p.V, c + 1, G);      // LM head
+  const int e0 = part(p.E, c, G), e1 = part(p.E, c + 1, G);  // Wo, down
+  const int k0 = part(QKD, c, G), k1 = part(QKD, c + 1, G);  // Q/K/V
+  const int f0 = part(p.F, c, G), f1 = part(p.F, c + 1, G);  // gate, up
+  const int v0 = part(p.V, c, G), v1 = part(p.V, c + 1, G);  // LM head
 
   // kIssuer issues the copies of layer L's P tiles (after a barrier of the block).
   const auto issue_p = [&](const StepLayer<KT>& L) {
@@ -355,14 +360,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     // ---- attention (the shared arrays over the Q/K/V tile) ----
     for (int u = c; u < p.n_head * C; u += G) {  // (head, block of the head) units
       auto& sm = *reinterpret_cast<DecSmem*>(P + p.off_qkv);
-      attn_decode_block<KV, true>(L.attn, u / C, u % C, C, false, sm,
-                                  [&] {
-                                    wait_for(ctr + 0, Gu);
-                                    stamp(p.trace, l, 3);
-                                  },
-                                  [&](int k) {
-                                    if (u == c) stamp(p.trace, l, 12 + k);
-                                  });
+      attn_decode_block<KV, true>(
+          L.attn, u / C, u % C, C, false, sm,
+          [&] {
+            wait_for(ctr + 0, Gu);
+            stamp(p.trace, l, 3);
+          },
+          [&](int k) {
+            if (u == c) stamp(p.trace, l, 12 + k);
+          });
       __syncthreads();  // sm is reused by the next unit
     }
     stamp(p.trace, l, 4);
@@ -457,8 +463,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     mbar_wait(&bar_lm[s % p.lm_stages], static_cast<unsigned>((s / p.lm_stages) & 1));
     const int r = v0 + kWarps * s + w;
     if (r < v1) {
-      const uint8_t* row = P + static_cast<size_t>(s % p.lm_stages) * lm_slot +
-                           static_cast<size_t>(w) * p.rbE;
+      const uint8_t* row =
+          P + static_cast<size_t>(s % p.lm_stages) * lm_slot + static_cast<size_t>(w) * p.rbE;
       const float d = fr::smem_row_dot<T>(row, p.E, xp, xs, lane);
       if (lane == 0) p.logits[r] = d;
     }
@@ -477,13 +483,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   }
 }
 
-
 template <GgmlType T, class KV>
 void set_attrs(size_t smem) {
-  cuda_check(cudaFuncSetAttribute(decode_step_kernel<T, KV>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)),
-             "decode_step_kernel attributes", __FILE__, __LINE__);
+  cuda_check(
+      cudaFuncSetAttribute(decode_step_kernel<T, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)),
+      "decode_step_kernel attributes", __FILE__, __LINE__);
 }
 
 size_t align16(size_t n) {
@@ -583,10 +588,10 @@ std::vector<StepLayer<KT>> layer_table(const DecodeModel& m) {
     L.ffn_norm = d.ffn_norm;
     ActBuf a;
     a.f = m.act_att;
-    L.attn = decode_attention_args<KT>(QkvIn{m.q, m.k, m.v, d.bq, d.bk, d.bv}, m.shape,
-                                       m.rope_table, m.d_n_past, static_cast<KT*>(d.kv.k),
-                                       static_cast<KT*>(d.kv.v), m.att, m.n_ctx, m.attn_scratch,
-                                       d.wo.type, a);
+    L.attn =
+        decode_attention_args<KT>(QkvIn{m.q, m.k, m.v, d.bq, d.bk, d.bv}, m.shape, m.rope_table,
+                                  m.d_n_past, static_cast<KT*>(d.kv.k), static_cast<KT*>(d.kv.v),
+                                  m.att, m.n_ctx, m.attn_scratch, d.wo.type, a);
     t.push_back(L);
   }
   return t;
@@ -727,11 +732,11 @@ void DecodeStep::launch(cudaStream_t stream) const {
   by_float_type(im.type, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {
-      launch_pdl_smem("decode_step_kernel", decode_step_kernel<TT, math::KvF16>, grid, block,
-                      smem_, stream, im.ph);
+      launch_pdl_smem("decode_step_kernel", decode_step_kernel<TT, math::KvF16>, grid, block, smem_,
+                      stream, im.ph);
     } else {
-      launch_pdl_smem("decode_step_kernel", decode_step_kernel<TT, math::KvF32>, grid, block,
-                      smem_, stream, im.pf);
+      launch_pdl_smem("decode_step_kernel", decode_step_kernel<TT, math::KvF32>, grid, block, smem_,
+                      stream, im.pf);
     }
   });
   CUDA_CHECK_LAUNCH("decode_step_kernel");

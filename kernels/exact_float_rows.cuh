@@ -140,7 +140,6 @@ __device__ __forceinline__ float warp_dot(const uint8_t* __restrict__ row, int c
   return finish<T>(a0, a1, row, cols, x, lane);
 }
 
-
 // The dots of N rows in shared memory (cols % 64 leftovers from them too) with the staged
 // activation xp (shared memory; x: the same values, for the leftovers), each in the
 // reference's order; the N rows' chains run interleaved (independent, so the loads and FMAs of

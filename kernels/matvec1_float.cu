@@ -40,8 +40,8 @@
 namespace worker::kern::exact {
 namespace {
 
-using fr::Raw;
 using fr::prefetch;
+using fr::Raw;
 using fr::warp_dot;
 
 constexpr int kRowsPerBlock = 4;  // one warp each

@@ -364,11 +364,11 @@ class CudaEngine final : public Engine {
   DeviceBuffer kv_;
   uint8_t* kv_base_ = nullptr;
   size_t kv_layer_bytes_ = 0;
-  Scratch dec_;    // one token, fixed addresses (graph)
+  Scratch dec_;  // one token, fixed addresses (graph)
   // Exact decode as one persistent kernel (kernels/decode_step.cuh), when the model qualifies.
   std::unique_ptr<kern::exact::DecodeStep> step_;
   std::string step_trace_path_;  // WORKER_DECODE_STEP_TRACE: each step's timestamps appended
-  Scratch batch_;  // prefill, grows on demand
+  Scratch batch_;                // prefill, grows on demand
   SampleRegion samp_;
   PinnedBuffer pin_io_;      // [0] = n_past, [1..] = tokens
   PinnedBuffer pin_sample_;  // SampleParams + history
@@ -750,8 +750,18 @@ void CudaEngine::setup_decode_step() {
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
     const LayerVecs& V = xvec_[il];
-    m.layers.push_back({L.wq, L.wk, L.wv, L.wo, L.gate, L.up, L.down, V.attn_norm, V.ffn_norm, V.bq,
-                        V.bk, V.bv,
+    m.layers.push_back({L.wq,
+                        L.wk,
+                        L.wv,
+                        L.wo,
+                        L.gate,
+                        L.up,
+                        L.down,
+                        V.attn_norm,
+                        V.ffn_norm,
+                        V.bq,
+                        V.bk,
+                        V.bv,
                         {kc(il), vc(il),
                          opt_.kv_cache_f32 ? kern::exact::KvType::F32 : kern::exact::KvType::F16}});
   }

@@ -335,8 +335,8 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
   REQUIRE_GPU();
   const std::string path = generated_fixtures() + "/qwen2-g7-f16.gguf";
   ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
-  const fs::path trace = fs::temp_directory_path() / ("decode_step_trace_" +
-                                                      std::to_string(::getpid()) + ".bin");
+  const fs::path trace =
+      fs::temp_directory_path() / ("decode_step_trace_" + std::to_string(::getpid()) + ".bin");
   fs::remove(trace);
   ::setenv("WORKER_DECODE_STEP_TRACE", trace.c_str(), 1);
   auto model = load_model(path);
@@ -397,8 +397,8 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
         last_down = std::max(last_down, at(l, 11, b));
         first_next = std::min(first_next, at(l + 1, 0, b));  // layer L: the LM head's wait
       }
-      EXPECT_LE(last_down, first_next) << "layer " << l + 1 << " started before layer " << l
-                                       << "'s down finished";
+      EXPECT_LE(last_down, first_next)
+          << "layer " << l + 1 << " started before layer " << l << "'s down finished";
     }
   }
 }
