@@ -336,6 +336,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   const bool local = n_past + 1 <= p.layers[0].attn.local_keys;
   const int C = local ? p.cv : 1;
   griddep_wait();  // the embedding of this step's token (m.x)
+  // Wo and down: x[e0 + i] += the row's dot (the block's rows of x are in xres)
+  const auto add_residual = [&](int i, float d) {
+    const float v = xf::add_rn(xres[i], d);
+    xres[i] = v;
+    p.x[e0 + i] = v;
+  };
   for (int l = 0; l < p.n_layer; ++l) {
     const StepLayer<KT>& L = p.layers[l];
     unsigned* const ctr = p.sync + static_cast<size_t>(kOps) * l;
@@ -378,11 +384,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     wait_for(ctr + 1, Gu);
     stamp(p.trace, l, 5);
     stage_l2(xs, p.act_att, p.QD);
-    tile_rows<T>(P, p.rbQ, e1 - e0, p.QD, xs, [&](int i, float d) {
-      const float v = xf::add_rn(xres[i], d);
-      xres[i] = v;
-      p.x[e0 + i] = v;
-    });
+    tile_rows<T>(P, p.rbQ, e1 - e0, p.QD, xs, add_residual);
     stamp(p.trace, l, 6);
     arrive(ctr + 2);
     if (tid == kIssuer) {  // P is free: Wo and the attention are done
@@ -439,11 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     stamp(p.trace, l, 10);
     stage_l2(xs, p.act_g, p.F);
     mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
-    tile_rows<T>(P, p.rbF, e1 - e0, p.F, xs, [&](int i, float d) {
-      const float v = xf::add_rn(xres[i], d);
-      xres[i] = v;
-      p.x[e0 + i] = v;
-    });
+    tile_rows<T>(P, p.rbF, e1 - e0, p.F, xs, add_residual);
     stamp(p.trace, l, 11);
     arrive(ctr + 4);
     if (l + 1 < p.n_layer) {
