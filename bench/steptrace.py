@@ -2,72 +2,100 @@
 """Where the persistent decode step's time goes, from its trace (kernel work).
 
     WORKER_DECODE_STEP_TRACE=/tmp/t.bin build/bench/decode_bench --model M.gguf --decode 24
-    python3 bench/steptrace.py /tmp/t.bin [records to skip, default 2]
+    python3 bench/steptrace.py /tmp/t.bin [steps to skip, default 2]
 
 The trace (CudaEngine with WORKER_DECODE_STEP_TRACE=file; kernels/decode_step.cuh) is one record
 per decode step: uint64 {n_layer, points, blocks}, then uint64 [n_layer + 1][points][blocks]
-%globaltimer stamps taken by thread 0 of every block. Points of a layer: 0 start (after the wait
-for the previous layer's down), 1 norm done, 2 Q/K/V done, 3 attention inputs ready (attention
-blocks), 4 attention done, 5 Wo start, 6 Wo done, 7 gate+up start, 8 norm done, 9 gate+up done,
-10 down start, 11 down done, 12-16 the attention's phases (RoPE, scores, exps, softmax sum,
-KQV); layer n_layer: 0 the LM head's start, 1 its norm done, 2 its end. Prints, averaged over
-layers and steps: each op's compute time (median and slowest block), the counter latency from the
-last block's arrival to the median block's release, the attention's phases, and the LM head.
+%globaltimer stamps (ns) taken by thread 0 of every block. Points of a layer: 0 start (after the
+wait for the previous layer's down), 1 norm done, 2 Q/K/V done, 3 attention inputs ready
+(attention blocks only; 0 in the others), 4 attention done, 5 Wo start, 6 Wo done, 7 gate+up
+start, 8 norm done, 9 gate+up done, 10 down start, 11 down done, 12-16 the attention's phases
+(RoPE, scores, exps, softmax sum, KQV; attention blocks); layer n_layer: 0 the LM head's start,
+1 its norm done, 2 its end. Prints, averaged over layers and steps (microseconds): each op's
+compute time (median and slowest block), each counter's latency from the last block's arrival to
+the median block's release, the attention's phases, the layer and the LM head.
+Python's standard library only.
 """
+import statistics
+import struct
 import sys
 
-import numpy as np
+OPS = [("norm (attn)", 0, 1), ("Q/K/V", 1, 2), ("Wo", 5, 6), ("norm (ffn)", 7, 8),
+       ("gate+up", 8, 9), ("down", 10, 11)]
+WAITS = [("Q/K/V -> attn", 2, 3), ("attn -> Wo", 4, 5), ("Wo -> gate+up", 6, 7),
+         ("gate+up -> down", 9, 10)]
+PHASES = [(3, 12, "RoPE"), (12, 13, "scores"), (13, 14, "exps"), (14, 15, "softmax sum"),
+          (15, 16, "KQV"), (16, 4, "reduce, out")]
+
+
+def read(path):
+    """[(n_layer, points, blocks, stamps)], stamps[l][p][b] in ns."""
+    with open(path, "rb") as f:
+        data = f.read()
+    recs, off = [], 0
+    while off + 24 <= len(data):
+        L, P, G = struct.unpack_from("<3Q", data, off)
+        n = (L + 1) * P * G
+        v = struct.unpack_from(f"<{n}Q", data, off + 24)
+        off += 24 + 8 * n
+        recs.append((L, P, G, [[list(v[(l * P + p) * G:(l * P + p + 1) * G]) for p in range(P)]
+                               for l in range(L + 1)]))
+    return recs
+
+
+def analyse(recs):
+    """Averages in microseconds: {name: value} (see the module doc for the names)."""
+    if not recs:
+        raise ValueError("no steps in the trace")
+    L, P, _, _ = recs[0]
+    out = {}
+
+    def mean(f):
+        return statistics.fmean(f(t, l) for _, _, _, t in recs for l in range(L)) / 1000
+
+    def diff(t, l, a, b, only=None):
+        return [t[l][b][i] - t[l][a][i] for i in range(len(t[l][a]))
+                if only is None or t[l][only][i] > 0]
+
+    for name, a, b in OPS:
+        out[name] = mean(lambda t, l: statistics.median(diff(t, l, a, b)))
+        out[name + " slowest"] = mean(lambda t, l: max(diff(t, l, a, b)))
+    out["attention slowest"] = mean(lambda t, l: max(diff(t, l, 3, 4, only=3) or [0]))
+    for name, arr, rel in WAITS:
+        out["wait " + name] = mean(lambda t, l: statistics.median(
+            [x for x in t[l][rel] if x > 0]) - max(t[l][arr]))
+    out["wait down -> next"] = mean(lambda t, l: statistics.median(t[l + 1][0]) - max(t[l][11]))
+    out["layer"] = mean(lambda t, l: statistics.median(t[l + 1][0]) - statistics.median(t[l][0]))
+    if P >= 17:
+        for a, b, name in PHASES:
+            out["attention " + name] = mean(
+                lambda t, l: statistics.median(diff(t, l, a, b, only=12) or [0]))
+    out["LM head"] = statistics.fmean(statistics.median(t[L][2]) - statistics.median(t[L][0])
+                                      for _, _, _, t in recs) / 1000
+    out["step"] = statistics.fmean(max(t[L][2]) - min(t[0][0]) for _, _, _, t in recs) / 1000
+    return out
 
 
 def main():
-    d = np.fromfile(sys.argv[1], dtype=np.uint64)
-    L, P, G = (int(x) for x in d[:3])
-    rec = 3 + (L + 1) * P * G
-    n = len(d) // rec
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    recs = read(sys.argv[1])
     skip = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    recs = [d[i * rec + 3:(i + 1) * rec].reshape(L + 1, P, G).astype(np.int64)
-            for i in range(skip, n)]
-    if not recs:
-        sys.exit("no records after the skipped ones")
-
-    def mean_us(f):
-        return np.mean([f(r, l) for r in recs for l in range(L)]) / 1000
-
-    print(f"{len(recs)} steps, {L} layers, {G} blocks; per layer, us:")
-    for lab, a, b in [("norm (attn)", 0, 1), ("Q/K/V", 1, 2), ("Wo", 5, 6), ("norm (ffn)", 7, 8),
-                      ("gate+up", 8, 9), ("down", 10, 11)]:
-        med = mean_us(lambda r, l: np.median(r[l, b] - r[l, a]))
-        mx = mean_us(lambda r, l: np.max(r[l, b] - r[l, a]))
-        print(f"  {lab:12s} median block {med:6.2f}  slowest {mx:6.2f}")
-
-    def attn(r, l):
-        m = r[l, 3] > 0
-        return np.max(r[l, 4][m] - r[l, 3][m]) if m.any() else 0
-
-    print(f"  {'attention':12s} slowest {mean_us(attn):6.2f}")
-    for lab, arr, rel in [("Q/K/V -> attn", 2, 3), ("attn -> Wo", 4, 5), ("Wo -> gate+up", 6, 7),
-                          ("gate+up -> down", 9, 10)]:
-        def lat(r, l):
-            x = r[l, rel][r[l, rel] > 0]
-            return np.median(x) - np.max(r[l, arr])
-        print(f"  counter {lab:16s} last arrival -> median release {mean_us(lat):6.2f}")
-
-    def nxt(r, l):
-        return np.median(r[l + 1, 0]) - np.max(r[l, 11])
-
-    print(f"  counter {'down -> next':16s} last arrival -> median release {mean_us(nxt):6.2f}")
-    print(f"  layer total {mean_us(lambda r, l: np.median(r[l + 1, 0]) - np.median(r[l, 0])):6.2f}")
-    if P >= 17:
+    r = analyse(recs[skip:])
+    L, _, G, _ = recs[0]
+    print(f"{len(recs) - skip} steps, {L} layers, {G} blocks; per layer, us:")
+    for name, _, _ in OPS:
+        print(f"  {name:16s} median block {r[name]:6.2f}  slowest {r[name + ' slowest']:6.2f}")
+    print(f"  {'attention':16s} slowest {r['attention slowest']:6.2f}")
+    for name in [w[0] for w in WAITS] + ["down -> next"]:
+        print(f"  wait {name:16s} last arrival -> median release {r['wait ' + name]:6.2f}")
+    print(f"  layer total {r['layer']:6.2f}")
+    phases = [k for k in r if k.startswith("attention ") and k != "attention slowest"]
+    if phases:
         print("attention phases (median over attention blocks), us:")
-        for a, b, lab in [(3, 12, "RoPE"), (12, 13, "scores"), (13, 14, "exps"),
-                          (14, 15, "softmax sum"), (15, 16, "KQV"), (16, 4, "reduce, out")]:
-            def ph(r, l):
-                m = r[l, 12] > 0
-                return np.median(r[l, b][m] - r[l, a][m]) if m.any() else 0
-            print(f"  {lab:12s} {mean_us(ph):6.2f}")
-    lm = np.mean([np.median(r[L, 2]) - np.median(r[L, 0]) for r in recs]) / 1000
-    span = np.mean([np.max(r[L, 2]) - np.min(r[0, 0]) for r in recs]) / 1000
-    print(f"LM head (norm + rows) {lm:.2f} us; step from layer 0's start {span:.1f} us")
+        for k in phases:
+            print(f"  {k[len('attention '):]:12s} {r[k]:6.2f}")
+    print(f"LM head (norm + rows) {r['LM head']:.2f} us; step from layer 0's start {r['step']:.1f} us")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""bench/steptrace.py on a synthetic decode-step trace with known op times (the format the CUDA
+engine writes for WORKER_DECODE_STEP_TRACE: kernels/decode_step.cuh)."""
+
+import importlib.util
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(os.environ.get("WORKER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+SPEC = importlib.util.spec_from_file_location("steptrace", ROOT / "bench/steptrace.py")
+steptrace = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(steptrace)
+
+L, P, G = 2, 17, 4  # layers, points, blocks; block 3 runs no attention
+
+
+def synthetic(step):
+    """Stamps (ns) where every block takes the same times, except block 1, 1 us slower in
+    Q/K/V, and each counter is released 500 ns after its last arrival."""
+    t = [[[0] * G for _ in range(P)] for _ in range(L + 1)]
+    now = 1_000_000 * (step + 1)
+    for l in range(L):
+        for b in range(G):
+            t[l][0][b] = now
+            t[l][1][b] = now + 2000                                # norm 2 us
+            t[l][2][b] = now + 3000 + (1000 if b == 1 else 0)      # Q/K/V 1 us (2 us block 1)
+        last = max(t[l][2])
+        for b in range(G):
+            if b < 3:  # attention blocks
+                t[l][3][b] = last + 500
+                for k, dt in enumerate([1600, 5500, 1100, 700, 1800]):  # phases 12..16
+                    t[l][12 + k][b] = (t[l][11 + k][b] if k else t[l][3][b]) + dt
+                t[l][4][b] = t[l][16][b] + 1000
+            else:
+                t[l][4][b] = last + 100
+        last = max(t[l][4])
+        for b in range(G):
+            t[l][5][b] = last + 500
+            t[l][6][b] = t[l][5][b] + 1200                         # Wo 1.2 us
+        last = max(t[l][6])
+        for b in range(G):
+            t[l][7][b] = last + 500
+            t[l][8][b] = t[l][7][b] + 2300                         # norm 2.3 us
+            t[l][9][b] = t[l][8][b] + 3500                         # gate+up 3.5 us
+        last = max(t[l][9])
+        for b in range(G):
+            t[l][10][b] = last + 500
+            t[l][11][b] = t[l][10][b] + 2400                       # down 2.4 us
+        now = max(t[l][11]) + 500
+    for b in range(G):
+        t[L][0][b] = now
+        t[L][1][b] = now + 2000
+        t[L][2][b] = now + 88_000                                  # LM head 88 us
+    return t
+
+
+class StepTraceTest(unittest.TestCase):
+    def write(self, path, steps):
+        with open(path, "wb") as f:
+            for s in range(steps):
+                f.write(struct.pack("<3Q", L, P, G))
+                t = synthetic(s)
+                f.write(struct.pack(f"<{(L + 1) * P * G}Q",
+                                    *[t[l][p][b] for l in range(L + 1) for p in range(P)
+                                      for b in range(G)]))
+
+    def test_reads_every_step_and_recovers_the_op_times(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "t.bin"
+            self.write(path, 3)
+            recs = steptrace.read(path)
+            self.assertEqual(len(recs), 3)
+            self.assertEqual(recs[0][:3], (L, P, G))
+            r = steptrace.analyse(recs)
+            for name, us in [("norm (attn)", 2.0), ("Q/K/V", 1.0), ("Q/K/V slowest", 2.0),
+                             ("Wo", 1.2), ("norm (ffn)", 2.3), ("gate+up", 3.5), ("down", 2.4),
+                             ("wait Q/K/V -> attn", 0.5), ("wait attn -> Wo", 0.5),
+                             ("wait Wo -> gate+up", 0.5), ("wait gate+up -> down", 0.5),
+                             ("wait down -> next", 0.5), ("attention scores", 5.5),
+                             ("attention KQV", 1.8), ("attention reduce, out", 1.0),
+                             ("LM head", 88.0)]:
+                self.assertAlmostEqual(r[name], us, places=6, msg=name)
+            # the attention (blocks 0-2 only): inputs ready -> done
+            self.assertAlmostEqual(r["attention slowest"], 1.6 + 5.5 + 1.1 + 0.7 + 1.8 + 1.0)
+            # the command line prints them (skipping the first step)
+            out = subprocess.run([sys.executable, str(ROOT / "bench/steptrace.py"), str(path), "1"],
+                                 capture_output=True, text=True, check=True).stdout
+            self.assertIn("2 steps, 2 layers, 4 blocks", out)
+            self.assertIn("scores", out)
+
+    def test_an_empty_trace_is_an_error(self):
+        with self.assertRaises(ValueError):
+            steptrace.analyse([])
+
+
+if __name__ == "__main__":
+    unittest.main()
