@@ -715,6 +715,10 @@ void DecodeStep::enable_trace() {
   im.pf.trace = im.ph.trace = im.trace;
 }
 
+int DecodeStep::trace_points() {
+  return kTracePoints;
+}
+
 std::vector<uint64_t> DecodeStep::read_trace() const {
   const Impl& im = *impl_;
   std::vector<uint64_t> v(im.trace_n);

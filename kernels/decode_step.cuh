@@ -76,6 +76,7 @@ class DecodeStep {
   // last launch's.
   void enable_trace();
   std::vector<uint64_t> read_trace() const;
+  static int trace_points();  // points a layer (17)
   int blocks() const { return blocks_; }
   size_t smem_bytes() const { return smem_; }
 

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -798,13 +799,18 @@ void CudaEngine::setup_decode_step() {
 }
 
 // Profiling for kernel work (WORKER_DECODE_STEP_TRACE=file): the step's timestamps
-// (DecodeStep::read_trace: uint64 [n_layer + 1][17][blocks]) appended to the file, one record
-// per token after a header of {n_layer, 17, blocks} as uint64.
+// (DecodeStep::read_trace: uint64 [n_layer + 1][points][blocks]) appended to the file, one record
+// per token after a header of {n_layer, points, blocks} as uint64 (bench/steptrace.py).
 void CudaEngine::append_step_trace() const {
   const std::vector<uint64_t> t = step_->read_trace();
   std::FILE* f = std::fopen(step_trace_path_.c_str(), "ab");
-  if (f == nullptr) return;
-  const uint64_t hdr[3] = {layers_.size(), 17, static_cast<uint64_t>(step_->blocks())};
+  if (f == nullptr) {
+    log::error("decode_step_trace", {{"path", step_trace_path_}, {"error", std::strerror(errno)}});
+    return;
+  }
+  const uint64_t hdr[3] = {layers_.size(),
+                           static_cast<uint64_t>(kern::exact::DecodeStep::trace_points()),
+                           static_cast<uint64_t>(step_->blocks())};
   (void)std::fwrite(hdr, sizeof(hdr), 1, f);
   (void)std::fwrite(t.data(), sizeof(uint64_t), t.size(), f);
   (void)std::fclose(f);
