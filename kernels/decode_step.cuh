@@ -9,6 +9,12 @@
 //
 // Runs models whose layer matrices and output matrix are all one float type (F32, F16 or
 // BF16); DecodeStep::plan() says whether a model qualifies on this device.
+//
+// The kernel needs all of its blocks (one per SM) resident at once: one step in flight per
+// device (the worker's one inference thread, which waits for each step). Were SMs withheld (two
+// engines' steps concurrently on one device in one process, an MPS limit), blocks would wait
+// for counters that never complete: the kernel then traps after 5 s and the step fails with a
+// CUDA error instead of hanging.
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
