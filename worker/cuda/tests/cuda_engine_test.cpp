@@ -227,11 +227,18 @@ bool float_weights(const std::string& name) {
          name.find("-bf16.") != std::string::npos;
 }
 
-void run_exact_parity(bool kv_f32, bool decode_step = true) {
+// `only`: the fixtures to run (file names); empty: all of them.
+void run_exact_parity(bool kv_f32, bool decode_step = true,
+                      const std::vector<std::string>& only = {}) {
   auto models = generated_models();
   ASSERT_FALSE(models.empty()) << "no generated fixtures in " << generated_fixtures()
                                << " (run fixtures/generate_all.sh)";
-  if (decode_step) {
+  if (!only.empty()) {
+    std::erase_if(models, [&](const std::string& p) {
+      return std::find(only.begin(), only.end(), fs::path(p).filename().string()) == only.end();
+    });
+    ASSERT_EQ(models.size(), only.size()) << "missing fixtures";
+  } else if (decode_step) {
     models.push_back(stories_path());
   } else {  // only the models whose decode path the option changes
     std::erase_if(models, [](const std::string& p) {
@@ -323,6 +330,21 @@ TEST(CudaEngine, ExactParityPerOpDecodeStep) {
   REQUIRE_GPU();
   run_exact_parity(false, false);
   run_exact_parity(true, false);
+}
+
+// The persistent step's attention in exchange mode (the keys split over blocks, as beyond 768
+// keys; here forced from the first key with the test hook, which DecodeStep::plan reads): one
+// block a head, the softmax's maxima and sums through the scratch. Both caches.
+// REQ: M0-W-1214 WRK-D1
+TEST(CudaEngine, ExactParityDecodeStepAttentionExchangeMode) {
+  REQUIRE_GPU();
+  struct Restore {
+    ~Restore() { kern::exact::set_decode_local_keys_for_tests(-1); }
+  } restore;
+  kern::exact::set_decode_local_keys_for_tests(0);
+  const std::vector<std::string> only = {"qwen2-g7-f16.gguf", "llama-g2-bf16.gguf"};
+  run_exact_parity(false, true, only);
+  run_exact_parity(true, true, only);
 }
 
 // The persistent decode step's profile (WORKER_DECODE_STEP_TRACE, DecodeStep::enable_trace):
