@@ -46,7 +46,8 @@ struct BackendInfo {
   std::string sm;         // "9.0" (cuda)
   std::string cuda_runtime_version;
   std::string device_name;
-  std::string decode;  // cuda, exact numerics: "persistent" (one kernel a step) | "per_op"
+  std::string decode;  // cuda, exact numerics: "persistent" (one kernel a step) | "per_op";
+                       // "" otherwise (/health's "decode")
 };
 
 class Engine {
