@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   uint8_t* const Gr = smem + p.off_g;
   float* const xs = reinterpret_cast<float*>(smem + p.off_xs);
   // xres: this block's rows [e0, e1) of x, as the norm read them or Wo / down wrote them (the
-  // residual adds need no global load); gu: its gate and up dots before the SwiGLU.
+  // residual adds need no global load), then its gate and up dots before the SwiGLU (gd).
   float* const xres = reinterpret_cast<float*>(smem + p.off_res);
   const int QKD = p.QD + 2 * p.KD;
   // this block's rows of each product
@@ -399,12 +399,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     norm_act<T>(xs, p.x, L.ffn_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
     stamp(p.trace, l, 8);
     mbar_wait(&bar_g, static_cast<unsigned>(l & 1));  // G: gate, up
+    // the dots into gd (after the block's rows of x), then the SwiGLU with a thread per row
+    float* const gd = xres + (e1 - e0);
     {
       const int lane = tid & 31, w = tid >> 5, nr = f1 - f0;
       const float2* xp = reinterpret_cast<const float2*>(xs);
       const uint8_t* up = Gr + static_cast<size_t>(nr) * p.rbE;
-      // the dots now, the SwiGLU below with a thread per row
-      float* const gd = xres + (e1 - e0);
       const auto out = [&](int i, float dg, float du) {
         gd[2 * i] = dg;
         gd[2 * i + 1] = du;
@@ -430,7 +430,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     }
     __syncthreads();
     for (int i = tid; i < f1 - f0; i += kThreads) {
-      const float* const gd = xres + (e1 - e0);
       const int r = f0 + i;
       p.act_g[r] = round_act<T>(math::swiglu_one(gd[2 * i], gd[2 * i + 1], r, p.F & ~15));
     }

@@ -82,7 +82,7 @@ __device__ __forceinline__ float finish(float a0, float a1, const uint8_t* row, 
       }
     }
   };
-  // leftovers (cols % 64 != 0, rare) read x from global memory
+  // leftovers (cols % 64 != 0, rare): lane 0 reads the row and x (global or shared memory)
   if constexpr (T == GgmlType::BF16) {
     (void)a1;
 #pragma unroll
