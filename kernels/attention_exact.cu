@@ -169,34 +169,101 @@ ScratchLayout scratch_layout(int n_ctx, int n_tok, int n_head) {
   return l;
 }
 
-template <class KV, bool TINY>
+// ---- prompt batches: blocks of (head, token) rows sharing the group's K / V reads ---------
+//
+// A block of the scores and KQV kernels takes `hn` heads of one KV group (h0 ..) times `tn`
+// consecutive tokens of the chunk (tc0 ..): its rows r = tt * hn + hh (token-major). Every key
+// row (scores) and V element (KQV) it loads serves all its rows; the arithmetic per (row, key)
+// and per (row, dim) is the same as one row at a time.
+struct Tiles {
+  int hb = 1;    // heads per block (<= group)
+  int n_hc = 1;  // head chunks per group
+  int nt = 1;    // tokens per block
+  int n_tiles = 1;
+  int n_kv = 1;
+  int blocks() const { return n_tiles * n_kv * n_hc; }
+};
+Tiles make_tiles(int group, int n_kv, int nc, int rows) {
+  Tiles t;
+  t.hb = std::min(group, rows);
+  t.n_hc = (group + t.hb - 1) / t.hb;
+  t.nt = std::max(1, rows / t.hb);
+  t.n_tiles = (nc + t.nt - 1) / t.nt;
+  t.n_kv = n_kv;
+  return t;
+}
+struct TileRows {
+  int g, h0, hn, tc0, tn;
+  __device__ int rows() const { return hn * tn; }
+};
+__device__ __forceinline__ TileRows tile_rows(const Tiles& tl, int group, int nc) {
+  const int bx = static_cast<int>(blockIdx.x);
+  const int tile = bx / (tl.n_kv * tl.n_hc), rem = bx % (tl.n_kv * tl.n_hc);
+  TileRows r;
+  r.g = rem / tl.n_hc;
+  const int hc = rem % tl.n_hc;
+  r.h0 = r.g * group + hc * tl.hb;
+  r.hn = min(tl.hb, group - hc * tl.hb);
+  r.tc0 = tile * tl.nt;
+  r.tn = min(tl.nt, nc - r.tc0);
+  return r;
+}
+
+// Scores: one thread per key (blockIdx.y splits the keys), the key row converted once (into
+// registers when HD > 0, the head size known at compile time), then scored against every row
+// of the block whose token sees it (the query rows staged in shared memory as KV::query).
+// The dot is KV::kq_tiny16 (tinyBLAS F16) or KV::kq_vec (vec_dot): the CPU's loops; times
+// kq_scale.
+template <class KV, bool TINY, int HD>
 __global__ void __launch_bounds__(kScoreThreads)
     ex_attn_scores_kernel(const float* __restrict__ q, const typename KV::T* __restrict__ k_cache,
-                          float* __restrict__ scratch, int t0, int n_head, int group, int hd,
-                          int kv_dim, size_t stride, float kq_scale,
+                          float* __restrict__ scratch, int t0, int nc, Tiles tl, int n_head,
+                          int group, int hd, int kv_dim, size_t stride, float kq_scale,
                           const int32_t* __restrict__ d_n_past) {
-  extern __shared__ float qs[];  // hd floats: the query head as KQ reads it
-  const int tc = blockIdx.x / n_head, h = blockIdx.x % n_head, t = t0 + tc, g = h / group;
+  extern __shared__ __align__(16) float qs[];  // rows x hd
+  const TileRows tr = tile_rows(tl, group, nc);
+  const int R = tr.rows();
   griddep_wait();
-  const int n_att = d_n_past[0] + t + 1;
-  const float* qh = q + static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd;
-  for (int i = threadIdx.x; i < hd; i += kScoreThreads) qs[i] = KV::query(qh[i]);
+  const int base = d_n_past[0] + t0 + tr.tc0;  // n_att of row token tt = base + tt + 1
+  for (int i = threadIdx.x; i < R * hd; i += kScoreThreads) {
+    const int r = i / hd, e = i % hd;
+    const int t = t0 + tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
+    qs[i] = KV::query(q[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + e]);
+  }
   __syncthreads();
-  float* sc = scratch + (static_cast<size_t>(tc) * n_head + h) * stride;
-  const typename KV::T* kbase = k_cache + static_cast<size_t>(g) * hd;
-  for (int j = blockIdx.y * kScoreThreads + threadIdx.x; j < n_att;
+  const typename KV::T* kbase = k_cache + static_cast<size_t>(tr.g) * hd;
+  const int n_att_max = base + tr.tn;
+  for (int j = blockIdx.y * kScoreThreads + threadIdx.x; j < n_att_max;
        j += gridDim.y * kScoreThreads) {
     const typename KV::T* kr = kbase + static_cast<size_t>(j) * kv_dim;
-    float s;
-    if constexpr (TINY) {
-      s = KV::kq_tiny16(kr, qs, hd);
-    } else {
-      s = KV::kq_vec(kr, qs, hd, true);
+    float kf[HD > 0 ? HD : 1];
+    if constexpr (HD > 0) math::load_row<HD>(kr, math::aligned16(kr), kf);
+    // Rows whose token sees key j: tt >= j - base.
+    for (int r = max(0, j - base) * tr.hn; r < R; ++r) {
+      const float* qr = qs + static_cast<size_t>(r) * (HD > 0 ? HD : hd);
+      float s;
+      if constexpr (HD > 0) {
+        if constexpr (TINY) {
+          s = KV::kq_tiny16(static_cast<const float*>(kf), qr, HD);
+        } else {
+          s = KV::kq_vec(static_cast<const float*>(kf), qr, HD, false);
+        }
+      } else if constexpr (TINY) {
+        s = KV::kq_tiny16(kr, qr, hd);
+      } else {
+        s = KV::kq_vec(kr, qr, hd, true);
+      }
+      const int tc = tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
+      scratch[(static_cast<size_t>(tc) * n_head + h) * stride + j] = s * kq_scale;
     }
-    sc[j] = s * kq_scale;
   }
 }
 
+// Softmax, one block per (token, head): max (order-free), ggml_expf per key (0 beyond n_att up
+// to the 16-padding), hsum16 per 16-block (one thread per block, the CPU's tree); the block sums
+// added in a double tree with a certainty check on inv (the CPU adds them one by one in double;
+// sequential fallback), then the scores row overwritten by the KQV weights KV::prob(e, inv).
+template <class KV>
 __global__ void __launch_bounds__(kSoftmaxThreads)
     ex_attn_softmax_kernel(float* __restrict__ scratch, int t0, int n_head, size_t stride,
                            int cap_max, const int32_t* __restrict__ d_n_past) {
@@ -237,49 +304,74 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     __syncthreads();
     inv = sh_inv;
   }
-  if (threadIdx.x == 0) bs[cap_max / 16] = inv;
+  // Each thread rewrites the blocks it wrote.
+  for (int b = threadIdx.x; b < nb; b += kSoftmaxThreads) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) sc[16 * b + i] = KV::prob(sc[16 * b + i], inv);
+  }
 }
 
-// out[d] = sum over keys of v[j][d] * KV::prob(e[j], inv) as LANES independent FMA chains (lane
-// l takes keys l, l + LANES, ...) over `len` keys, combined in the CPU's tree. Thread (l, dl):
-// chain l of dim d0 + dl. LANES 64: vec_dot over cap = (n_past + n_tok) rounded up to 64 keys;
-// LANES 16: tinyBLAS over n_att rounded up to 16.
+// out[d] = sum over keys of v[j][d] * p[j] (p: the softmax kernel's weights) as LANES
+// independent FMA chains (lane l takes keys l, l + LANES, ...) over `len` keys, combined in the
+// CPU's tree. Thread (l, dl): chain l of dim d0 + dl for every row of the block (kKqvRows
+// accumulators; V read once for them). LANES 64: vec_dot over cap = (n_past + n_tok) rounded
+// up to 64 keys; LANES 16: tinyBLAS over n_att rounded up to 16. Keys in [n_att, len) are FMAs
+// of zeros, as the CPU's zero-filled buffers (they can still turn a -0 sum into +0).
+constexpr int kKqvRows = 16;
 template <class KV, int LANES, int DCH>
 __global__ void __launch_bounds__(LANES* DCH)
     ex_attn_kqv_kernel(const typename KV::T* __restrict__ v_cache,
-                       const float* __restrict__ scratch, float* __restrict__ out, int t0,
-                       int n_head, int group, int hd, int kv_dim, size_t stride, int cap_max,
+                       const float* __restrict__ scratch, float* __restrict__ out, int t0, int nc,
+                       Tiles tl, int n_head, int group, int hd, int kv_dim, size_t stride,
                        int n_tok_total, const int32_t* __restrict__ d_n_past) {
-  __shared__ float accs[LANES][DCH + 1];
-  const int tc = blockIdx.x / n_head, h = blockIdx.x % n_head, t = t0 + tc, g = h / group;
+  __shared__ float accs[LANES][kKqvRows][DCH + 1];
+  const TileRows tr = tile_rows(tl, group, nc);
+  const int R = tr.rows();
   const int dl = threadIdx.x % DCH, l = threadIdx.x / DCH;
   const int d = blockIdx.y * DCH + dl;
   griddep_wait();
   const int n_past = d_n_past[0];
-  const int n_att = n_past + t + 1;
-  const int len = LANES == 64 ? ((n_past + n_tok_total + 63) & ~63) : ((n_att + 15) & ~15);
-  const float* e = scratch + (static_cast<size_t>(tc) * n_head + h) * stride;
-  const float inv = e[cap_max + cap_max / 16];
-  float acc = 0.0f;
-  if (d < hd) {
-    const typename KV::T* vcol = v_cache + static_cast<size_t>(g) * hd + d;
-    int j = l;
-#pragma unroll 4
-    for (; j < n_att; j += LANES) {
-      acc = fmaf(KV::load(vcol[static_cast<size_t>(j) * kv_dim]), KV::prob(e[j], inv), acc);
-    }
-    // The padding: zero values times zero weights, as the CPU's zero-filled buffers (an FMA
-    // of zeros can still turn a -0 sum into +0).
-    for (; j < len; j += LANES) acc = fmaf(0.0f, 0.0f, acc);
+  const int base = n_past + t0 + tr.tc0;
+  const int n_att_max = base + tr.tn;
+  const int cap = (n_past + n_tok_total + 63) & ~63;
+  int n_att[kKqvRows], off[kKqvRows];  // per row; offsets < 2^24 (kScratchBudget)
+#pragma unroll
+  for (int r = 0; r < kKqvRows; ++r) {
+    const int tt = r / tr.hn;
+    n_att[r] = r < R ? base + tt + 1 : 0;
+    off[r] = static_cast<int>((static_cast<size_t>(tr.tc0 + tt) * n_head + tr.h0 + r % tr.hn) *
+                              stride);
   }
-  accs[l][dl] = acc;
+  float acc[kKqvRows];
+#pragma unroll
+  for (int r = 0; r < kKqvRows; ++r) acc[r] = 0.0f;
+  if (d < hd) {
+    const typename KV::T* vcol = v_cache + static_cast<size_t>(tr.g) * hd + d;
+    const int len_max = LANES == 64 ? cap : ((n_att_max + 15) & ~15);
+    for (int j = l; j < len_max; j += LANES) {
+      const float v = j < n_att_max ? KV::load(vcol[static_cast<size_t>(j) * kv_dim]) : 0.0f;
+#pragma unroll
+      for (int r = 0; r < kKqvRows; ++r) {
+        const int len = LANES == 64 ? cap : ((n_att[r] + 15) & ~15);
+        if (r < R && j < len) {
+          const bool in = j < n_att[r];
+          acc[r] = fmaf(in ? v : 0.0f, in ? scratch[off[r] + j] : 0.0f, acc[r]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kKqvRows; ++r) accs[l][r][dl] = acc[r];
   __syncthreads();
-  if (l == 0 && d < hd) {
+  for (int i = threadIdx.x; i < R * DCH; i += LANES * DCH) {
+    const int r = i / DCH, c = i % DCH, dd = blockIdx.y * DCH + c;
+    if (dd >= hd) continue;
     float a[LANES];
 #pragma unroll
-    for (int i = 0; i < LANES; ++i) a[i] = accs[i][dl];
-    const float r = LANES == 64 ? math::vecdot_reduce64(a) : math::hsum16(a);
-    out[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + d] = r;
+    for (int k = 0; k < LANES; ++k) a[k] = accs[k][r][c];
+    const float res = LANES == 64 ? math::vecdot_reduce64(a) : math::hsum16(a);
+    const int t = t0 + tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
+    out[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + dd] = res;
   }
 }
 
@@ -497,32 +589,41 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
   const ScratchLayout lay = scratch_layout(n_ctx, n_tok, s.n_head);
   const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const auto scores = KV::kq_tiny(hd, n_tok) ? ex_attn_scores_kernel<KV, KV::kTinyKq>
-                                             : ex_attn_scores_kernel<KV, false>;
+  const bool kq_tiny = KV::kq_tiny(hd, n_tok);
+  // The key row in registers for the common head size (the dot's loops then unroll fully).
+  const auto scores = hd == 64 ? (kq_tiny ? ex_attn_scores_kernel<KV, KV::kTinyKq, 64>
+                                          : ex_attn_scores_kernel<KV, false, 64>)
+                               : (kq_tiny ? ex_attn_scores_kernel<KV, KV::kTinyKq, 0>
+                                          : ex_attn_scores_kernel<KV, false, 0>);
   const bool kqv_tiny = math::kqv_tiny(hd, n_tok);
+  // Score rows per block: up to 64, the query rows <= 32 KiB of shared memory.
+  const int score_rows = std::clamp(8192 / hd, 1, 64);
   for (int t0 = 0; t0 < n_tok; t0 += lay.chunk) {
     const int nc = std::min(lay.chunk, n_tok - t0);
-    const int pairs = nc * s.n_head;
-    // Enough score blocks to fill the GPU at decode (one token, few heads), independent of
-    // n_past: each block strides over the keys.
-    const int splits = std::clamp((4 * 132 + pairs - 1) / pairs, 1, 16);
-    launch_pdl_smem("ex_attn_scores_kernel", scores, dim3(pairs, splits), dim3(kScoreThreads),
-                    static_cast<size_t>(hd) * sizeof(float), stream, q, k_cache, scratch, t0,
-                    s.n_head, group, hd, kv_dim, lay.stride, kq_scale, d_n_past);
+    const Tiles st = make_tiles(group, s.n_head_kv, nc, score_rows);
+    // Enough score blocks to fill the GPU for short batches, independent of n_past: each
+    // block strides over the keys.
+    const int splits = std::clamp((4 * 132 + st.blocks() - 1) / st.blocks(), 1, 16);
+    launch_pdl_smem("ex_attn_scores_kernel", scores, dim3(st.blocks(), splits),
+                    dim3(kScoreThreads), static_cast<size_t>(st.hb * st.nt) * hd * sizeof(float),
+                    stream, q, k_cache, scratch, t0, nc, st, s.n_head, group, hd, kv_dim,
+                    lay.stride, kq_scale, d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_scores_kernel");
-    launch_pdl("ex_attn_softmax_kernel", ex_attn_softmax_kernel, dim3(pairs), dim3(kSoftmaxThreads),
-               stream, scratch, t0, s.n_head, lay.stride, lay.cap_max, d_n_past);
+    launch_pdl("ex_attn_softmax_kernel", ex_attn_softmax_kernel<KV>, dim3(nc * s.n_head),
+               dim3(kSoftmaxThreads), stream, scratch, t0, s.n_head, lay.stride, lay.cap_max,
+               d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_softmax_kernel");
+    const Tiles kt = make_tiles(group, s.n_head_kv, nc, kKqvRows);
     if (kqv_tiny) {
       constexpr int kL = 16, kD = 32;
       launch_pdl("ex_attn_kqv_kernel", ex_attn_kqv_kernel<KV, kL, kD>,
-                 dim3(pairs, (hd + kD - 1) / kD), dim3(kL * kD), stream, v_cache, scratch, out, t0,
-                 s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max, n_tok, d_n_past);
+                 dim3(kt.blocks(), (hd + kD - 1) / kD), dim3(kL * kD), stream, v_cache, scratch,
+                 out, t0, nc, kt, s.n_head, group, hd, kv_dim, lay.stride, n_tok, d_n_past);
     } else {
       constexpr int kL = 64, kD = 8;
       launch_pdl("ex_attn_kqv_kernel", ex_attn_kqv_kernel<KV, kL, kD>,
-                 dim3(pairs, (hd + kD - 1) / kD), dim3(kL * kD), stream, v_cache, scratch, out, t0,
-                 s.n_head, group, hd, kv_dim, lay.stride, lay.cap_max, n_tok, d_n_past);
+                 dim3(kt.blocks(), (hd + kD - 1) / kD), dim3(kL * kD), stream, v_cache, scratch,
+                 out, t0, nc, kt, s.n_head, group, hd, kv_dim, lay.stride, n_tok, d_n_past);
     }
     CUDA_CHECK_LAUNCH("ex_attn_kqv_kernel");
   }

@@ -108,6 +108,12 @@ __host__ __device__ inline float vecdot64_head(const E* k, const float* q, int n
   return vecdot_reduce64(acc);
 }
 
+// One 16-element step of tinyBLAS's 16 lanes: acc[l] = fma(k[l], q[l], acc[l]).
+__host__ __device__ inline void tiny16_step(float (&acc)[16], const float* kf, const float* q) {
+  EXOPS_UNROLL
+  for (int l = 0; l < 16; ++l) acc[l] = fmaf(kf[l], q[l], acc[l]);
+}
+
 // FP32 cache: cpu::attention_head's orders.
 struct KvF32 {
   using T = float;
@@ -158,9 +164,16 @@ struct KvF16 {
     for (int i = 0; i < hd; i += 16) {
       float kf[16];
       load_row<16>(k + i, al, kf);
-      EXOPS_UNROLL
-      for (int l = 0; l < 16; ++l) acc[l] = fmaf(kf[l], q[i + l], acc[l]);
+      tiny16_step(acc, kf, q + i);
     }
+    return hsum16(acc);
+  }
+  // The same dot with the key row already converted (kf: hd floats, e.g. in registers).
+  __host__ __device__ static float kq_tiny16(const float* kf, const float* q, int hd) {
+    float acc[16];
+    EXOPS_UNROLL
+    for (int l = 0; l < 16; ++l) acc[l] = 0.0f;
+    for (int i = 0; i < hd; i += 16) tiny16_step(acc, kf + i, q + i);
     return hsum16(acc);
   }
   // The probability e * inv (the softmax's one rounding), rounded to fp16 as mul_mat converts
