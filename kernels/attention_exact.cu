@@ -209,6 +209,8 @@ __device__ __forceinline__ TileRows tile_rows(const Tiles& tl, int group, int nc
   return r;
 }
 
+constexpr int kScoreRows = 64;  // rows per score block (and fewer when hd > 128)
+
 // Scores: one thread per key (blockIdx.y splits the keys), the key row converted once (into
 // registers when HD > 0, the head size known at compile time), then scored against every row
 // of the block whose token sees it (the query rows staged in shared memory as KV::query).
@@ -221,8 +223,14 @@ __global__ void __launch_bounds__(kScoreThreads)
                           int group, int hd, int kv_dim, size_t stride, float kq_scale,
                           const int32_t* __restrict__ d_n_past) {
   extern __shared__ __align__(16) float qs[];  // rows x hd
+  __shared__ int row_off[kScoreRows];          // the rows' scratch offsets (< 2^31)
   const TileRows tr = tile_rows(tl, group, nc);
   const int R = tr.rows();
+  if (threadIdx.x < R) {
+    const int r = static_cast<int>(threadIdx.x);
+    row_off[r] = static_cast<int>(
+        (static_cast<size_t>(tr.tc0 + r / tr.hn) * n_head + tr.h0 + r % tr.hn) * stride);
+  }
   griddep_wait();
   const int base = d_n_past[0] + t0 + tr.tc0;  // n_att of row token tt = base + tt + 1
   for (int i = threadIdx.x; i < R * hd; i += kScoreThreads) {
@@ -253,8 +261,7 @@ __global__ void __launch_bounds__(kScoreThreads)
       } else {
         s = KV::kq_vec(kr, qr, hd, true);
       }
-      const int tc = tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
-      scratch[(static_cast<size_t>(tc) * n_head + h) * stride + j] = s * kq_scale;
+      scratch[row_off[r] + j] = s * kq_scale;
     }
   }
 }
@@ -311,67 +318,142 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   }
 }
 
-// out[d] = sum over keys of v[j][d] * p[j] (p: the softmax kernel's weights) as LANES
+// KQV: out[d] = sum over keys j of v[j][d] * p[j] (p: the softmax kernel's weights) as LANES
 // independent FMA chains (lane l takes keys l, l + LANES, ...) over `len` keys, combined in the
-// CPU's tree. Thread (l, dl): chain l of dim d0 + dl for every row of the block (kKqvRows
-// accumulators; V read once for them). LANES 64: vec_dot over cap = (n_past + n_tok) rounded
-// up to 64 keys; LANES 16: tinyBLAS over n_att rounded up to 16. Keys in [n_att, len) are FMAs
-// of zeros, as the CPU's zero-filled buffers (they can still turn a -0 sum into +0).
+// CPU's tree: LANES 16, tinyBLAS over n_att rounded up to 16, hsum16; LANES 64, vec_dot over
+// cap = (n_past + n_tok) rounded up to 64, vecdot_reduce64. Keys in [n_att, len) are FMAs of
+// zeros, as the CPU's zero-filled buffers (they can still turn a -0 sum into +0).
+// Thread (dq, l) runs chain l of 4 consecutive dims for every row of the block (4 x kKqvRows
+// accumulators): one V load serves 4 x rows FMAs, one weight (staged in shared memory,
+// kKqvKeys keys at a time) 4. The chains are then combined through shared memory.
 constexpr int kKqvRows = 16;
-template <class KV, int LANES, int DCH>
-__global__ void __launch_bounds__(LANES* DCH)
+constexpr int kKqvThreads = 256;
+constexpr int kKqvKeys = 256;  // keys per staged chunk (a multiple of 64)
+
+template <int LANES>
+struct KqvGeom {
+  static constexpr int kDq = kKqvThreads / LANES;     // dim quads per pass
+  static constexpr int kDims = 4 * kDq;               // dims per pass: 64 (LANES 16), 16 (64)
+  static constexpr int kRound = LANES == 16 ? 8 : 4;  // rows per combine round
+  static constexpr int kStride = kDims + 4;           // floats per (row, lane): conflict-free
+  static constexpr int kCombine = kRound * LANES * kStride;
+  static constexpr int kStage = kKqvRows * kKqvKeys;
+  static constexpr int kSmem = kCombine > kStage ? kCombine : kStage;
+};
+
+// V[j][d .. d + 3] as floats (0 for dims >= hd).
+template <class KV>
+__device__ __forceinline__ void load_v4(const typename KV::T* __restrict__ p, int d, int hd,
+                                        float (&v)[4]) {
+  using T = typename KV::T;
+  if (d + 4 <= hd && (reinterpret_cast<uintptr_t>(p) % (4 * sizeof(T))) == 0) {
+    if constexpr (sizeof(T) == 2) {
+      const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+      v[0] = KV::load(static_cast<T>(u.x & 0xFFFFu));
+      v[1] = KV::load(static_cast<T>(u.x >> 16));
+      v[2] = KV::load(static_cast<T>(u.y & 0xFFFFu));
+      v[3] = KV::load(static_cast<T>(u.y >> 16));
+    } else {
+      const float4 u = __ldg(reinterpret_cast<const float4*>(p));
+      v[0] = u.x, v[1] = u.y, v[2] = u.z, v[3] = u.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = d + k < hd ? KV::load(p[k]) : 0.0f;
+}
+
+template <class KV, int LANES>
+__global__ void __launch_bounds__(kKqvThreads)
     ex_attn_kqv_kernel(const typename KV::T* __restrict__ v_cache,
                        const float* __restrict__ scratch, float* __restrict__ out, int t0, int nc,
                        Tiles tl, int n_head, int group, int hd, int kv_dim, size_t stride,
                        int n_tok_total, const int32_t* __restrict__ d_n_past) {
-  __shared__ float accs[LANES][kKqvRows][DCH + 1];
+  using Geo = KqvGeom<LANES>;
+  __shared__ __align__(16) float sm[Geo::kSmem];
+  __shared__ int row_att[kKqvRows], row_off[kKqvRows];
   const TileRows tr = tile_rows(tl, group, nc);
   const int R = tr.rows();
-  const int dl = threadIdx.x % DCH, l = threadIdx.x / DCH;
-  const int d = blockIdx.y * DCH + dl;
+  const int l = static_cast<int>(threadIdx.x) % LANES, dq = static_cast<int>(threadIdx.x) / LANES;
   griddep_wait();
   const int n_past = d_n_past[0];
-  const int base = n_past + t0 + tr.tc0;
+  const int base = n_past + t0 + tr.tc0;  // keys j <= base are seen by every row
   const int n_att_max = base + tr.tn;
-  const int cap = (n_past + n_tok_total + 63) & ~63;
-  int n_att[kKqvRows], off[kKqvRows];  // per row; offsets < 2^24 (kScratchBudget)
-#pragma unroll
-  for (int r = 0; r < kKqvRows; ++r) {
-    const int tt = r / tr.hn;
-    n_att[r] = r < R ? base + tt + 1 : 0;
-    off[r] = static_cast<int>((static_cast<size_t>(tr.tc0 + tt) * n_head + tr.h0 + r % tr.hn) *
-                              stride);
+  const int len_max =
+      LANES == 64 ? ((n_past + n_tok_total + 63) & ~63) : ((n_att_max + 15) & ~15);
+  if (threadIdx.x < kKqvRows) {
+    const int r = static_cast<int>(threadIdx.x), tt = r / tr.hn;
+    row_att[r] = r < R ? base + tt + 1 : 0;  // offsets < 2^24 (kScratchBudget)
+    row_off[r] =
+        r < R ? static_cast<int>((static_cast<size_t>(tr.tc0 + tt) * n_head + tr.h0 + r % tr.hn) *
+                                 stride)
+              : 0;
   }
-  float acc[kKqvRows];
+  const typename KV::T* vbase = v_cache + static_cast<size_t>(tr.g) * hd;
+  for (int d0 = 0; d0 < hd; d0 += Geo::kDims) {
+    const int d = d0 + 4 * dq;  // this thread's dims d .. d + 3 (those < hd)
+    float acc[kKqvRows][4];
 #pragma unroll
-  for (int r = 0; r < kKqvRows; ++r) acc[r] = 0.0f;
-  if (d < hd) {
-    const typename KV::T* vcol = v_cache + static_cast<size_t>(tr.g) * hd + d;
-    const int len_max = LANES == 64 ? cap : ((n_att_max + 15) & ~15);
-    for (int j = l; j < len_max; j += LANES) {
-      const float v = j < n_att_max ? KV::load(vcol[static_cast<size_t>(j) * kv_dim]) : 0.0f;
+    for (int r = 0; r < kKqvRows; ++r) {
 #pragma unroll
-      for (int r = 0; r < kKqvRows; ++r) {
-        const int len = LANES == 64 ? cap : ((n_att[r] + 15) & ~15);
-        if (r < R && j < len) {
-          const bool in = j < n_att[r];
-          acc[r] = fmaf(in ? v : 0.0f, in ? scratch[off[r] + j] : 0.0f, acc[r]);
+      for (int k = 0; k < 4; ++k) acc[r][k] = 0.0f;
+    }
+    for (int c0 = 0; c0 < len_max; c0 += kKqvKeys) {
+      __syncthreads();  // row tables written; the previous chunk's / combine's readers done
+      for (int i = threadIdx.x; i < kKqvRows * kKqvKeys; i += kKqvThreads) {
+        const int r = i / kKqvKeys, j = c0 + i % kKqvKeys;
+        sm[i] = j < row_att[r] ? scratch[row_off[r] + j] : 0.0f;
+      }
+      __syncthreads();
+      const int c1 = min(c0 + kKqvKeys, len_max);
+      for (int j = c0 + l; j < c1; j += LANES) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (j < n_att_max) load_v4<KV>(vbase + static_cast<size_t>(j) * kv_dim + d, d, hd, v);
+        const float* p = sm + (j - c0);
+        if (j <= base) {
+#pragma unroll
+          for (int r = 0; r < kKqvRows; ++r) {
+            const float pr = p[r * kKqvKeys];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(v[k], pr, acc[r][k]);
+          }
+        } else {
+#pragma unroll
+          for (int r = 0; r < kKqvRows; ++r) {
+            const int na = row_att[r];
+            const int len = LANES == 64 ? len_max : ((na + 15) & ~15);
+            if (j < len) {
+              const bool in = j < na;
+              const float pr = in ? p[r * kKqvKeys] : 0.0f;
+#pragma unroll
+              for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(in ? v[k] : 0.0f, pr, acc[r][k]);
+            }
+          }
         }
       }
     }
-  }
+    // Combine the LANES chains of each (row, dim), kRound rows at a time.
 #pragma unroll
-  for (int r = 0; r < kKqvRows; ++r) accs[l][r][dl] = acc[r];
-  __syncthreads();
-  for (int i = threadIdx.x; i < R * DCH; i += LANES * DCH) {
-    const int r = i / DCH, c = i % DCH, dd = blockIdx.y * DCH + c;
-    if (dd >= hd) continue;
-    float a[LANES];
+    for (int r0 = 0; r0 < kKqvRows; r0 += Geo::kRound) {
+      if (r0 >= R) break;  // uniform
+      __syncthreads();
 #pragma unroll
-    for (int k = 0; k < LANES; ++k) a[k] = accs[k][r][c];
-    const float res = LANES == 64 ? math::vecdot_reduce64(a) : math::hsum16(a);
-    const int t = t0 + tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
-    out[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + dd] = res;
+      for (int rr = 0; rr < Geo::kRound; ++rr) {
+        *reinterpret_cast<float4*>(sm + (rr * LANES + l) * Geo::kStride + 4 * dq) = make_float4(
+            acc[r0 + rr][0], acc[r0 + rr][1], acc[r0 + rr][2], acc[r0 + rr][3]);
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < Geo::kRound * Geo::kDims; i += kKqvThreads) {
+        const int rr = i / Geo::kDims, c = i % Geo::kDims, r = r0 + rr, dd = d0 + c;
+        if (r >= R || dd >= hd) continue;
+        float a[LANES];
+#pragma unroll
+        for (int k = 0; k < LANES; ++k) a[k] = sm[(rr * LANES + k) * Geo::kStride + c];
+        const float res = LANES == 64 ? math::vecdot_reduce64(a) : math::hsum16(a);
+        const int t = t0 + tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
+        out[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + dd] = res;
+      }
+    }
   }
 }
 
@@ -597,7 +679,7 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
                                           : ex_attn_scores_kernel<KV, false, 0>);
   const bool kqv_tiny = math::kqv_tiny(hd, n_tok);
   // Score rows per block: up to 64, the query rows <= 32 KiB of shared memory.
-  const int score_rows = std::clamp(8192 / hd, 1, 64);
+  const int score_rows = std::clamp(8192 / hd, 1, kScoreRows);
   for (int t0 = 0; t0 < n_tok; t0 += lay.chunk) {
     const int nc = std::min(lay.chunk, n_tok - t0);
     const Tiles st = make_tiles(group, s.n_head_kv, nc, score_rows);
@@ -614,17 +696,10 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
                d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_softmax_kernel");
     const Tiles kt = make_tiles(group, s.n_head_kv, nc, kKqvRows);
-    if (kqv_tiny) {
-      constexpr int kL = 16, kD = 32;
-      launch_pdl("ex_attn_kqv_kernel", ex_attn_kqv_kernel<KV, kL, kD>,
-                 dim3(kt.blocks(), (hd + kD - 1) / kD), dim3(kL * kD), stream, v_cache, scratch,
-                 out, t0, nc, kt, s.n_head, group, hd, kv_dim, lay.stride, n_tok, d_n_past);
-    } else {
-      constexpr int kL = 64, kD = 8;
-      launch_pdl("ex_attn_kqv_kernel", ex_attn_kqv_kernel<KV, kL, kD>,
-                 dim3(kt.blocks(), (hd + kD - 1) / kD), dim3(kL * kD), stream, v_cache, scratch,
-                 out, t0, nc, kt, s.n_head, group, hd, kv_dim, lay.stride, n_tok, d_n_past);
-    }
+    launch_pdl("ex_attn_kqv_kernel",
+               kqv_tiny ? ex_attn_kqv_kernel<KV, 16> : ex_attn_kqv_kernel<KV, 64>,
+               dim3(kt.blocks()), dim3(kKqvThreads), stream, v_cache, scratch, out, t0, nc, kt,
+               s.n_head, group, hd, kv_dim, lay.stride, n_tok, d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_kqv_kernel");
   }
 }
