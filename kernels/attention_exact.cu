@@ -8,20 +8,23 @@
 //    host table built by the CPU engine's own code (common/rope.h), K and V stored as
 //    KV::store (fp16: __float2half_rn, round to nearest even as the CPU's fp32_to_fp16).
 //    Element-wise: exact.
-//  - attend, three kernels per chunk of tokens:
-//    scores: one thread per (token, head, key): the query as KV::query, then KV::kq_vec (the
-//      64 FMA chains of ggml_vec_dot, its reduce tree and its leftovers) or KV::kq_tiny16
-//      (tinyBLAS F16, 16 chains + hsum16), literally the CPU's loops; times kq_scale.
-//    softmax: one block per (token, head): max (order-free), ggml_expf per key (0 beyond n_att
-//      up to the 16-padding), hsum16 per 16-block (one thread per block, the CPU's tree). The
-//      CPU adds those block sums sequentially in double; here a double tree, with a certainty
-//      check on inv = float(1/sum) (math::softmax_inv_certain: the tree and the sequential sum
-//      round alike) and the sequential sum as fallback. The same floats for both cache types.
-//    KQV: weights KV::prob(e, inv); the CPU's dot over the keys is 64 (vec_dot over cap =
-//      n_past + n_tok rounded up to 64) or 16 (tinyBLAS: a batch, head_dim % 4 == 0, over n_att
-//      rounded up to 16) independent FMA chains; one thread runs one chain of one output dim
-//      (same FMAs, same order, FMAs of zeros in the padding as the CPU's zero-filled buffers),
-//      then one thread per dim combines the chains in the CPU's tree (vecdot_reduce64 / hsum16).
+//  - attend, three kernels per chunk of tokens; a score / KQV block takes the rows (head, token)
+//    of several heads of one KV group and several tokens, so that each K row / V element it
+//    loads serves all of them (the arithmetic per row is unchanged):
+//    scores: one thread per key: the query as KV::query, then KV::kq_vec (the 64 FMA chains of
+//      ggml_vec_dot, its reduce tree and its leftovers) or KV::kq_tiny16 (tinyBLAS F16, 16
+//      chains + hsum16), literally the CPU's loops; times kq_scale.
+//    softmax: one warp per (token, head): max (order-free), ggml_expf per key (0 beyond n_att
+//      up to the 16-padding), hsum16 per 16-block (one lane per block, the CPU's tree). The
+//      CPU adds those block sums sequentially in double; here a double butterfly, with a
+//      certainty check on inv = float(1/sum) (math::softmax_inv_certain: any order of the sum
+//      rounds alike) and the sequential sum as fallback; then the weights KV::prob(e, inv)
+//      written over the exps. The same floats for both cache types.
+//    KQV: the CPU's dot over the keys is 64 (vec_dot over cap = n_past + n_tok rounded up to
+//      64) or 16 (tinyBLAS: a batch, head_dim % 4 == 0, over n_att rounded up to 16)
+//      independent FMA chains; one thread runs one chain of 4 output dims for every row of its
+//      block (same FMAs, same order, FMAs of zeros in the padding as the CPU's zero-filled
+//      buffers), then the chains are combined in the CPU's tree (vecdot_reduce64 / hsum16).
 //  - decode (n_tok == 1, head_dim <= 256): ex_attn_decode_kernel does all three in one launch,
 //    and optionally bias_rope_store's work before and the output's rounding for the next
 //    matmul after (see its comment).
@@ -149,7 +152,6 @@ __global__ void __launch_bounds__(kRopeThreads)
 // ---- attention -------------------------------------------------------------------------
 
 constexpr int kScoreThreads = 128;
-constexpr int kSoftmaxThreads = 256;
 constexpr size_t kScratchBudget = size_t{1} << 24;  // floats per chunk of tokens (64 MiB)
 
 // Per (token of the chunk, head): scores / exps [cap_max], 16-block sums [cap_max / 16], inv
@@ -266,28 +268,30 @@ __global__ void __launch_bounds__(kScoreThreads)
   }
 }
 
-// Softmax, one block per (token, head): max (order-free), ggml_expf per key (0 beyond n_att up
-// to the 16-padding), hsum16 per 16-block (one thread per block, the CPU's tree); the block sums
-// added in a double tree with a certainty check on inv (the CPU adds them one by one in double;
-// sequential fallback), then the scores row overwritten by the KQV weights KV::prob(e, inv).
+// Softmax, one warp per (token, head) row: max (order-free), ggml_expf per key (0 beyond n_att
+// up to the 16-padding), hsum16 per 16-block (one lane per block, the CPU's tree); the block
+// sums added in a double butterfly with a certainty check on inv (the CPU adds them one by one
+// in double; sequential fallback), then the scores row overwritten by the KQV weights
+// KV::prob(e, inv).
+constexpr int kSoftmaxWarps = 8;
 template <class KV>
-__global__ void __launch_bounds__(kSoftmaxThreads)
-    ex_attn_softmax_kernel(float* __restrict__ scratch, int t0, int n_head, size_t stride,
-                           int cap_max, const int32_t* __restrict__ d_n_past) {
-  __shared__ float shf[32];
-  __shared__ double shd[32];
-  __shared__ float sh_inv;
-  const int tc = blockIdx.x / n_head, h = blockIdx.x % n_head, t = t0 + tc;
+__global__ void __launch_bounds__(32 * kSoftmaxWarps)
+    ex_attn_softmax_kernel(float* __restrict__ scratch, int t0, int n_rows, int n_head,
+                           size_t stride, int cap_max, const int32_t* __restrict__ d_n_past) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int row = static_cast<int>(blockIdx.x) * kSoftmaxWarps + static_cast<int>(threadIdx.x) / 32;
   griddep_wait();
-  const int n_att = d_n_past[0] + t + 1;
+  if (row >= n_rows) return;  // the whole warp; no block barriers below
+  const int n_att = d_n_past[0] + t0 + row / n_head + 1;
   const int nb = (n_att + 15) / 16;
-  float* sc = scratch + (static_cast<size_t>(tc) * n_head + h) * stride;
+  float* sc = scratch + static_cast<size_t>(row) * stride;  // row = tc * n_head + h
   float* bs = sc + cap_max;
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < n_att; j += kSoftmaxThreads) mx = fmaxf(mx, sc[j]);
-  mx = block_max(mx, shf);
+  for (int j = lane; j < n_att; j += 32) mx = fmaxf(mx, sc[j]);
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
   double s = 0.0;
-  for (int b = threadIdx.x; b < nb; b += kSoftmaxThreads) {
+  for (int b = lane; b < nb; b += 32) {
     float e[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
@@ -300,19 +304,21 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     bs[b] = hs;
     s += static_cast<double>(hs);
   }
-  s = math::block_sum_double(s, shd);  // its __syncthreads also publish bs[] to the block
+  // Butterfly: both partners add the same pair, so every lane ends with the same sum.
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
   float inv;
-  if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the block
-    if (threadIdx.x == 0) {
+  if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the warp
+    __syncwarp();                                  // bs[] of every lane visible
+    if (lane == 0) {
       double qd = 0.0;  // the CPU's order: block sums added one by one
       for (int b = 0; b < nb; ++b) qd += static_cast<double>(bs[b]);
-      sh_inv = math::softmax_inv(qd);
+      inv = math::softmax_inv(qd);
     }
-    __syncthreads();
-    inv = sh_inv;
+    inv = __shfl_sync(0xffffffffu, inv, 0);
   }
-  // Each thread rewrites the blocks it wrote.
-  for (int b = threadIdx.x; b < nb; b += kSoftmaxThreads) {
+  // Each lane rewrites the blocks it wrote.
+  for (int b = lane; b < nb; b += 32) {
 #pragma unroll
     for (int i = 0; i < 16; ++i) sc[16 * b + i] = KV::prob(sc[16 * b + i], inv);
   }
@@ -458,8 +464,6 @@ __global__ void __launch_bounds__(kKqvThreads)
 }
 
 // ---- attention, one token (decode): one launch (attention_exact_decode.cuh) ------------
-
-static_assert(kDecThreads == kSoftmaxThreads, "the decode kernel reproduces the softmax tree");
 
 // Block blockIdx.x % C of head blockIdx.x / C; a hardware cluster of C blocks when C > 1.
 template <class KV, bool ROPE>
@@ -691,9 +695,10 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
                     stream, q, k_cache, scratch, t0, nc, st, s.n_head, group, hd, kv_dim,
                     lay.stride, kq_scale, d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_scores_kernel");
-    launch_pdl("ex_attn_softmax_kernel", ex_attn_softmax_kernel<KV>, dim3(nc * s.n_head),
-               dim3(kSoftmaxThreads), stream, scratch, t0, s.n_head, lay.stride, lay.cap_max,
-               d_n_past);
+    const int n_rows = nc * s.n_head;
+    launch_pdl("ex_attn_softmax_kernel", ex_attn_softmax_kernel<KV>,
+               dim3((n_rows + kSoftmaxWarps - 1) / kSoftmaxWarps), dim3(32 * kSoftmaxWarps),
+               stream, scratch, t0, n_rows, s.n_head, lay.stride, lay.cap_max, d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_softmax_kernel");
     const Tiles kt = make_tiles(group, s.n_head_kv, nc, kKqvRows);
     launch_pdl("ex_attn_kqv_kernel",

@@ -28,9 +28,9 @@ namespace worker::kern::exact {
 //     in any order). Local mode (n_att <= local_keys_of<KV>()): every block takes all keys, into
 //     its own shared memory, and no cluster barrier is needed in steps 1-2.
 //  2. exps of its own 16-blocks and their hsum16; cluster barrier; every block sums all block
-//     sums in the softmax kernel's tree (256 threads, thread k summing blocks k, k + 256, ...,
-//     then block_sum_double), the same certainty check and sequential fallback: every block
-//     gets the CPU's inv. (Local mode: the same from its own arrays.)
+//     sums in one tree (256 threads, thread k summing blocks k, k + 256, ..., then
+//     block_sum_double), the prompt softmax's certainty check and sequential fallback: every
+//     block gets the CPU's inv. (Local mode: the same from its own arrays.)
 //  3. KQV for its share of the dims: 64 FMA chains per dim over cap = n_att rounded up to 64
 //     keys (zero FMAs in the padding), one thread running chains l and l + 32 (l < 32) of a dim
 //     and adding them (vecdot_reduce64's first level, acc[l] + acc[l + 32]), then per dim its

@@ -279,6 +279,20 @@ constexpr int kTbK = 64;
 constexpr int kWLd = kTbK + 4;
 constexpr int kXLd = kTbK + 16;
 
+// One level of tinyblas_kernel's transposing hsum16: the first n values of v are this lane's
+// outputs; the lane keeps the half that its bit B picks (v[0 .. n/2) after the call) and adds
+// the partner's (lane ^ 2^B) values of them.
+template <int n, int B, int N>
+__device__ __forceinline__ void fold_half(float (&v)[N], int l) {
+  const bool hi = ((l >> B) & 1) != 0;
+#pragma unroll
+  for (int i = 0; i < n / 2; ++i) {
+    const float send = hi ? v[i] : v[i + n / 2];
+    const float keep = hi ? v[i + n / 2] : v[i];
+    v[i] = xf::add_rn(keep, __shfl_xor_sync(0xffffffffu, send, 1 << B));
+  }
+}
+
 template <GgmlType T, int kTN, bool kVec>
 __global__ void __launch_bounds__(kTbThreads)
     tinyblas_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
@@ -389,30 +403,26 @@ __global__ void __launch_bounds__(kTbThreads)
     }
   }
 
-  // hsum16 over the 16 lanes of the group: lane bits 3, 2, 1, 0 (xor stays in the group).
+  // hsum16 over the 16 lanes of the group, lane bits 3, 2, 1, 0 (xor 8, 4, 2, 1: the pairs of
+  // the reference's tree; a + b == b + a), as a transposing reduction: at each level a lane
+  // keeps half of its outputs (the half picked by its lane bit) and adds the partner's value of
+  // those, sending its own of the other half. Output o = mi + kTM * ni (kN of them) ends in
+  // lane o / kQ: lane l holds outputs kQ * l .. kQ * l + kQ - 1 (consecutive rows, one token).
+  constexpr int kN = kTM * kTN, kQ = kN / 16;
+  float v[kN];
 #pragma unroll
-  for (int mi = 0; mi < kTM; ++mi) {
+  for (int o = 0; o < kN; ++o) v[o] = acc[o % kTM][o / kTM];
+  fold_half<kN, 3>(v, l);
+  fold_half<kN / 2, 2>(v, l);
+  fold_half<kN / 4, 1>(v, l);
+  fold_half<kN / 8, 0>(v, l);
 #pragma unroll
-    for (int ni = 0; ni < kTN; ++ni) {
-#pragma unroll
-      for (int m = 8; m >= 1; m >>= 1)
-        acc[mi][ni] = xf::add_rn(acc[mi][ni], __shfl_xor_sync(0xffffffffu, acc[mi][ni], m));
-    }
-  }
-  // Every lane holds all kTM * kTN sums; lane l stores the outputs o = mi + kTM * ni with
-  // o % 16 == l (consecutive lanes write consecutive rows).
-#pragma unroll
-  for (int mi = 0; mi < kTM; ++mi) {
-#pragma unroll
-    for (int ni = 0; ni < kTN; ++ni) {
-      const int o = mi + kTM * ni;
-      if ((o & 15) == l) {
-        const int r = m0 + gm * kTM + mi, t = n0 + gn + 4 * ni;
-        if (r < rows && t < n_tok) {
-          const size_t idx = static_cast<size_t>(t) * static_cast<size_t>(rows) + r;
-          y[idx] = accumulate ? xf::add_rn(y[idx], acc[mi][ni]) : acc[mi][ni];
-        }
-      }
+  for (int i = 0; i < kQ; ++i) {
+    const int o = kQ * l + i;
+    const int r = m0 + gm * kTM + o % kTM, t = n0 + gn + 4 * (o / kTM);
+    if (r < rows && t < n_tok) {
+      const size_t idx = static_cast<size_t>(t) * static_cast<size_t>(rows) + r;
+      y[idx] = accumulate ? xf::add_rn(y[idx], v[i]) : v[i];
     }
   }
 }
