@@ -412,9 +412,18 @@ __global__ void __launch_bounds__(kKqvThreads)
       }
       __syncthreads();
       const int c1 = min(c0 + kKqvKeys, len_max);
+      // V rows one key ahead in registers: the next load flies during this key's FMAs.
+      float vn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (c0 + l < min(c1, n_att_max)) {
+        load_v4<KV>(vbase + static_cast<size_t>(c0 + l) * kv_dim + d, d, hd, vn);
+      }
       for (int j = c0 + l; j < c1; j += LANES) {
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (j < n_att_max) load_v4<KV>(vbase + static_cast<size_t>(j) * kv_dim + d, d, hd, v);
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = vn[k], vn[k] = 0.0f;
+        if (j + LANES < min(c1, n_att_max)) {
+          load_v4<KV>(vbase + static_cast<size_t>(j + LANES) * kv_dim + d, d, hd, vn);
+        }
         const float* p = sm + (j - c0);
         if (j <= base) {
 #pragma unroll
@@ -683,7 +692,12 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
                                           : ex_attn_scores_kernel<KV, false, 0>);
   const bool kqv_tiny = math::kqv_tiny(hd, n_tok);
   // Score rows per block: up to 64, the query rows <= 32 KiB of shared memory.
-  const int score_rows = std::clamp(8192 / hd, 1, kScoreRows);
+  static const int score_rows_env = [] {
+    const char* e = std::getenv("WORKER_ATTN_SCORE_ROWS");  // A/B measurement (temporary)
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  const int score_rows =
+      std::clamp(score_rows_env > 0 ? score_rows_env : 8192 / hd, 1, kScoreRows);
   for (int t0 = 0; t0 < n_tok; t0 += lay.chunk) {
     const int nc = std::min(lay.chunk, n_tok - t0);
     const Tiles st = make_tiles(group, s.n_head_kv, nc, score_rows);
