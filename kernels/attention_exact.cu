@@ -211,7 +211,7 @@ __device__ __forceinline__ TileRows tile_rows(const Tiles& tl, int group, int nc
   return r;
 }
 
-constexpr int kScoreRows = 64;  // rows per score block (and fewer when hd > 128)
+constexpr int kScoreRows = 16;  // rows per score block at most
 
 // Scores: one thread per key (blockIdx.y splits the keys), the key row converted once (into
 // registers when HD > 0, the head size known at compile time), then scored against every row
@@ -329,21 +329,21 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarps)
 // CPU's tree: LANES 16, tinyBLAS over n_att rounded up to 16, hsum16; LANES 64, vec_dot over
 // cap = (n_past + n_tok) rounded up to 64, vecdot_reduce64. Keys in [n_att, len) are FMAs of
 // zeros, as the CPU's zero-filled buffers (they can still turn a -0 sum into +0).
-// Thread (dq, l) runs chain l of 4 consecutive dims for every row of the block (4 x kKqvRows
-// accumulators): one V load serves 4 x rows FMAs, one weight (staged in shared memory,
-// kKqvKeys keys at a time) 4. The chains are then combined through shared memory.
-constexpr int kKqvRows = 16;
+// Thread (dq, l) runs chain l of 4 consecutive dims for every row of the block (4 x ROWS
+// accumulators): one V load serves 4 x ROWS FMAs, one weight (staged in shared memory,
+// kKqvKeys keys at a time) 4. The chains are then combined through shared memory. ROWS 16 for
+// long batches, 4 for short ones (more blocks).
 constexpr int kKqvThreads = 256;
 constexpr int kKqvKeys = 256;  // keys per staged chunk (a multiple of 64)
 
-template <int LANES>
+template <int LANES, int ROWS>
 struct KqvGeom {
   static constexpr int kDq = kKqvThreads / LANES;     // dim quads per pass
   static constexpr int kDims = 4 * kDq;               // dims per pass: 64 (LANES 16), 16 (64)
-  static constexpr int kRound = LANES == 16 ? 8 : 4;  // rows per combine round
+  static constexpr int kRound = (LANES == 16 ? 8 : 4) < ROWS ? (LANES == 16 ? 8 : 4) : ROWS;
   static constexpr int kStride = kDims + 4;           // floats per (row, lane): conflict-free
   static constexpr int kCombine = kRound * LANES * kStride;
-  static constexpr int kStage = kKqvRows * kKqvKeys;
+  static constexpr int kStage = ROWS * kKqvKeys;
   static constexpr int kSmem = kCombine > kStage ? kCombine : kStage;
 };
 
@@ -369,15 +369,15 @@ __device__ __forceinline__ void load_v4(const typename KV::T* __restrict__ p, in
   for (int k = 0; k < 4; ++k) v[k] = d + k < hd ? KV::load(p[k]) : 0.0f;
 }
 
-template <class KV, int LANES>
+template <class KV, int LANES, int ROWS>
 __global__ void __launch_bounds__(kKqvThreads)
     ex_attn_kqv_kernel(const typename KV::T* __restrict__ v_cache,
                        const float* __restrict__ scratch, float* __restrict__ out, int t0, int nc,
                        Tiles tl, int n_head, int group, int hd, int kv_dim, size_t stride,
                        int n_tok_total, const int32_t* __restrict__ d_n_past) {
-  using Geo = KqvGeom<LANES>;
+  using Geo = KqvGeom<LANES, ROWS>;
   __shared__ __align__(16) float sm[Geo::kSmem];
-  __shared__ int row_att[kKqvRows], row_off[kKqvRows];
+  __shared__ int row_att[ROWS], row_off[ROWS];
   const TileRows tr = tile_rows(tl, group, nc);
   const int R = tr.rows();
   const int l = static_cast<int>(threadIdx.x) % LANES, dq = static_cast<int>(threadIdx.x) / LANES;
@@ -387,7 +387,7 @@ __global__ void __launch_bounds__(kKqvThreads)
   const int n_att_max = base + tr.tn;
   const int len_max =
       LANES == 64 ? ((n_past + n_tok_total + 63) & ~63) : ((n_att_max + 15) & ~15);
-  if (threadIdx.x < kKqvRows) {
+  if (threadIdx.x < ROWS) {
     const int r = static_cast<int>(threadIdx.x), tt = r / tr.hn;
     row_att[r] = r < R ? base + tt + 1 : 0;  // offsets < 2^24 (kScratchBudget)
     row_off[r] =
@@ -398,20 +398,20 @@ __global__ void __launch_bounds__(kKqvThreads)
   const typename KV::T* vbase = v_cache + static_cast<size_t>(tr.g) * hd;
   for (int d0 = 0; d0 < hd; d0 += Geo::kDims) {
     const int d = d0 + 4 * dq;  // this thread's dims d .. d + 3 (those < hd)
-    float acc[kKqvRows][4];
+    float acc[ROWS][4];
 #pragma unroll
-    for (int r = 0; r < kKqvRows; ++r) {
+    for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc[r][k] = 0.0f;
     }
     for (int c0 = 0; c0 < len_max; c0 += kKqvKeys) {
       __syncthreads();  // row tables written; the previous chunk's / combine's readers done
-      for (int i = threadIdx.x; i < kKqvRows * kKqvKeys; i += kKqvThreads) {
-        const int r = i / kKqvKeys, j = c0 + i % kKqvKeys;
-        sm[i] = j < row_att[r] ? scratch[row_off[r] + j] : 0.0f;
+      const int c1 = min(c0 + kKqvKeys, len_max), ncol = c1 - c0;
+      for (int i = threadIdx.x; i < ROWS * ncol; i += kKqvThreads) {
+        const int r = i / ncol, jj = i % ncol;
+        sm[r * kKqvKeys + jj] = c0 + jj < row_att[r] ? scratch[row_off[r] + c0 + jj] : 0.0f;
       }
       __syncthreads();
-      const int c1 = min(c0 + kKqvKeys, len_max);
       // V rows one key ahead in registers: the next load flies during this key's FMAs.
       float vn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
       if (c0 + l < min(c1, n_att_max)) {
@@ -427,14 +427,14 @@ __global__ void __launch_bounds__(kKqvThreads)
         const float* p = sm + (j - c0);
         if (j <= base) {
 #pragma unroll
-          for (int r = 0; r < kKqvRows; ++r) {
+          for (int r = 0; r < ROWS; ++r) {
             const float pr = p[r * kKqvKeys];
 #pragma unroll
             for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(v[k], pr, acc[r][k]);
           }
         } else {
 #pragma unroll
-          for (int r = 0; r < kKqvRows; ++r) {
+          for (int r = 0; r < ROWS; ++r) {
             const int na = row_att[r];
             const int len = LANES == 64 ? len_max : ((na + 15) & ~15);
             if (j < len) {
@@ -449,7 +449,7 @@ __global__ void __launch_bounds__(kKqvThreads)
     }
     // Combine the LANES chains of each (row, dim), kRound rows at a time.
 #pragma unroll
-    for (int r0 = 0; r0 < kKqvRows; r0 += Geo::kRound) {
+    for (int r0 = 0; r0 < ROWS; r0 += Geo::kRound) {
       if (r0 >= R) break;  // uniform
       __syncthreads();
 #pragma unroll
@@ -691,13 +691,10 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
                                : (kq_tiny ? ex_attn_scores_kernel<KV, KV::kTinyKq, 0>
                                           : ex_attn_scores_kernel<KV, false, 0>);
   const bool kqv_tiny = math::kqv_tiny(hd, n_tok);
-  // Score rows per block: up to 64, the query rows <= 32 KiB of shared memory.
-  static const int score_rows_env = [] {
-    const char* e = std::getenv("WORKER_ATTN_SCORE_ROWS");  // A/B measurement (temporary)
-    return e != nullptr ? std::atoi(e) : 0;
-  }();
-  const int score_rows =
-      std::clamp(score_rows_env > 0 ? score_rows_env : 8192 / hd, 1, kScoreRows);
+  // Rows per score block: few for short batches (more blocks, fewer dots a thread in series),
+  // 16 for long ones (H100, 512 tokens: 16 rows 25.3k tok/s F16 prompt, 32 rows 25.1k, 64
+  // rows 24.8k); the query rows <= 32 KiB of shared memory.
+  const int score_rows = std::clamp(std::min(n_tok / 32, 8192 / hd), 1, 16);
   for (int t0 = 0; t0 < n_tok; t0 += lay.chunk) {
     const int nc = std::min(lay.chunk, n_tok - t0);
     const Tiles st = make_tiles(group, s.n_head_kv, nc, score_rows);
@@ -714,11 +711,15 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
                dim3((n_rows + kSoftmaxWarps - 1) / kSoftmaxWarps), dim3(32 * kSoftmaxWarps),
                stream, scratch, t0, n_rows, s.n_head, lay.stride, lay.cap_max, d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_softmax_kernel");
-    const Tiles kt = make_tiles(group, s.n_head_kv, nc, kKqvRows);
-    launch_pdl("ex_attn_kqv_kernel",
-               kqv_tiny ? ex_attn_kqv_kernel<KV, 16> : ex_attn_kqv_kernel<KV, 64>,
-               dim3(kt.blocks()), dim3(kKqvThreads), stream, v_cache, scratch, out, t0, nc, kt,
-               s.n_head, group, hd, kv_dim, lay.stride, n_tok, d_n_past);
+    const bool long_batch = nc >= 256;
+    const Tiles kt = make_tiles(group, s.n_head_kv, nc, long_batch ? 16 : 4);
+    const auto kqv = kqv_tiny ? (long_batch ? ex_attn_kqv_kernel<KV, 16, 16>
+                                            : ex_attn_kqv_kernel<KV, 16, 4>)
+                              : (long_batch ? ex_attn_kqv_kernel<KV, 64, 16>
+                                            : ex_attn_kqv_kernel<KV, 64, 4>);
+    launch_pdl("ex_attn_kqv_kernel", kqv, dim3(kt.blocks()), dim3(kKqvThreads), stream, v_cache,
+               scratch, out, t0, nc, kt, s.n_head, group, hd, kv_dim, lay.stride, n_tok,
+               d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_kqv_kernel");
   }
 }

@@ -55,6 +55,8 @@ void qkv(const WeightView& wq, const WeightView& wk, const WeightView& wv, const
     round_for(wq.type, x, n, static_cast<int>(wq.cols), a, stream);
     matvec1_quant_multi(ws, ys, 3, a, false, stream);
   } else {
+    round_for(wq.type, x, n, static_cast<int>(wq.cols), a, stream);
+    if (detail::matmul_float_multi(ws, ys, 3, a, n, BatchOrder{n, 0}, stream)) return;
     linear(wq, x, n, a, q, false, stream);
     linear(wk, x, n, a, k, false, stream);
     linear(wv, x, n, a, v, false, stream);

@@ -32,6 +32,11 @@ namespace detail {
 // matmul for F32 / F16 / BF16 weights (matmul_float.cu); matmul() dispatches to it.
 void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
                   float* y, bool accumulate, cudaStream_t stream);
+// ys[i] = ws[i] x a for n (<= 3) float weights of one type and width in tinyBLAS order, one
+// launch (Q, K, V of a prompt); false (nothing launched) where that does not apply (other
+// types or orders, a slice of a batch): the caller then runs matmul() per weight.
+bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
+                        int n_tok, const BatchOrder& order, cudaStream_t stream);
 }  // namespace detail
 
 // Prompt batches of quantized weights (matmul_qgemm.cu): the same bits as matmul(), tiled

@@ -293,10 +293,19 @@ __device__ __forceinline__ void fold_half(float (&v)[N], int l) {
   }
 }
 
+// Up to 3 weights of one type and width multiplied by the same input in one launch (Q, K, V):
+// blocks [blk_end[s - 1], blk_end[s]) of blockIdx.x take weight s.
+struct TbSegs {
+  const uint8_t* w[3] = {};
+  float* y[3] = {};
+  size_t row_bytes[3] = {};
+  int rows[3] = {};
+  int blk_end[3] = {};
+};
+
 template <GgmlType T, int kTN, bool kVec>
 __global__ void __launch_bounds__(kTbThreads)
-    tinyblas_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
-                    const float* __restrict__ x, int n_tok, float* __restrict__ y, int accumulate) {
+    tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
   constexpr bool kBf = T == GgmlType::BF16;
   constexpr int kTbN = 4 * kTN;
   constexpr int kXE = kTN;         // activation floats per loader thread
@@ -304,7 +313,15 @@ __global__ void __launch_bounds__(kTbThreads)
   __shared__ __align__(16) float ws[2][kTbM][kWLd];
   __shared__ __align__(16) float xs[2][kTbN][kXLd];
   const int tid = static_cast<int>(threadIdx.x);
-  const int m0 = blockIdx.x * kTbM, n0 = blockIdx.y * kTbN;
+  const int bx = static_cast<int>(blockIdx.x);
+  const int seg = bx < sg.blk_end[0] ? 0 : (bx < sg.blk_end[1] ? 1 : 2);
+  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
+  float* __restrict__ y = seg == 0 ? sg.y[0] : (seg == 1 ? sg.y[1] : sg.y[2]);
+  const size_t row_bytes =
+      seg == 0 ? sg.row_bytes[0] : (seg == 1 ? sg.row_bytes[1] : sg.row_bytes[2]);
+  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
+  const int blk0 = seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]);
+  const int m0 = (bx - blk0) * kTbM, n0 = blockIdx.y * kTbN;
   // Loaders: weights 8 per thread (row lr, elements le..le+7 of the chunk), activations kXE
   // (token lt, elements lx..).
   const int lr = tid >> 3, le = (tid & 7) * 8;
@@ -427,20 +444,42 @@ __global__ void __launch_bounds__(kTbThreads)
   }
 }
 
+// One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i].
+template <GgmlType T, bool kVec>
+void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const float* x,
+                     int n_tok, bool accumulate, cudaStream_t st) {
+  TbSegs sg;
+  int blocks = 0;
+  for (int i = 0; i < 3; ++i) {
+    if (i < n) {
+      sg.w[i] = static_cast<const uint8_t*>(ws[i]->data);
+      sg.y[i] = ys[i];
+      sg.row_bytes[i] = ws[i]->row_bytes;
+      sg.rows[i] = static_cast<int>(ws[i]->rows);
+      blocks += (sg.rows[i] + kTbM - 1) / kTbM;
+    }
+    sg.blk_end[i] = blocks;
+  }
+  const int cols = static_cast<int>(ws[0]->cols), acc = accumulate ? 1 : 0;
+  if (n_tok > 16) {
+    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 8, kVec>,
+               dim3(blocks, (n_tok + 31) / 32), dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
+  } else {
+    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 4, kVec>,
+               dim3(blocks, (n_tok + 15) / 16), dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
+  }
+}
+
 template <GgmlType T, bool kVec>
 void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, float* y,
                   bool accumulate, cudaStream_t st) {
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const int acc = accumulate ? 1 : 0;
-  if (tiny && n_tok > 16) {
-    const dim3 grid((rows + kTbM - 1) / kTbM, (n_tok + 31) / 32);
-    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 8, kVec>, grid, dim3(kTbThreads), st, wp,
-               rows, cols, w.row_bytes, x, n_tok, y, acc);
-  } else if (tiny) {
-    const dim3 grid((rows + kTbM - 1) / kTbM, (n_tok + 15) / 16);
-    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 4, kVec>, grid, dim3(kTbThreads), st, wp,
-               rows, cols, w.row_bytes, x, n_tok, y, acc);
+  if (tiny) {
+    const WeightView* ws[1] = {&w};
+    float* ys[1] = {y};
+    launch_tinyblas<T, kVec>(ws, ys, 1, x, n_tok, accumulate, st);
   } else if (n_tok == 1) {
     const int rpb = rows < kVdSmallRows ? kVdRows / 2 : kVdRows;
     const dim3 grid((rows + rpb - 1) / rpb, 1);
@@ -454,12 +493,16 @@ void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, flo
   }
 }
 
+// 16-byte loads need 16-byte aligned rows and activation rows.
+bool vec_loads(const WeightView& w, const float* x) {
+  return reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
+}
+
 template <GgmlType T>
 void launch_type(const WeightView& w, const float* x, int n_tok, bool tiny, float* y,
                  bool accumulate, cudaStream_t st) {
-  // 16-byte loads need 16-byte aligned rows and activation rows.
-  const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_bytes % 16 == 0 &&
-                   reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
+  const bool vec = vec_loads(w, x);
   if (vec) {
     launch_typed<T, true>(w, x, n_tok, tiny, y, accumulate, st);
   } else {
@@ -499,6 +542,37 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
     if constexpr (decltype(tr)::kFamily == DotFamily::Float)
       launch_type<decltype(tr)::kType>(w, a.f, n_tok, tiny, y, accumulate, stream);
   });
+}
+
+bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
+                        int n_tok, const BatchOrder& order, cudaStream_t stream) {
+  if (n < 1 || n > 3 || n_tok < 1 || n_tok > 65535 * 4 || order.t0 != 0 ||
+      order.batch_n != n_tok) {
+    return false;
+  }
+  bool vec = true;
+  for (int i = 0; i < n; ++i) {
+    const WeightView& w = *ws[i];
+    if (w.type != ws[0]->type || w.cols != ws[0]->cols || w.rows <= 0 || w.rows > INT32_MAX / 2 ||
+        w.cols > INT32_MAX / 4 || !xf::tinyblas_takes(w.type, w.rows, n_tok, w.cols)) {
+      return false;
+    }
+    vec = vec && vec_loads(w, a.f);
+  }
+  bool done = false;
+  dispatch(ws[0]->type, [&](auto tr) {
+    if constexpr (decltype(tr)::kFamily == DotFamily::Float) {
+      constexpr GgmlType T = decltype(tr)::kType;
+      if (ws[0]->row_bytes < static_cast<size_t>(ws[0]->cols) * decltype(tr)::kBlockBytes) return;
+      if (vec) {
+        launch_tinyblas<T, true>(ws, ys, n, a.f, n_tok, false, stream);
+      } else {
+        launch_tinyblas<T, false>(ws, ys, n, a.f, n_tok, false, stream);
+      }
+      done = true;
+    }
+  });
+  return done;
 }
 
 }  // namespace detail

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -411,6 +412,71 @@ TEST(ExactFloatGpu, BatchTinyblasBitExact) {
   acc.accumulate = true;
   cases.push_back(acc);
   run_cases(cases, 200);
+}
+
+// Q, K and V of a prompt in one tinyBLAS launch (detail::matmul_float_multi): every output of
+// the three weights bit for bit the CPU's; and the cases it must refuse (launching nothing).
+// REQ: M0-W-1430 M0-W-1431 M0-W-1810
+TEST(ExactFloatGpu, MultiWeightTinyblasBitExact) {
+  REQUIRE_GPU();
+  uint32_t seed = 300;
+  for (GgmlType type : kFloatTypes) {
+    for (const int n_tok : {2, 17, 40}) {
+      std::mt19937 rng(seed++);
+      const int cols = 96, rows[3] = {64, 36, 132};
+      const auto a = random_acts(type, n_tok, cols, rng);
+      DevArray<float> da(a.size());
+      da.upload(a);
+      Weights w[3];
+      std::unique_ptr<DevArray<uint8_t>> dw[3];
+      std::unique_ptr<DevArray<float>> dy[3];
+      kern::WeightView wv[3];
+      const kern::WeightView* ws[3];
+      float* ys[3];
+      for (int i = 0; i < 3; ++i) {
+        w[i] = random_weights(type, rows[i], cols, rng);
+        dw[i] = std::make_unique<DevArray<uint8_t>>(w[i].bytes);
+        dy[i] = std::make_unique<DevArray<float>>(static_cast<size_t>(rows[i]) * n_tok);
+        wv[i].data = dw[i]->get();
+        wv[i].type = static_cast<uint32_t>(type);
+        wv[i].rows = rows[i];
+        wv[i].cols = cols;
+        wv[i].row_bytes = ggml_row_bytes(type, cols);
+        ws[i] = &wv[i];
+        ys[i] = dy[i]->get();
+      }
+      kern::exact::ActBuf ab;
+      ab.f = da.get();
+      ASSERT_TRUE(kern::exact::detail::matmul_float_multi(ws, ys, 3, ab, n_tok,
+                                                          kern::exact::BatchOrder{n_tok, 0},
+                                                          nullptr));
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      for (int i = 0; i < 3; ++i) {
+        const auto got = dy[i]->download();
+        int bad = 0;
+        for (int t = 0; t < n_tok; ++t) {
+          for (int r = 0; r < rows[i]; ++r) {
+            const float want =
+                cpu_dot(type, true, w[i].f.data() + static_cast<size_t>(r) * cols,
+                        a.data() + static_cast<size_t>(t) * cols, cols);
+            bad += bits(want) != bits(got[static_cast<size_t>(t) * rows[i] + r]) ? 1 : 0;
+          }
+        }
+        EXPECT_EQ(bad, 0) << ggml_type_name(static_cast<uint32_t>(type)) << " weight " << i
+                          << " n_tok " << n_tok;
+      }
+      // Refused: one token (vec_dot order), a slice of a larger batch, rows % 4 != 0.
+      EXPECT_FALSE(kern::exact::detail::matmul_float_multi(ws, ys, 3, ab, 1,
+                                                           kern::exact::BatchOrder{1, 0}, nullptr));
+      EXPECT_FALSE(kern::exact::detail::matmul_float_multi(
+          ws, ys, 3, ab, n_tok, kern::exact::BatchOrder{n_tok + 4, 0}, nullptr));
+      kern::WeightView odd = wv[1];
+      odd.rows = 35;
+      const kern::WeightView* ws_odd[3] = {ws[0], &odd, ws[2]};
+      EXPECT_FALSE(kern::exact::detail::matmul_float_multi(
+          ws_odd, ys, 3, ab, n_tok, kern::exact::BatchOrder{n_tok, 0}, nullptr));
+    }
+  }
 }
 
 // Batches tinyBLAS does not take: rows % 4 != 0, or cols % 16 != 0 (F32/F16) / % 32 != 0
