@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarps)
   for (int m = 16; m >= 1; m >>= 1) s += __shfl_xor_sync(0xffffffffu, s, m);
   float inv;
   if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the warp
-    __syncwarp();                                  // bs[] of every lane visible
+    __syncwarp();                                 // bs[] of every lane visible
     if (lane == 0) {
       double qd = 0.0;  // the CPU's order: block sums added one by one
       for (int b = 0; b < nb; ++b) qd += static_cast<double>(bs[b]);
@@ -338,10 +338,10 @@ constexpr int kKqvKeys = 256;  // keys per staged chunk (a multiple of 64)
 
 template <int LANES, int ROWS>
 struct KqvGeom {
-  static constexpr int kDq = kKqvThreads / LANES;     // dim quads per pass
-  static constexpr int kDims = 4 * kDq;               // dims per pass: 64 (LANES 16), 16 (64)
+  static constexpr int kDq = kKqvThreads / LANES;  // dim quads per pass
+  static constexpr int kDims = 4 * kDq;            // dims per pass: 64 (LANES 16), 16 (64)
   static constexpr int kRound = (LANES == 16 ? 8 : 4) < ROWS ? (LANES == 16 ? 8 : 4) : ROWS;
-  static constexpr int kStride = kDims + 4;           // floats per (row, lane): conflict-free
+  static constexpr int kStride = kDims + 4;  // floats per (row, lane): conflict-free
   static constexpr int kCombine = kRound * LANES * kStride;
   static constexpr int kStage = ROWS * kKqvKeys;
   static constexpr int kSmem = kCombine > kStage ? kCombine : kStage;
@@ -385,15 +385,14 @@ __global__ void __launch_bounds__(kKqvThreads)
   const int n_past = d_n_past[0];
   const int base = n_past + t0 + tr.tc0;  // keys j <= base are seen by every row
   const int n_att_max = base + tr.tn;
-  const int len_max =
-      LANES == 64 ? ((n_past + n_tok_total + 63) & ~63) : ((n_att_max + 15) & ~15);
+  const int len_max = LANES == 64 ? ((n_past + n_tok_total + 63) & ~63) : ((n_att_max + 15) & ~15);
   if (threadIdx.x < ROWS) {
     const int r = static_cast<int>(threadIdx.x), tt = r / tr.hn;
     row_att[r] = r < R ? base + tt + 1 : 0;  // offsets < 2^24 (kScratchBudget)
-    row_off[r] =
-        r < R ? static_cast<int>((static_cast<size_t>(tr.tc0 + tt) * n_head + tr.h0 + r % tr.hn) *
-                                 stride)
-              : 0;
+    row_off[r] = r < R
+                     ? static_cast<int>(
+                           (static_cast<size_t>(tr.tc0 + tt) * n_head + tr.h0 + r % tr.hn) * stride)
+                     : 0;
   }
   const typename KV::T* vbase = v_cache + static_cast<size_t>(tr.g) * hd;
   for (int d0 = 0; d0 < hd; d0 += Geo::kDims) {
@@ -454,8 +453,8 @@ __global__ void __launch_bounds__(kKqvThreads)
       __syncthreads();
 #pragma unroll
       for (int rr = 0; rr < Geo::kRound; ++rr) {
-        *reinterpret_cast<float4*>(sm + (rr * LANES + l) * Geo::kStride + 4 * dq) = make_float4(
-            acc[r0 + rr][0], acc[r0 + rr][1], acc[r0 + rr][2], acc[r0 + rr][3]);
+        *reinterpret_cast<float4*>(sm + (rr * LANES + l) * Geo::kStride + 4 * dq) =
+            make_float4(acc[r0 + rr][0], acc[r0 + rr][1], acc[r0 + rr][2], acc[r0 + rr][3]);
       }
       __syncthreads();
       for (int i = threadIdx.x; i < Geo::kRound * Geo::kDims; i += kKqvThreads) {
@@ -701,25 +700,23 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
     // Enough score blocks to fill the GPU for short batches, independent of n_past: each
     // block strides over the keys.
     const int splits = std::clamp((4 * 132 + st.blocks() - 1) / st.blocks(), 1, 16);
-    launch_pdl_smem("ex_attn_scores_kernel", scores, dim3(st.blocks(), splits),
-                    dim3(kScoreThreads), static_cast<size_t>(st.hb * st.nt) * hd * sizeof(float),
-                    stream, q, k_cache, scratch, t0, nc, st, s.n_head, group, hd, kv_dim,
-                    lay.stride, kq_scale, d_n_past);
+    launch_pdl_smem("ex_attn_scores_kernel", scores, dim3(st.blocks(), splits), dim3(kScoreThreads),
+                    static_cast<size_t>(st.hb * st.nt) * hd * sizeof(float), stream, q, k_cache,
+                    scratch, t0, nc, st, s.n_head, group, hd, kv_dim, lay.stride, kq_scale,
+                    d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_scores_kernel");
     const int n_rows = nc * s.n_head;
     launch_pdl("ex_attn_softmax_kernel", ex_attn_softmax_kernel<KV>,
-               dim3((n_rows + kSoftmaxWarps - 1) / kSoftmaxWarps), dim3(32 * kSoftmaxWarps),
-               stream, scratch, t0, n_rows, s.n_head, lay.stride, lay.cap_max, d_n_past);
+               dim3((n_rows + kSoftmaxWarps - 1) / kSoftmaxWarps), dim3(32 * kSoftmaxWarps), stream,
+               scratch, t0, n_rows, s.n_head, lay.stride, lay.cap_max, d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_softmax_kernel");
     const bool long_batch = nc >= 256;
     const Tiles kt = make_tiles(group, s.n_head_kv, nc, long_batch ? 16 : 4);
-    const auto kqv = kqv_tiny ? (long_batch ? ex_attn_kqv_kernel<KV, 16, 16>
-                                            : ex_attn_kqv_kernel<KV, 16, 4>)
-                              : (long_batch ? ex_attn_kqv_kernel<KV, 64, 16>
-                                            : ex_attn_kqv_kernel<KV, 64, 4>);
+    const auto kqv =
+        kqv_tiny ? (long_batch ? ex_attn_kqv_kernel<KV, 16, 16> : ex_attn_kqv_kernel<KV, 16, 4>)
+                 : (long_batch ? ex_attn_kqv_kernel<KV, 64, 16> : ex_attn_kqv_kernel<KV, 64, 4>);
     launch_pdl("ex_attn_kqv_kernel", kqv, dim3(kt.blocks()), dim3(kKqvThreads), stream, v_cache,
-               scratch, out, t0, nc, kt, s.n_head, group, hd, kv_dim, lay.stride, n_tok,
-               d_n_past);
+               scratch, out, t0, nc, kt, s.n_head, group, hd, kv_dim, lay.stride, n_tok, d_n_past);
     CUDA_CHECK_LAUNCH("ex_attn_kqv_kernel");
   }
 }

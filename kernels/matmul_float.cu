@@ -462,11 +462,11 @@ void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const
   }
   const int cols = static_cast<int>(ws[0]->cols), acc = accumulate ? 1 : 0;
   if (n_tok > 16) {
-    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 8, kVec>,
-               dim3(blocks, (n_tok + 31) / 32), dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
+    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 8, kVec>, dim3(blocks, (n_tok + 31) / 32),
+               dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
   } else {
-    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 4, kVec>,
-               dim3(blocks, (n_tok + 15) / 16), dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
+    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 4, kVec>, dim3(blocks, (n_tok + 15) / 16),
+               dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
   }
 }
 
@@ -546,8 +546,7 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
 
 bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
                         int n_tok, const BatchOrder& order, cudaStream_t stream) {
-  if (n < 1 || n > 3 || n_tok < 1 || n_tok > 65535 * 4 || order.t0 != 0 ||
-      order.batch_n != n_tok) {
+  if (n < 1 || n > 3 || n_tok < 1 || n_tok > 65535 * 4 || order.t0 != 0 || order.batch_n != n_tok) {
     return false;
   }
   bool vec = true;

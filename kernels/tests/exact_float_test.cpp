@@ -447,18 +447,16 @@ TEST(ExactFloatGpu, MultiWeightTinyblasBitExact) {
       }
       kern::exact::ActBuf ab;
       ab.f = da.get();
-      ASSERT_TRUE(kern::exact::detail::matmul_float_multi(ws, ys, 3, ab, n_tok,
-                                                          kern::exact::BatchOrder{n_tok, 0},
-                                                          nullptr));
+      ASSERT_TRUE(kern::exact::detail::matmul_float_multi(
+          ws, ys, 3, ab, n_tok, kern::exact::BatchOrder{n_tok, 0}, nullptr));
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       for (int i = 0; i < 3; ++i) {
         const auto got = dy[i]->download();
         int bad = 0;
         for (int t = 0; t < n_tok; ++t) {
           for (int r = 0; r < rows[i]; ++r) {
-            const float want =
-                cpu_dot(type, true, w[i].f.data() + static_cast<size_t>(r) * cols,
-                        a.data() + static_cast<size_t>(t) * cols, cols);
+            const float want = cpu_dot(type, true, w[i].f.data() + static_cast<size_t>(r) * cols,
+                                       a.data() + static_cast<size_t>(t) * cols, cols);
             bad += bits(want) != bits(got[static_cast<size_t>(t) * rows[i] + r]) ? 1 : 0;
           }
         }
