@@ -59,13 +59,7 @@ __global__ void act_float_kernel(const float* __restrict__ x, float* __restrict_
   griddep_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const float v = x[i];
-    if constexpr (A == ActType::F32)
-      f[i] = v;
-    else if constexpr (A == ActType::F16)
-      f[i] = __half2float(__float2half_rn(v));
-    else
-      f[i] = __bfloat162float(__float2bfloat16_rn(v));
+    f[i] = math::act_round(A, x[i]);
   }
 }
 
@@ -127,12 +121,8 @@ struct ActShared {
 template <ActType AK>
 __device__ __forceinline__ void act_store(float v, int col, bool valid, int n, size_t t,
                                           const ActBuf& a, ActShared& sh) {
-  if constexpr (AK == ActType::F32) {
-    if (valid) a.f[t * n + col] = v;
-  } else if constexpr (AK == ActType::F16) {
-    if (valid) a.f[t * n + col] = math::act_round_fp16(v);
-  } else if constexpr (AK == ActType::BF16) {
-    if (valid) a.f[t * n + col] = math::act_round_bf16(v);
+  if constexpr (AK == ActType::F32 || AK == ActType::F16 || AK == ActType::BF16) {
+    if (valid) a.f[t * n + col] = math::act_round(AK, v);
   } else if constexpr (AK == ActType::Q8_0) {
     // n % 32 == 0 and c0 % 256 == 0: a warp's 32 columns are one block, all valid or none
     // (warp-uniform branch).
@@ -346,28 +336,19 @@ void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, con
   const size_t n = static_cast<size_t>(n_tok) * static_cast<size_t>(cols);
   const size_t nb = n / static_cast<size_t>(act_block(t));
   const dim3 per_elem(grid_for(n, kActThreads)), per_block(grid_for(nb, kActThreads / kWarp));
-  switch (t) {
-    case ActType::F32:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F32>, per_elem,
-                 dim3(kActThreads), stream, x, a.f, n);
-      break;
-    case ActType::F16:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::F16>, per_elem,
-                 dim3(kActThreads), stream, x, a.f, n);
-      break;
-    case ActType::BF16:
-      launch_pdl("exact_act_float_kernel", act_float_kernel<ActType::BF16>, per_elem,
-                 dim3(kActThreads), stream, x, a.f, n);
-      break;
-    case ActType::Q8_0:
+  with_act(t, [&](auto ak) {
+    constexpr ActType AK = decltype(ak)::value;
+    if constexpr (AK == ActType::Q8_0) {
       launch_pdl("exact_act_q8_0_kernel", act_q8_0_kernel, per_block, dim3(kActThreads), stream, x,
                  a.q, a.d, nb);
-      break;
-    case ActType::Q8_K:
+    } else if constexpr (AK == ActType::Q8_K) {
       launch_pdl("exact_act_q8_k_kernel", act_q8_k_kernel, per_block, dim3(kActThreads), stream, x,
                  a.q, a.d, a.bsum, nb);
-      break;
-  }
+    } else {
+      launch_pdl("exact_act_float_kernel", act_float_kernel<AK>, per_elem, dim3(kActThreads),
+                 stream, x, a.f, n);
+    }
+  });
 }
 
 void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,

@@ -397,13 +397,8 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
     const float o = math::hsum16(rr);
     const size_t oi = static_cast<size_t>(h) * hd + d_lo + dl;
     out[oi] = o;
-    if (a.act_mode == static_cast<int>(ActType::F32)) {
-      a.act.f[oi] = o;
-    } else if (a.act_mode == static_cast<int>(ActType::F16)) {
-      a.act.f[oi] = math::act_round_fp16(o);
-    } else if (a.act_mode == static_cast<int>(ActType::BF16)) {
-      a.act.f[oi] = math::act_round_bf16(o);
-    }
+    if (a.act_mode != kDecActNone)
+      a.act.f[oi] = math::act_round(static_cast<ActType>(a.act_mode), o);
   }
   if constexpr (ROPE) {
     // bias_rope_store's q output (it may be q itself), once every block of the head's cluster

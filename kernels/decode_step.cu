@@ -188,18 +188,6 @@ __device__ __forceinline__ size_t rows_bytes(size_t rb, int r0, int r1) {
   return r1 > r0 ? static_cast<size_t>(r1 - r0) * rb : 0;
 }
 
-// ---- activation rounding for weight type T ------------------------------------------------
-template <GgmlType T>
-__device__ __forceinline__ float round_act(float v) {
-  if constexpr (T == GgmlType::F16) {
-    return math::act_round_fp16(v);
-  } else if constexpr (T == GgmlType::BF16) {
-    return math::act_round_bf16(v);
-  } else {
-    return v;
-  }
-}
-
 // xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2.
 // Also keeps x[r0 .. r1) in keep[0 ..].
 template <GgmlType T>
@@ -226,7 +214,8 @@ __device__ void norm_act(float* xs, const float* x, const float* w, int n, float
   }
   const float scale = math::rms_scale(mean, eps);
   __syncthreads();  // thread 0's fallback reads xs
-  for (int i = tid; i < n; i += kThreads) xs[i] = round_act<T>((xs[i] * scale) * w[i]);
+  for (int i = tid; i < n; i += kThreads)
+    xs[i] = math::act_round(act_type_of(T), (xs[i] * scale) * w[i]);
   __syncthreads();
 }
 
@@ -431,7 +420,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     __syncthreads();
     for (int i = tid; i < f1 - f0; i += kThreads) {
       const int r = f0 + i;
-      p.act_g[r] = round_act<T>(math::swiglu_one(gd[2 * i], gd[2 * i + 1], r, p.F & ~15));
+      p.act_g[r] =
+          math::act_round(act_type_of(T), math::swiglu_one(gd[2 * i], gd[2 * i + 1], r, p.F & ~15));
     }
     stamp(p.trace, l, 9);
     arrive(ctr + 3);

@@ -13,7 +13,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "gguf/ggml_types.h"  // fp16 / bf16 rounding on the host
+#include "gguf/ggml_types.h"   // fp16 / bf16 rounding on the host
+#include "gguf/type_traits.h"  // ActType
 
 // #pragma unroll for nvcc only (host compilers warn about the unknown pragma).
 #if defined(__CUDACC__)
@@ -281,6 +282,12 @@ __host__ __device__ inline float act_round_bf16(float x) {
 #else
   return bf16_to_fp32(fp32_to_bf16(x));
 #endif
+}
+// The element-wise rounding for a float weight's activations (its vec_dot_type): F16 / BF16
+// round to that type and back; F32 leaves v as it is (so do Q8_0 / Q8_K, whose block
+// quantization is act_round.cu's, not an element-wise step).
+__host__ __device__ inline float act_round(ActType t, float v) {
+  return t == ActType::F16 ? act_round_fp16(v) : t == ActType::BF16 ? act_round_bf16(v) : v;
 }
 // nearbyint / ggml's nearest_int (round half to even; |v| < 2^22).
 __host__ __device__ inline int act_round_even(float v) {

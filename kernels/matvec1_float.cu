@@ -150,9 +150,7 @@ __global__ void __launch_bounds__(kRowsPerBlock* kWarp)
     const float v = math::swiglu_one(dg, du, r, rows & ~15);
     g[r] = v;
     if (act_f != nullptr) {
-      act_f[r] = act == ActType::F16    ? math::act_round_fp16(v)
-                 : act == ActType::BF16 ? math::act_round_bf16(v)
-                                        : v;
+      act_f[r] = math::act_round(act, v);
     }
   }
 }

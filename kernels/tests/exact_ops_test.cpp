@@ -109,6 +109,25 @@ TEST(ExactOpsHost, ExpfAndSiluMatchCpuOverWideRange) {
   EXPECT_EQ(bad_silu, 0u) << "of " << n;
 }
 
+// math::act_round, the one element-wise activation rounding the exact kernels share (quantize_act,
+// the fused norms / SwiGLU, the decode attention's output, the persistent decode step): F16 and
+// BF16 as the CPU reference's conversions round trip, F32 and the block types unchanged.
+// REQ: WRK-D15
+TEST(ExactOpsHost, ActRoundMatchesCpuConversions) {
+  std::mt19937 rng(77);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> xs = {0.0f, -0.0f, 1.0f / 3.0f, 65504.0f, 65520.0f, 1e-8f, -2.5e-5f, 1e30f};
+  for (int i = 0; i < 2000; ++i) xs.push_back(nd(rng) * std::ldexp(1.0f, (i % 40) - 20));
+  for (float x : xs) {
+    const float f16 = fp16_to_fp32(fp32_to_fp16(x)), b16 = bf16_to_fp32(fp32_to_bf16(x));
+    EXPECT_EQ(bits(kern::exact::math::act_round(ActType::F16, x)), bits(f16)) << x;
+    EXPECT_EQ(bits(kern::exact::math::act_round(ActType::BF16, x)), bits(b16)) << x;
+    for (ActType t : {ActType::F32, ActType::Q8_0, ActType::Q8_K}) {
+      EXPECT_EQ(bits(kern::exact::math::act_round(t, x)), bits(x)) << x;
+    }
+  }
+}
+
 // The SwiGLU tail's expf: libm's (CPU) vs math::expf_libm (glibc's algorithm, what the GPU
 // runs), over 10M random inputs in [-30, 30] and every 16th float with |x| in [2^-12, 110].
 // Measured on glibc 2.36 (x86-64, FMA): 0 differ here (an exhaustive run over every float in
