@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(kRopeThreads)
 constexpr int kScoreThreads = 128;
 constexpr size_t kScratchBudget = size_t{1} << 24;  // floats per chunk of tokens (64 MiB)
 
-// Per (token of the chunk, head): scores / exps [cap_max], 16-block sums [cap_max / 16], inv
-// (1 float, padded to 16: the decode kernel keeps its blocks' maxima there).
+// Per (token of the chunk, head): scores, then exps, then the KQV weights [cap_max]; 16-block
+// sums [cap_max / 16]; 16 more floats (the decode kernel keeps its blocks' maxima there).
 struct ScratchLayout {
   int cap_max = 0;  // n_ctx rounded up to 64
   size_t stride = 0;
