@@ -87,6 +87,21 @@ __host__ __device__ __forceinline__ float hsum16(const float (&v)[16]) {
   return local_tree8(t8);
 }
 
+// tinyblas_kernel's transposing hsum16, one level (lane bit B, pairs lane l and l ^ 2^B): lane l
+// holds n values (the first n of v); it keeps the half its bit picks and adds the partner's
+// values of it, sending the partner its own values of the other half: for pair i (i < n / 2)
+// fold_pair gives the value lane l sends and the one it keeps, and v[i] = keep + received.
+// Float addition is commutative, so both lanes of a pair compute the reference's pair sum;
+// after the levels B = 3, 2, 1, 0 lane l holds outputs (N / 16) * l .. + N / 16 - 1, each the
+// hsum16 over the 16 lanes (exact_float_test.cpp emulates the 16 lanes against the CPU's tree).
+template <int n, int B, int N>
+__host__ __device__ __forceinline__ void fold_pair(const float (&v)[N], int l, int i, float& send,
+                                                   float& keep) {
+  const bool hi = ((l >> B) & 1) != 0;
+  send = hi ? v[i] : v[i + n / 2];
+  keep = hi ? v[i + n / 2] : v[i];
+}
+
 // ---- leftovers of vec_dot (n % 64 elements from np = n & ~63), one thread ----
 // w(i): weight element i of the row as float; x: the activation row.
 

@@ -279,16 +279,15 @@ constexpr int kTbK = 64;
 constexpr int kWLd = kTbK + 4;
 constexpr int kXLd = kTbK + 16;
 
-// One level of tinyblas_kernel's transposing hsum16: the first n values of v are this lane's
-// outputs; the lane keeps the half that its bit B picks (v[0 .. n/2) after the call) and adds
-// the partner's (lane ^ 2^B) values of them.
+// One level of tinyblas_kernel's transposing hsum16 (xf::fold_pair): the first n
+// values of v are this lane's outputs; the lane keeps the half that its bit B picks (v[0 ..
+// n/2) after the call) and adds the partner's (lane ^ 2^B) values of them.
 template <int n, int B, int N>
 __device__ __forceinline__ void fold_half(float (&v)[N], int l) {
-  const bool hi = ((l >> B) & 1) != 0;
 #pragma unroll
   for (int i = 0; i < n / 2; ++i) {
-    const float send = hi ? v[i] : v[i + n / 2];
-    const float keep = hi ? v[i + n / 2] : v[i];
+    float send, keep;
+    xf::fold_pair<n, B>(v, l, i, send, keep);
     v[i] = xf::add_rn(keep, __shfl_xor_sync(0xffffffffu, send, 1 << B));
   }
 }

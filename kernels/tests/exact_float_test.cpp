@@ -19,6 +19,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "engine/cpu/act_quant.h"
@@ -226,6 +227,57 @@ TEST(ExactFloatHost, Hsum16MatchesCpu) {
     float a[16];
     std::memcpy(a, v.data(), sizeof a);
     ASSERT_EQ(bits(xf::hsum16(a)), bits(cpu::hsum16(v.data())));
+  }
+}
+
+// HOST EMULATION of tinyblas_kernel's transposing hsum16 (xf::fold_pair): 16 lanes, each with
+// the chain values of N outputs, run level by level (lane bits 3, 2, 1, 0; each lane receives its
+// partner's send of the level); lane l must end with outputs (N / 16) * l .. + N / 16 - 1, each
+// cpu::hsum16 of that output's 16 chains. N = 64 (8 rows x 8 tokens) and 32 (8 x 4).
+template <int N>
+void check_transposing_hsum16(std::mt19937& rng) {
+  constexpr int kQ = N / 16;
+  float w[16][N];
+  std::vector<float> want(N);
+  const auto vals = randn(16 * N, rng, 1e3f);
+  for (int o = 0; o < N; ++o) {
+    float c[16];
+    for (int l = 0; l < 16; ++l) {
+      // some exact zeros of either sign, so that the pairs' signed-zero sums are exercised
+      const float x = vals[static_cast<size_t>(l) * N + o];
+      c[l] = (l + o) % 7 == 0 ? std::copysign(0.0f, x) : x;
+      w[l][o] = c[l];
+    }
+    want[o] = cpu::hsum16(c);
+  }
+  const auto level = [&](auto n_c, auto b_c) {
+    constexpr int n = decltype(n_c)::value, B = decltype(b_c)::value;
+    float send[16][N / 2], keep[16][N / 2];
+    for (int l = 0; l < 16; ++l) {
+      for (int i = 0; i < n / 2; ++i) xf::fold_pair<n, B>(w[l], l, i, send[l][i], keep[l][i]);
+    }
+    for (int l = 0; l < 16; ++l) {
+      for (int i = 0; i < n / 2; ++i) w[l][i] = xf::add_rn(keep[l][i], send[l ^ (1 << B)][i]);
+    }
+  };
+  level(std::integral_constant<int, N>{}, std::integral_constant<int, 3>{});
+  level(std::integral_constant<int, N / 2>{}, std::integral_constant<int, 2>{});
+  level(std::integral_constant<int, N / 4>{}, std::integral_constant<int, 1>{});
+  level(std::integral_constant<int, N / 8>{}, std::integral_constant<int, 0>{});
+  for (int l = 0; l < 16; ++l) {
+    for (int i = 0; i < kQ; ++i) {
+      ASSERT_EQ(bits(w[l][i]), bits(want[static_cast<size_t>(kQ * l + i)]))
+          << "N " << N << " lane " << l << " output " << kQ * l + i;
+    }
+  }
+}
+
+// REQ: M0-W-1430
+TEST(ExactFloatHost, TransposingHsum16MatchesCpu) {
+  std::mt19937 rng(21);
+  for (int it = 0; it < 200; ++it) {
+    check_transposing_hsum16<64>(rng);
+    check_transposing_hsum16<32>(rng);
   }
 }
 
