@@ -272,8 +272,39 @@ __global__ void __launch_bounds__(kScoreThreads)
 // up to the 16-padding), hsum16 per 16-block (one lane per block, the CPU's tree); the block
 // sums added in a double butterfly with a certainty check on inv (the CPU adds them one by one
 // in double; sequential fallback), then the scores row overwritten by the KQV weights
-// KV::prob(e, inv).
+// KV::prob(e, inv). Lane l takes the 16-blocks l, l + 32, ... (16-byte loads; the row stride
+// is a multiple of 4 floats); the blocks of the first kSoftmaxRegRounds rounds (rows of up to
+// 1,024 keys) stay in registers from the one load to the one store, later ones are read again.
 constexpr int kSoftmaxWarps = 8;
+constexpr int kSoftmaxRegRounds = 2;
+
+// The 16 values of 16-block b of a scores row (-inf at keys >= n_att and for blocks >= nb).
+__device__ __forceinline__ void softmax_load16(const float* sc, int b, int nb, int n_att,
+                                               float (&v)[16]) {
+  if (b < nb) {
+    const float4* p = reinterpret_cast<const float4*>(sc + 16 * b);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const float4 f = p[q];
+      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      if (16 * b + i >= n_att) v[i] = -INFINITY;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; ++i) v[i] = -INFINITY;
+  }
+}
+
+__device__ __forceinline__ void softmax_store16(float* sc, int b, const float (&v)[16]) {
+  float4* p = reinterpret_cast<float4*>(sc + 16 * b);
+#pragma unroll
+  for (int q = 0; q < 4; ++q)
+    p[q] = make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
+}
+
 template <class KV>
 __global__ void __launch_bounds__(32 * kSoftmaxWarps)
     ex_attn_softmax_kernel(float* __restrict__ scratch, int t0, int n_rows, int n_head,
@@ -284,25 +315,46 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarps)
   if (row >= n_rows) return;  // the whole warp; no block barriers below
   const int n_att = d_n_past[0] + t0 + row / n_head + 1;
   const int nb = (n_att + 15) / 16;
+  const int rounds = (nb + 31) / 32;
   float* sc = scratch + static_cast<size_t>(row) * stride;  // row = tc * n_head + h
   float* bs = sc + cap_max;
+  float rv[kSoftmaxRegRounds][16];
   float mx = -INFINITY;
-  for (int j = lane; j < n_att; j += 32) mx = fmaxf(mx, sc[j]);
+#pragma unroll
+  for (int i = 0; i < kSoftmaxRegRounds; ++i) {
+    softmax_load16(sc, 32 * i + lane, nb, n_att, rv[i]);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) mx = fmaxf(mx, rv[i][k]);
+  }
+  for (int i = kSoftmaxRegRounds; i < rounds; ++i) {
+    float v[16];
+    softmax_load16(sc, 32 * i + lane, nb, n_att, v);
+#pragma unroll
+    for (int k = 0; k < 16; ++k) mx = fmaxf(mx, v[k]);
+  }
 #pragma unroll
   for (int m = 16; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
   double s = 0.0;
-  for (int b = lane; b < nb; b += 32) {
-    float e[16];
+  // Block b's exps over its values in place (0 beyond n_att), its hsum16 into bs[b] and s.
+  const auto exps = [&](int b, float(&v)[16]) {
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const int j = 16 * b + i;
-      e[i] = j < n_att ? math::expf_ggml(sc[j] - mx) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < 16; ++i) sc[16 * b + i] = e[i];
-    const float hs = math::hsum16(e);
+    for (int i = 0; i < 16; ++i) v[i] = 16 * b + i < n_att ? math::expf_ggml(v[i] - mx) : 0.0f;
+    const float hs = math::hsum16(v);
     bs[b] = hs;
     s += static_cast<double>(hs);
+  };
+#pragma unroll
+  for (int i = 0; i < kSoftmaxRegRounds; ++i) {
+    if (32 * i + lane < nb) exps(32 * i + lane, rv[i]);
+  }
+  for (int i = kSoftmaxRegRounds; i < rounds; ++i) {
+    const int b = 32 * i + lane;
+    if (b < nb) {
+      float v[16];
+      softmax_load16(sc, b, nb, n_att, v);
+      exps(b, v);
+      softmax_store16(sc, b, v);
+    }
   }
   // Butterfly: both partners add the same pair, so every lane ends with the same sum.
 #pragma unroll
@@ -317,10 +369,29 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarps)
     }
     inv = __shfl_sync(0xffffffffu, inv, 0);
   }
-  // Each lane rewrites the blocks it wrote.
-  for (int b = lane; b < nb; b += 32) {
+  // The weights over each lane's blocks (the exps of the later rounds: this lane's stores).
 #pragma unroll
-    for (int i = 0; i < 16; ++i) sc[16 * b + i] = KV::prob(sc[16 * b + i], inv);
+  for (int i = 0; i < kSoftmaxRegRounds; ++i) {
+    const int b = 32 * i + lane;
+    if (b < nb) {
+#pragma unroll
+      for (int k = 0; k < 16; ++k) rv[i][k] = KV::prob(rv[i][k], inv);
+      softmax_store16(sc, b, rv[i]);
+    }
+  }
+  for (int i = kSoftmaxRegRounds; i < rounds; ++i) {
+    const int b = 32 * i + lane;
+    if (b < nb) {
+      float v[16];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float4 f = reinterpret_cast<const float4*>(sc + 16 * b)[q];
+        v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
+      }
+#pragma unroll
+      for (int k = 0; k < 16; ++k) v[k] = KV::prob(v[k], inv);
+      softmax_store16(sc, b, v);
+    }
   }
 }
 

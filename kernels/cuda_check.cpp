@@ -91,6 +91,19 @@ void carveout_for_occupancy(const void* kernel, unsigned threads, size_t dynamic
   cuda_check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, pct),
              "cudaFuncSetAttribute(PreferredSharedMemoryCarveout)", __FILE__, __LINE__);
 }
+
+int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+      (void)cudaGetLastError();
+      v = 132;
+    }
+    return v;
+  }();
+  return n;
+}
 }  // namespace kern
 
 }  // namespace worker

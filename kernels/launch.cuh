@@ -38,6 +38,9 @@ bool pdl_skipped(const char* kernel_name);
 // for the largest everywhere cost the kernels that need little shared memory their L1
 // (fast decode -1 to -2%). launch_pdl_smem() calls it for every launch.
 void carveout_for_occupancy(const void* kernel, unsigned threads, size_t dynamic_bytes);
+// SMs of the current device, read once (132 if the query fails): tile choices that only need
+// the order of magnitude.
+int sm_count();
 
 template <typename... KArgs, typename... Args>
 void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,

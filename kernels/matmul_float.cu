@@ -39,10 +39,12 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "common.cuh"
 #include "common/errors.h"
+#include "cuda_check.h"
 #include "exact_float_math.cuh"
 #include "launch.cuh"
 #include "matmul.cuh"
@@ -258,26 +260,47 @@ __global__ void __launch_bounds__(kVdThreads)
 }
 
 // ---------------------------------------------------------------------------------------
-// tinyBLAS order. Block: kTbM rows x kTbN(kTN) tokens, 16 groups of 16 threads; group g =
-// (gm, gn) owns rows gm*kTM .. +kTM and tokens gn, gn + 4, .., gn + 4(kTN-1) of the tile;
-// thread lane l of the group holds chain l of each of those outputs. kTN = 8 for long
-// batches (64 chains per thread: 16 shared loads per 64 FMAs), 4 for short ones (less
-// padding work). k runs in chunks of 64 through two shared-memory stages (one barrier per
-// chunk; the next chunk's global loads are in flight during this chunk's math).
+// tinyBLAS order. Block: 16 groups of 16 threads; group g = (gm, gn) owns rows gm*TM .. +TM and
+// tokens gn, gn + 4, .., gn + 4(TN-1) of a 4TM-row x 4TN-token tile; thread lane l of the group
+// holds chain l of each of those outputs. Two tiles: 8 x 8 outputs a thread (32 x 32 per block:
+// 16 shared loads per 64 FMAs) where its grid fills the GPU, 4 x 4 (16 x 16) where it does not
+// (short batches, 896-row matrices), so that the 76-chunk K loop of a down projection runs on
+// four times as many SMs.
+//
+// k runs in chunks of 64 through a ring of kStages shared-memory stages filled by cp.async (the
+// raw weights and the activations, 16-byte copies; the weights are requested before
+// griddep_wait()): chunk c + kStages - 1 is requested while chunk c's math runs, so that a
+// short batch's K loop is not one global round trip per chunk. Each thread converts the weight
+// words it copied itself into a float stage (exact conversions) once they have landed, so one
+// barrier per chunk orders everything.
 //
 // Elements past cols (cols % 64 != 0) are padded with weight +0 and activation -0: their
 // product is -0, and fma(+0, -0, c) = c + (-0) = c for every c (also c = +-0, inf, NaN),
 // likewise (c + (-0)) + (-0) = c for dpbf16; so the chains are the unpadded ones and the
 // inner loop has no bounds checks.
 constexpr int kTbThreads = 256;
-constexpr int kTM = 8;
-constexpr int kTbM = 4 * kTM;
 constexpr int kTbK = 64;
-// Row strides of the shared tiles (floats). The two groups of a warp share gm (the same
+// Row strides of the float stages (floats). The two groups of a warp share gm (the same
 // weight words: broadcast) and have gn one apart: tokens one row apart, 80 = 16 mod 32
 // banks, so their 16 lanes each hit disjoint banks.
 constexpr int kWLd = kTbK + 4;
 constexpr int kXLd = kTbK + 16;
+
+template <GgmlType T, int TM, int TN>
+struct TbGeom {
+  static constexpr int kBM = 4 * TM, kBN = 4 * TN;  // tile rows, tokens
+  static constexpr int kEsz = T == GgmlType::F32 ? 4 : 2;
+  static constexpr int kWUnitEl = 16 / kEsz;          // weights in a 16-byte copy
+  static constexpr int kWUnitsRow = kTbK / kWUnitEl;  // copies per row and chunk
+  static constexpr int kWUnits = kBM * kWUnitsRow;    // weight copies per chunk
+  static constexpr int kXUnits = kBN * kTbK / 4;      // activation copies per chunk
+  static constexpr int kStages = TM == 8 ? 4 : 8;
+  static constexpr int kRawBytes = kStages * kBM * kTbK * kEsz;
+  static constexpr int kXFloats = kStages * kBN * kXLd;
+  static constexpr int kWFloats = 2 * kBM * kWLd;
+  static constexpr size_t kSmem = kRawBytes + sizeof(float) * (kXFloats + kWFloats);
+  static constexpr int kMinBlocks = TM == 8 ? 2 : 3;
+};
 
 // One level of tinyblas_kernel's transposing hsum16 (xf::fold_pair): the first n
 // values of v are this lane's outputs; the lane keeps the half that its bit B picks (v[0 ..
@@ -302,15 +325,37 @@ struct TbSegs {
   int blk_end[3] = {};
 };
 
-template <GgmlType T, int kTN, bool kVec>
-__global__ void __launch_bounds__(kTbThreads)
+// 16 bytes of a row at byte offset `off` into `dst` (shared): cp.async when aligned (kVec),
+// else element loads and a shared store (rows or x not 16-byte aligned: rare, not pipelined).
+template <int kEsz, bool kVec>
+__device__ __forceinline__ void copy16(void* dst, const uint8_t* __restrict__ src) {
+  if constexpr (kVec) {
+    cp_async16(dst, src);
+  } else if constexpr (kEsz == 4) {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(src);
+    *reinterpret_cast<uint4*>(dst) = make_uint4(__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3));
+  } else {
+    const unsigned short* p = reinterpret_cast<const unsigned short*>(src);
+    uint32_t wd[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      wd[k] = static_cast<uint32_t>(__ldg(p + 2 * k)) |
+              (static_cast<uint32_t>(__ldg(p + 2 * k + 1)) << 16);
+    }
+    *reinterpret_cast<uint4*>(dst) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+  }
+}
+
+template <GgmlType T, int TM, int TN, bool kVec>
+__global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
+  using G = TbGeom<T, TM, TN>;
   constexpr bool kBf = T == GgmlType::BF16;
-  constexpr int kTbN = 4 * kTN;
-  constexpr int kXE = kTN;         // activation floats per loader thread
-  constexpr int kXT = kTbK / kXE;  // loader threads per token
-  __shared__ __align__(16) float ws[2][kTbM][kWLd];
-  __shared__ __align__(16) float xs[2][kTbN][kXLd];
+  constexpr int kBM = G::kBM, kBN = G::kBN, kS = G::kStages;
+  extern __shared__ __align__(16) unsigned char tb_smem[];
+  uint8_t* const raw = tb_smem;                                        // [kS][kBM][kTbK] raw
+  float* const xs = reinterpret_cast<float*>(tb_smem + G::kRawBytes);  // [kS][kBN][kXLd]
+  float* const ws = xs + G::kXFloats;                                  // [2][kBM][kWLd]
   const int tid = static_cast<int>(threadIdx.x);
   const int bx = static_cast<int>(blockIdx.x);
   const int seg = bx < sg.blk_end[0] ? 0 : (bx < sg.blk_end[1] ? 1 : 2);
@@ -320,101 +365,128 @@ __global__ void __launch_bounds__(kTbThreads)
       seg == 0 ? sg.row_bytes[0] : (seg == 1 ? sg.row_bytes[1] : sg.row_bytes[2]);
   const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
   const int blk0 = seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]);
-  const int m0 = (bx - blk0) * kTbM, n0 = blockIdx.y * kTbN;
-  // Loaders: weights 8 per thread (row lr, elements le..le+7 of the chunk), activations kXE
-  // (token lt, elements lx..).
-  const int lr = tid >> 3, le = (tid & 7) * 8;
-  const int lt = tid / kXT, lx = (tid % kXT) * kXE;
-  const bool w_ok = m0 + lr < rows;
-  const bool x_ok = n0 + lt < n_tok;
-  const uint8_t* wrow = w + static_cast<size_t>(w_ok ? m0 + lr : 0) * row_bytes;
-  const float* xrow = x + static_cast<size_t>(x_ok ? n0 + lt : 0) * cols;
-  uint32_t wr[kWords<T>];  // raw: converted when staged, so that the loads stay in flight
-  float xr[kXE];
-  // cols is a multiple of 16: a group of 8 (or 4) elements is all in or all out.
-  auto fetch_w = [&](int k0) {
-    if (w_ok && k0 + le < cols) {
-      load8w<T, kVec>(wrow, k0 + le, wr);
-    } else {
+  const int m0 = (bx - blk0) * kBM, n0 = static_cast<int>(blockIdx.y) * kBN;
+  const int n_chunks = (cols + kTbK - 1) / kTbK;
+
+  // Chunk c's copies into stage c % kS (cols is a multiple of 16: a copy is all in or all out).
+  auto issue_w = [&](int c) {
+    if (c >= n_chunks) return;
+    const int k0 = c * kTbK;
+    uint8_t* const st = raw + static_cast<size_t>(c % kS) * kBM * kTbK * G::kEsz;
 #pragma unroll
-      for (int k = 0; k < kWords<T>; ++k) wr[k] = 0u;  // +0 (see above)
+    for (int u = tid; u < G::kWUnits; u += kTbThreads) {
+      const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
+      void* dst = st + (r * kTbK + e) * G::kEsz;
+      if (m0 + r < rows && k0 + e < cols) {
+        copy16<G::kEsz, kVec>(dst,
+                              w + static_cast<size_t>(m0 + r) * row_bytes + (k0 + e) * G::kEsz);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);  // +0 (see above)
+      }
     }
   };
-  auto fetch_x = [&](int k0) {
-    if (x_ok && k0 + lx < cols) {
-      load_x<kVec>(xrow, k0 + lx, xr);
-    } else {
+  auto issue_x = [&](int c) {
+    if (c >= n_chunks) return;
+    const int k0 = c * kTbK;
+    float* const st = xs + static_cast<size_t>(c % kS) * kBN * kXLd;
 #pragma unroll
-      for (int k = 0; k < kXE; ++k) xr[k] = -0.0f;  // -0 (see above)
+    for (int u = tid; u < G::kXUnits; u += kTbThreads) {
+      const int t = u / (kTbK / 4), e = (u % (kTbK / 4)) * 4;
+      float* dst = st + t * kXLd + e;
+      if (n0 + t < n_tok && k0 + e < cols) {
+        copy16<4, kVec>(
+            dst, reinterpret_cast<const uint8_t*>(x + static_cast<size_t>(n0 + t) * cols + k0 + e));
+      } else {
+        *reinterpret_cast<float4*>(dst) = make_float4(-0.0f, -0.0f, -0.0f, -0.0f);  // -0
+      }
     }
   };
-  auto stage = [&](int st) {
-    float wv[8];
-    unpack8<T>(wr, wv);
-    float4* wd = reinterpret_cast<float4*>(&ws[st][lr][le]);
-    wd[0] = make_float4(wv[0], wv[1], wv[2], wv[3]);
-    wd[1] = make_float4(wv[4], wv[5], wv[6], wv[7]);
-    float4* xd = reinterpret_cast<float4*>(&xs[st][lt][lx]);
+  // The weight words this thread copied for chunk c, as floats, into float stage c & 1.
+  auto convert = [&](int c) {
+    const uint8_t* const st = raw + static_cast<size_t>(c % kS) * kBM * kTbK * G::kEsz;
+    float* const wf = ws + (c & 1) * kBM * kWLd;
 #pragma unroll
-    for (int q = 0; q < kXE / 4; ++q)
-      xd[q] = make_float4(xr[4 * q], xr[4 * q + 1], xr[4 * q + 2], xr[4 * q + 3]);
+    for (int u = tid; u < G::kWUnits; u += kTbThreads) {
+      const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
+      const uint4 q = *reinterpret_cast<const uint4*>(st + (r * kTbK + e) * G::kEsz);
+      float4* d = reinterpret_cast<float4*>(wf + r * kWLd + e);
+      if constexpr (T == GgmlType::F32) {
+        d[0] = make_float4(__uint_as_float(q.x), __uint_as_float(q.y), __uint_as_float(q.z),
+                           __uint_as_float(q.w));
+      } else {
+        const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+        float v[8];
+        unpack8<T>(wd, v);
+        d[0] = make_float4(v[0], v[1], v[2], v[3]);
+        d[1] = make_float4(v[4], v[5], v[6], v[7]);
+      }
+    }
   };
-  fetch_w(0);
+
+  // Prologue: chunks 0 .. kS - 2 in flight (weights before the wait), chunk 0 converted.
+#pragma unroll
+  for (int c = 0; c < kS - 1; ++c) issue_w(c);
   griddep_wait();
-  fetch_x(0);
-  stage(0);
+#pragma unroll
+  for (int c = 0; c < kS - 1; ++c) {
+    issue_x(c);
+    cp_async_commit();  // group c: chunk c's activations (group 0 also every weight above)
+  }
+  cp_async_wait<kS - 2>();
+  convert(0);
   __syncthreads();
 
   const int l = tid & 15, g = tid >> 4, gm = g >> 2, gn = g & 3;
-  float acc[kTM][kTN];
+  float acc[TM][TN];
 #pragma unroll
-  for (int mi = 0; mi < kTM; ++mi) {
+  for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
-    for (int ni = 0; ni < kTN; ++ni) acc[mi][ni] = 0.0f;
+    for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = 0.0f;
   }
-  const int n_chunks = (cols + kTbK - 1) / kTbK;
   for (int c = 0; c < n_chunks; ++c) {
-    const int st = c & 1;
-    const bool more = c + 1 < n_chunks;
-    if (more) {  // the next chunk's global loads overlap this chunk's math
-      fetch_w((c + 1) * kTbK);
-      fetch_x((c + 1) * kTbK);
-    }
+    // Stage (c - 1) % kS was last read in chunk c - 1, before the barrier that ended it.
+    issue_w(c + kS - 1);
+    issue_x(c + kS - 1);
+    cp_async_commit();
+    const float* const wf = ws + (c & 1) * kBM * kWLd + gm * TM * kWLd;
+    const float* const xf = xs + static_cast<size_t>(c % kS) * kBN * kXLd + gn * kXLd;
     if constexpr (!kBf) {
 #pragma unroll
       for (int kk = 0; kk < kTbK; kk += 16) {
-        float a[kTM], b[kTN];
+        float a[TM], b[TN];
 #pragma unroll
-        for (int mi = 0; mi < kTM; ++mi) a[mi] = ws[st][gm * kTM + mi][kk + l];
+        for (int mi = 0; mi < TM; ++mi) a[mi] = wf[mi * kWLd + kk + l];
 #pragma unroll
-        for (int ni = 0; ni < kTN; ++ni) b[ni] = xs[st][gn + 4 * ni][kk + l];
+        for (int ni = 0; ni < TN; ++ni) b[ni] = xf[4 * ni * kXLd + kk + l];
 #pragma unroll
-        for (int mi = 0; mi < kTM; ++mi) {
+        for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
-          for (int ni = 0; ni < kTN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a[mi], b[ni]);
+          for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a[mi], b[ni]);
         }
       }
     } else {
 #pragma unroll
       for (int kk = 0; kk < kTbK; kk += 32) {
-        float2 a[kTM], b[kTN];
+        float2 a[TM], b[TN];
 #pragma unroll
-        for (int mi = 0; mi < kTM; ++mi)
-          a[mi] = *reinterpret_cast<const float2*>(&ws[st][gm * kTM + mi][kk + 2 * l]);
+        for (int mi = 0; mi < TM; ++mi)
+          a[mi] = *reinterpret_cast<const float2*>(wf + mi * kWLd + kk + 2 * l);
 #pragma unroll
-        for (int ni = 0; ni < kTN; ++ni)
-          b[ni] = *reinterpret_cast<const float2*>(&xs[st][gn + 4 * ni][kk + 2 * l]);
+        for (int ni = 0; ni < TN; ++ni)
+          b[ni] = *reinterpret_cast<const float2*>(xf + 4 * ni * kXLd + kk + 2 * l);
 #pragma unroll
-        for (int mi = 0; mi < kTM; ++mi) {
+        for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
-          for (int ni = 0; ni < kTN; ++ni)
+          for (int ni = 0; ni < TN; ++ni)
             acc[mi][ni] = xf::dpbf16_step(acc[mi][ni], a[mi].x, b[ni].x, a[mi].y, b[ni].y);
         }
       }
     }
-    if (more) {
-      // Stage st ^ 1 was last read in chunk c - 1, before the barrier that ended it.
-      stage(st ^ 1);
+    if (c + 1 < n_chunks) {
+      // Chunk c + 1's groups have landed (at most kS - 2 newer ones in flight); float stage
+      // (c + 1) & 1 was last read in chunk c - 1.
+      cp_async_wait<kS - 2>();
+      convert(c + 1);
       __syncthreads();
     }
   }
@@ -422,12 +494,12 @@ __global__ void __launch_bounds__(kTbThreads)
   // hsum16 over the 16 lanes of the group, lane bits 3, 2, 1, 0 (xor 8, 4, 2, 1: the pairs of
   // the reference's tree; a + b == b + a), as a transposing reduction: at each level a lane
   // keeps half of its outputs (the half picked by its lane bit) and adds the partner's value of
-  // those, sending its own of the other half. Output o = mi + kTM * ni (kN of them) ends in
-  // lane o / kQ: lane l holds outputs kQ * l .. kQ * l + kQ - 1 (consecutive rows, one token).
-  constexpr int kN = kTM * kTN, kQ = kN / 16;
+  // those, sending its own of the other half. Output o = mi + TM * ni (kN of them) ends in
+  // lane o / kQ: lane l holds outputs kQ * l .. kQ * l + kQ - 1.
+  constexpr int kN = TM * TN, kQ = kN / 16;
   float v[kN];
 #pragma unroll
-  for (int o = 0; o < kN; ++o) v[o] = acc[o % kTM][o / kTM];
+  for (int o = 0; o < kN; ++o) v[o] = acc[o % TM][o / TM];
   fold_half<kN, 3>(v, l);
   fold_half<kN / 2, 2>(v, l);
   fold_half<kN / 4, 1>(v, l);
@@ -435,7 +507,7 @@ __global__ void __launch_bounds__(kTbThreads)
 #pragma unroll
   for (int i = 0; i < kQ; ++i) {
     const int o = kQ * l + i;
-    const int r = m0 + gm * kTM + o % kTM, t = n0 + gn + 4 * (o / kTM);
+    const int r = m0 + gm * TM + o % TM, t = n0 + gn + 4 * (o / TM);
     if (r < rows && t < n_tok) {
       const size_t idx = static_cast<size_t>(t) * static_cast<size_t>(rows) + r;
       y[idx] = accumulate ? xf::add_rn(y[idx], v[i]) : v[i];
@@ -443,29 +515,55 @@ __global__ void __launch_bounds__(kTbThreads)
   }
 }
 
-// One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i].
+template <GgmlType T, int TM, int TN, bool kVec>
+void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int n_tok, int acc,
+                    cudaStream_t st) {
+  using G = TbGeom<T, TM, TN>;
+  auto* kernel = tinyblas_kernel<T, TM, TN, kVec>;
+  static const bool attr_set = [kernel] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(G::kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  launch_pdl_smem("exact_float_tinyblas", kernel,
+                  dim3(static_cast<unsigned>(blocks), (n_tok + G::kBN - 1) / G::kBN),
+                  dim3(kTbThreads), G::kSmem, st, sg, cols, x, n_tok, acc);
+}
+
+// One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i]: 32 x 32 tiles
+// when they give every SM a block, else 16 x 16.
 template <GgmlType T, bool kVec>
 void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const float* x,
                      int n_tok, bool accumulate, cudaStream_t st) {
-  TbSegs sg;
-  int blocks = 0;
+  TbSegs big, small;
+  int blocks_big = 0, blocks_small = 0;
   for (int i = 0; i < 3; ++i) {
     if (i < n) {
-      sg.w[i] = static_cast<const uint8_t*>(ws[i]->data);
-      sg.y[i] = ys[i];
-      sg.row_bytes[i] = ws[i]->row_bytes;
-      sg.rows[i] = static_cast<int>(ws[i]->rows);
-      blocks += (sg.rows[i] + kTbM - 1) / kTbM;
+      for (TbSegs* sg : {&big, &small}) {
+        sg->w[i] = static_cast<const uint8_t*>(ws[i]->data);
+        sg->y[i] = ys[i];
+        sg->row_bytes[i] = ws[i]->row_bytes;
+        sg->rows[i] = static_cast<int>(ws[i]->rows);
+      }
+      blocks_big += (big.rows[i] + TbGeom<T, 8, 8>::kBM - 1) / TbGeom<T, 8, 8>::kBM;
+      blocks_small += (small.rows[i] + TbGeom<T, 4, 4>::kBM - 1) / TbGeom<T, 4, 4>::kBM;
     }
-    sg.blk_end[i] = blocks;
+    big.blk_end[i] = blocks_big;
+    small.blk_end[i] = blocks_small;
   }
   const int cols = static_cast<int>(ws[0]->cols), acc = accumulate ? 1 : 0;
-  if (n_tok > 16) {
-    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 8, kVec>, dim3(blocks, (n_tok + 31) / 32),
-               dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
+  const int64_t grid_big = static_cast<int64_t>(blocks_big) *
+                           ((n_tok + TbGeom<T, 8, 8>::kBN - 1) / TbGeom<T, 8, 8>::kBN);
+  static const int tile_env = [] {
+    const char* e = std::getenv("WORKER_TB_TILE");
+    return e != nullptr ? std::atoi(e) : 0;
+  }();
+  const bool use_big = tile_env == 88 ? true : tile_env == 44 ? false : grid_big >= sm_count();
+  if (use_big) {
+    launch_tb_tile<T, 8, 8, kVec>(big, blocks_big, cols, x, n_tok, acc, st);
   } else {
-    launch_pdl("exact_float_tinyblas", tinyblas_kernel<T, 4, kVec>, dim3(blocks, (n_tok + 15) / 16),
-               dim3(kTbThreads), st, sg, cols, x, n_tok, acc);
+    launch_tb_tile<T, 4, 4, kVec>(small, blocks_small, cols, x, n_tok, acc, st);
   }
 }
 

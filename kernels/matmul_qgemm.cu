@@ -161,20 +161,6 @@ void launch(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float
              y, accumulate ? 1 : 0);
 }
 
-// SMs of the current device (read once; the tile choice only needs the order of magnitude).
-int sm_count() {
-  static const int n = [] {
-    int dev = 0, v = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
-      (void)cudaGetLastError();
-      v = 132;
-    }
-    return v;
-  }();
-  return n;
-}
-
 // Tokens per thread: the largest tile (most reuse of each shared-memory word) whose grid
 // still gives about two CTAs per SM; small grids (few rows or tokens) take smaller tiles.
 // Q0Lanes BT = 8 TT, the other lane flavours BT = 4 TT (8 / 16 / 32 tokens per CTA), rep

@@ -233,7 +233,7 @@ TEST(ExactFloatHost, Hsum16MatchesCpu) {
 // HOST EMULATION of tinyblas_kernel's transposing hsum16 (xf::fold_pair): 16 lanes, each with
 // the chain values of N outputs, run level by level (lane bits 3, 2, 1, 0; each lane receives its
 // partner's send of the level); lane l must end with outputs (N / 16) * l .. + N / 16 - 1, each
-// cpu::hsum16 of that output's 16 chains. N = 64 (8 rows x 8 tokens) and 32 (8 x 4).
+// cpu::hsum16 of that output's 16 chains. N = 64 (8 rows x 8 tokens) and 16 (4 x 4).
 template <int N>
 void check_transposing_hsum16(std::mt19937& rng) {
   constexpr int kQ = N / 16;
@@ -276,8 +276,8 @@ void check_transposing_hsum16(std::mt19937& rng) {
 TEST(ExactFloatHost, TransposingHsum16MatchesCpu) {
   std::mt19937 rng(21);
   for (int it = 0; it < 200; ++it) {
-    check_transposing_hsum16<64>(rng);
-    check_transposing_hsum16<32>(rng);
+    check_transposing_hsum16<64>(rng);  // the 8 x 8 tile
+    check_transposing_hsum16<16>(rng);  // the 4 x 4 tile
   }
 }
 
@@ -457,12 +457,26 @@ TEST(ExactFloatGpu, DecodeVecdotBitExact) {
 TEST(ExactFloatGpu, BatchTinyblasBitExact) {
   REQUIRE_GPU();
   std::vector<Case> cases = {
-      {896, 896, 2},   {2048, 64, 3},  {172, 256, 4}, {132, 4864, 5}, {896, 96, 8},
-      {896, 1024, 17}, {256, 896, 64}, {4, 32, 2},    {36, 160, 9},
+      {896, 896, 2},
+      {2048, 64, 3},
+      {172, 256, 4},
+      {132, 4864, 5},
+      {896, 96, 8},
+      {896, 1024, 17},
+      {256, 896, 64},
+      {4, 32, 2},
+      {36, 160, 9},
+      // grids of >= 132 32 x 32 tiles (the 8 x 8 kernel on an H100 / H200; the rows above
+      // take the 16 x 16 one), with a partial last k chunk and partial row / token tiles
+      {4864, 160, 64},
+      {4228, 96, 33},
   };
   Case acc{172, 768, 5};
   acc.accumulate = true;
   cases.push_back(acc);
+  Case acc_big{4224, 96, 40};
+  acc_big.accumulate = true;
+  cases.push_back(acc_big);
   run_cases(cases, 200);
 }
 
@@ -473,7 +487,7 @@ TEST(ExactFloatGpu, MultiWeightTinyblasBitExact) {
   REQUIRE_GPU();
   uint32_t seed = 300;
   for (GgmlType type : kFloatTypes) {
-    for (const int n_tok : {2, 17, 40}) {
+    for (const int n_tok : {2, 17, 40, 520}) {  // 520: 153 32 x 32 tiles (the 8 x 8 kernel)
       std::mt19937 rng(seed++);
       const int cols = 96, rows[3] = {64, 36, 132};
       const auto a = random_acts(type, n_tok, cols, rng);
