@@ -79,8 +79,14 @@ void ffn(const WeightView& gate, const WeightView& up, const WeightView& down, c
     matvec1_quant_swiglu(gate, up, a, g, stream);  // one launch
     linear(down, g, n, a, y, true, stream);
   } else {
-    linear(gate, x, n, a, g, false, stream);
-    linear(up, x, n, a, u, false, stream);
+    round_for(gate.type, x, n, static_cast<int>(gate.cols), a, stream);
+    const WeightView* ws[2] = {&gate, &up};
+    float* ys[2] = {g, u};
+    // float prompt batches: gate and up in one tinyBLAS launch (twice the blocks of each)
+    if (!detail::matmul_float_multi(ws, ys, 2, a, n, BatchOrder{n, 0}, stream)) {
+      linear(gate, x, n, a, g, false, stream);
+      linear(up, x, n, a, u, false, stream);
+    }
     swiglu_act(g, u, n, F, down.type, a, stream);
     linear(down, g, n, a, y, true, stream);
   }

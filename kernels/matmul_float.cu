@@ -286,7 +286,7 @@ constexpr int kTbK = 64;
 constexpr int kWLd = kTbK + 4;
 constexpr int kXLd = kTbK + 16;
 
-template <GgmlType T, int TM, int TN>
+template <GgmlType T, int TM, int TN, int S>
 struct TbGeom {
   static constexpr int kBM = 4 * TM, kBN = 4 * TN;  // tile rows, tokens
   static constexpr int kEsz = T == GgmlType::F32 ? 4 : 2;
@@ -294,7 +294,7 @@ struct TbGeom {
   static constexpr int kWUnitsRow = kTbK / kWUnitEl;  // copies per row and chunk
   static constexpr int kWUnits = kBM * kWUnitsRow;    // weight copies per chunk
   static constexpr int kXUnits = kBN * kTbK / 4;      // activation copies per chunk
-  static constexpr int kStages = TM == 8 ? 4 : 8;
+  static constexpr int kStages = S;
   static constexpr int kRawBytes = kStages * kBM * kTbK * kEsz;
   static constexpr int kXFloats = kStages * kBN * kXLd;
   static constexpr int kWFloats = 2 * kBM * kWLd;
@@ -327,9 +327,12 @@ struct TbSegs {
 
 // 16 bytes of a row at byte offset `off` into `dst` (shared): cp.async when aligned (kVec),
 // else element loads and a shared store (rows or x not 16-byte aligned: rare, not pipelined).
-template <int kEsz, bool kVec>
+template <int kEsz, bool kVec, bool kCa = false>
 __device__ __forceinline__ void copy16(void* dst, const uint8_t* __restrict__ src) {
-  if constexpr (kVec) {
+  if constexpr (kVec && kCa) {
+    const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src) : "memory");
+  } else if constexpr (kVec) {
     cp_async16(dst, src);
   } else if constexpr (kEsz == 4) {
     const uint32_t* p = reinterpret_cast<const uint32_t*>(src);
@@ -346,10 +349,10 @@ __device__ __forceinline__ void copy16(void* dst, const uint8_t* __restrict__ sr
   }
 }
 
-template <GgmlType T, int TM, int TN, bool kVec>
-__global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
+template <GgmlType T, int TM, int TN, int S, bool XCA, bool kVec>
+__global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN, S>::kMinBlocks))
     tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
-  using G = TbGeom<T, TM, TN>;
+  using G = TbGeom<T, TM, TN, S>;
   constexpr bool kBf = T == GgmlType::BF16;
   constexpr int kBM = G::kBM, kBN = G::kBN, kS = G::kStages;
   extern __shared__ __align__(16) unsigned char tb_smem[];
@@ -515,11 +518,11 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   }
 }
 
-template <GgmlType T, int TM, int TN, bool kVec>
+template <GgmlType T, int TM, int TN, int S, bool XCA, bool kVec>
 void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int n_tok, int acc,
                     cudaStream_t st) {
-  using G = TbGeom<T, TM, TN>;
-  auto* kernel = tinyblas_kernel<T, TM, TN, kVec>;
+  using G = TbGeom<T, TM, TN, S>;
+  auto* kernel = tinyblas_kernel<T, TM, TN, S, XCA, kVec>;
   static const bool attr_set = [kernel] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(G::kSmem)));
@@ -529,6 +532,38 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
   launch_pdl_smem("exact_float_tinyblas", kernel,
                   dim3(static_cast<unsigned>(blocks), (n_tok + G::kBN - 1) / G::kBN),
                   dim3(kTbThreads), G::kSmem, st, sg, cols, x, n_tok, acc);
+}
+
+int env_int(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr ? std::atoi(e) : 0;
+}
+
+// EXPERIMENT (F16, aligned): WORKER_TB_S stages 2 / 3 / 4 / 8, WORKER_TB_XCA=1 x through L1.
+template <GgmlType T, int TM, int TN, bool kVec>
+void launch_tb_exp(const TbSegs& sg, int blocks, int cols, const float* x, int n_tok, int acc,
+                   cudaStream_t st) {
+  static const int es = env_int("WORKER_TB_S"), ca = env_int("WORKER_TB_XCA");
+  constexpr int kDef = TM == 8 ? 4 : 8;
+  if constexpr (T == GgmlType::F16 && kVec) {
+    if (es != 0 || ca != 0) {
+      const int s = es != 0 ? es : kDef;
+#define TB_S(SS)                                                                       \
+  if (s == SS) {                                                                       \
+    if (ca != 0)                                                                       \
+      launch_tb_tile<T, TM, TN, SS, true, kVec>(sg, blocks, cols, x, n_tok, acc, st);  \
+    else                                                                               \
+      launch_tb_tile<T, TM, TN, SS, false, kVec>(sg, blocks, cols, x, n_tok, acc, st); \
+    return;                                                                            \
+  }
+      TB_S(2)
+      TB_S(3)
+      TB_S(4)
+      TB_S(8)
+#undef TB_S
+    }
+  }
+  launch_tb_tile<T, TM, TN, kDef, false, kVec>(sg, blocks, cols, x, n_tok, acc, st);
 }
 
 // One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i]: 32 x 32 tiles
@@ -546,24 +581,20 @@ void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const
         sg->row_bytes[i] = ws[i]->row_bytes;
         sg->rows[i] = static_cast<int>(ws[i]->rows);
       }
-      blocks_big += (big.rows[i] + TbGeom<T, 8, 8>::kBM - 1) / TbGeom<T, 8, 8>::kBM;
-      blocks_small += (small.rows[i] + TbGeom<T, 4, 4>::kBM - 1) / TbGeom<T, 4, 4>::kBM;
+      blocks_big += (big.rows[i] + 31) / 32;
+      blocks_small += (small.rows[i] + 15) / 16;
     }
     big.blk_end[i] = blocks_big;
     small.blk_end[i] = blocks_small;
   }
   const int cols = static_cast<int>(ws[0]->cols), acc = accumulate ? 1 : 0;
-  const int64_t grid_big = static_cast<int64_t>(blocks_big) *
-                           ((n_tok + TbGeom<T, 8, 8>::kBN - 1) / TbGeom<T, 8, 8>::kBN);
-  static const int tile_env = [] {
-    const char* e = std::getenv("WORKER_TB_TILE");
-    return e != nullptr ? std::atoi(e) : 0;
-  }();
+  const int64_t grid_big = static_cast<int64_t>(blocks_big) * ((n_tok + 31) / 32);
+  static const int tile_env = env_int("WORKER_TB_TILE");
   const bool use_big = tile_env == 88 ? true : tile_env == 44 ? false : grid_big >= sm_count();
   if (use_big) {
-    launch_tb_tile<T, 8, 8, kVec>(big, blocks_big, cols, x, n_tok, acc, st);
+    launch_tb_exp<T, 8, 8, kVec>(big, blocks_big, cols, x, n_tok, acc, st);
   } else {
-    launch_tb_tile<T, 4, 4, kVec>(small, blocks_small, cols, x, n_tok, acc, st);
+    launch_tb_exp<T, 4, 4, kVec>(small, blocks_small, cols, x, n_tok, acc, st);
   }
 }
 
