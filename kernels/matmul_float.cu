@@ -39,7 +39,6 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "common.cuh"
@@ -263,9 +262,9 @@ __global__ void __launch_bounds__(kVdThreads)
 // tinyBLAS order. Block: 16 groups of 16 threads; group g = (gm, gn) owns rows gm*TM .. +TM and
 // tokens gn, gn + 4, .., gn + 4(TN-1) of a 4TM-row x 4TN-token tile; thread lane l of the group
 // holds chain l of each of those outputs. Two tiles: 8 x 8 outputs a thread (32 x 32 per block:
-// 16 shared loads per 64 FMAs) where its grid fills the GPU, 4 x 4 (16 x 16) where it does not
-// (short batches, 896-row matrices), so that the 76-chunk K loop of a down projection runs on
-// four times as many SMs.
+// 16 shared loads per 64 FMAs), and 4 x 4 (16 x 16) for short batches and small grids (896-row
+// matrices at <= 64 tokens: the 76-chunk K loop of a down projection then runs on four times
+// as many SMs); launch_tinyblas picks.
 //
 // k runs in chunks of 64 through a ring of kStages shared-memory stages filled by cp.async (the
 // raw weights and the activations, 16-byte copies; the weights are requested before
@@ -286,7 +285,7 @@ constexpr int kTbK = 64;
 constexpr int kWLd = kTbK + 4;
 constexpr int kXLd = kTbK + 16;
 
-template <GgmlType T, int TM, int TN, int S>
+template <GgmlType T, int TM, int TN>
 struct TbGeom {
   static constexpr int kBM = 4 * TM, kBN = 4 * TN;  // tile rows, tokens
   static constexpr int kEsz = T == GgmlType::F32 ? 4 : 2;
@@ -294,7 +293,7 @@ struct TbGeom {
   static constexpr int kWUnitsRow = kTbK / kWUnitEl;  // copies per row and chunk
   static constexpr int kWUnits = kBM * kWUnitsRow;    // weight copies per chunk
   static constexpr int kXUnits = kBN * kTbK / 4;      // activation copies per chunk
-  static constexpr int kStages = S;
+  static constexpr int kStages = 4;
   static constexpr int kRawBytes = kStages * kBM * kTbK * kEsz;
   static constexpr int kXFloats = kStages * kBN * kXLd;
   static constexpr int kWFloats = 2 * kBM * kWLd;
@@ -327,12 +326,9 @@ struct TbSegs {
 
 // 16 bytes of a row at byte offset `off` into `dst` (shared): cp.async when aligned (kVec),
 // else element loads and a shared store (rows or x not 16-byte aligned: rare, not pipelined).
-template <int kEsz, bool kVec, bool kCa = false>
+template <int kEsz, bool kVec>
 __device__ __forceinline__ void copy16(void* dst, const uint8_t* __restrict__ src) {
-  if constexpr (kVec && kCa) {
-    const unsigned sa = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src) : "memory");
-  } else if constexpr (kVec) {
+  if constexpr (kVec) {
     cp_async16(dst, src);
   } else if constexpr (kEsz == 4) {
     const uint32_t* p = reinterpret_cast<const uint32_t*>(src);
@@ -349,10 +345,10 @@ __device__ __forceinline__ void copy16(void* dst, const uint8_t* __restrict__ sr
   }
 }
 
-template <GgmlType T, int TM, int TN, int S, bool XCA, bool kVec>
-__global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN, S>::kMinBlocks))
+template <GgmlType T, int TM, int TN, bool kVec>
+__global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
-  using G = TbGeom<T, TM, TN, S>;
+  using G = TbGeom<T, TM, TN>;
   constexpr bool kBf = T == GgmlType::BF16;
   constexpr int kBM = G::kBM, kBN = G::kBN, kS = G::kStages;
   extern __shared__ __align__(16) unsigned char tb_smem[];
@@ -377,7 +373,9 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN, S>::kMinBlocks)
     const int k0 = c * kTbK;
     uint8_t* const st = raw + static_cast<size_t>(c % kS) * kBM * kTbK * G::kEsz;
 #pragma unroll
-    for (int u = tid; u < G::kWUnits; u += kTbThreads) {
+    for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
+      const int u = tid + i * kTbThreads;
+      if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
       const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
       void* dst = st + (r * kTbK + e) * G::kEsz;
       if (m0 + r < rows && k0 + e < cols) {
@@ -393,7 +391,9 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN, S>::kMinBlocks)
     const int k0 = c * kTbK;
     float* const st = xs + static_cast<size_t>(c % kS) * kBN * kXLd;
 #pragma unroll
-    for (int u = tid; u < G::kXUnits; u += kTbThreads) {
+    for (int i = 0; i < (G::kXUnits + kTbThreads - 1) / kTbThreads; ++i) {
+      const int u = tid + i * kTbThreads;
+      if (G::kXUnits % kTbThreads != 0 && u >= G::kXUnits) break;
       const int t = u / (kTbK / 4), e = (u % (kTbK / 4)) * 4;
       float* dst = st + t * kXLd + e;
       if (n0 + t < n_tok && k0 + e < cols) {
@@ -409,7 +409,9 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN, S>::kMinBlocks)
     const uint8_t* const st = raw + static_cast<size_t>(c % kS) * kBM * kTbK * G::kEsz;
     float* const wf = ws + (c & 1) * kBM * kWLd;
 #pragma unroll
-    for (int u = tid; u < G::kWUnits; u += kTbThreads) {
+    for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
+      const int u = tid + i * kTbThreads;
+      if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
       const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
       const uint4 q = *reinterpret_cast<const uint4*>(st + (r * kTbK + e) * G::kEsz);
       float4* d = reinterpret_cast<float4*>(wf + r * kWLd + e);
@@ -518,11 +520,11 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN, S>::kMinBlocks)
   }
 }
 
-template <GgmlType T, int TM, int TN, int S, bool XCA, bool kVec>
+template <GgmlType T, int TM, int TN, bool kVec>
 void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int n_tok, int acc,
                     cudaStream_t st) {
-  using G = TbGeom<T, TM, TN, S>;
-  auto* kernel = tinyblas_kernel<T, TM, TN, S, XCA, kVec>;
+  using G = TbGeom<T, TM, TN>;
+  auto* kernel = tinyblas_kernel<T, TM, TN, kVec>;
   static const bool attr_set = [kernel] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(G::kSmem)));
@@ -534,43 +536,16 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
                   dim3(kTbThreads), G::kSmem, st, sg, cols, x, n_tok, acc);
 }
 
-int env_int(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr ? std::atoi(e) : 0;
-}
-
-// EXPERIMENT (F16, aligned): WORKER_TB_S stages 2 / 3 / 4 / 8, WORKER_TB_XCA=1 x through L1.
-template <GgmlType T, int TM, int TN, bool kVec>
-void launch_tb_exp(const TbSegs& sg, int blocks, int cols, const float* x, int n_tok, int acc,
-                   cudaStream_t st) {
-  static const int es = env_int("WORKER_TB_S"), ca = env_int("WORKER_TB_XCA");
-  constexpr int kDef = TM == 8 ? 4 : 8;
-  if constexpr (T == GgmlType::F16 && kVec) {
-    if (es != 0 || ca != 0) {
-      const int s = es != 0 ? es : kDef;
-#define TB_S(SS)                                                                       \
-  if (s == SS) {                                                                       \
-    if (ca != 0)                                                                       \
-      launch_tb_tile<T, TM, TN, SS, true, kVec>(sg, blocks, cols, x, n_tok, acc, st);  \
-    else                                                                               \
-      launch_tb_tile<T, TM, TN, SS, false, kVec>(sg, blocks, cols, x, n_tok, acc, st); \
-    return;                                                                            \
-  }
-      TB_S(2)
-      TB_S(3)
-      TB_S(4)
-      TB_S(8)
-#undef TB_S
-    }
-  }
-  launch_tb_tile<T, TM, TN, kDef, false, kVec>(sg, blocks, cols, x, n_tok, acc, st);
-}
-
-// One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i]: 32 x 32 tiles
-// when they give every SM a block, else 16 x 16.
+// One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i]. 32 x 32 tiles
+// unless the batch would leave them mostly padding (<= 16 tokens) or their grid would not give
+// half the SMs a block; then 16 x 16 (H100, kernel_bench, F16 us, 32 x 32 / 16 x 16: 4864 x 896
+// at 8 tokens 20.4 / 13.5, at 32 21.6 / 24.2; 896 x 4864 at 32 tokens 70.9 / 40.7, at 64 71.1 /
+// 68.4, at 128 71.5 / 101.5).
 template <GgmlType T, bool kVec>
 void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const float* x,
                      int n_tok, bool accumulate, cudaStream_t st) {
+  using Big = TbGeom<T, 8, 8>;
+  using Small = TbGeom<T, 4, 4>;
   TbSegs big, small;
   int blocks_big = 0, blocks_small = 0;
   for (int i = 0; i < 3; ++i) {
@@ -581,20 +556,18 @@ void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const
         sg->row_bytes[i] = ws[i]->row_bytes;
         sg->rows[i] = static_cast<int>(ws[i]->rows);
       }
-      blocks_big += (big.rows[i] + 31) / 32;
-      blocks_small += (small.rows[i] + 15) / 16;
+      blocks_big += (big.rows[i] + Big::kBM - 1) / Big::kBM;
+      blocks_small += (small.rows[i] + Small::kBM - 1) / Small::kBM;
     }
     big.blk_end[i] = blocks_big;
     small.blk_end[i] = blocks_small;
   }
   const int cols = static_cast<int>(ws[0]->cols), acc = accumulate ? 1 : 0;
-  const int64_t grid_big = static_cast<int64_t>(blocks_big) * ((n_tok + 31) / 32);
-  static const int tile_env = env_int("WORKER_TB_TILE");
-  const bool use_big = tile_env == 88 ? true : tile_env == 44 ? false : grid_big >= sm_count();
-  if (use_big) {
-    launch_tb_exp<T, 8, 8, kVec>(big, blocks_big, cols, x, n_tok, acc, st);
+  const int64_t grid_big = static_cast<int64_t>(blocks_big) * ((n_tok + Big::kBN - 1) / Big::kBN);
+  if (n_tok > 16 && 2 * grid_big >= sm_count()) {
+    launch_tb_tile<T, 8, 8, kVec>(big, blocks_big, cols, x, n_tok, acc, st);
   } else {
-    launch_tb_exp<T, 4, 4, kVec>(small, blocks_small, cols, x, n_tok, acc, st);
+    launch_tb_tile<T, 4, 4, kVec>(small, blocks_small, cols, x, n_tok, acc, st);
   }
 }
 
