@@ -59,6 +59,10 @@ bool port_open(int port) {
 class Nginx {
  public:
   Nginx(const fs::path& dir, int port, const std::string& upstream_block) : dir_(dir) {
+    if (::access(kNginx, X_OK) != 0) {
+      throw std::runtime_error(std::string("no nginx at ") + kNginx +
+                               " (Debian package nginx; ci/setup.sh installs it)");
+    }
     fs::remove_all(dir_);
     fs::create_directories(dir_ / "logs");
     fs::create_directories(dir_ / "tmp");
