@@ -611,25 +611,41 @@ void launch_type(const WeightView& w, const float* x, int n_tok, bool tiny, floa
   }
 }
 
+// f(traits) for a float weight type (F32 / F16 / BF16: gguf/type_traits.h's dispatch); false
+// (f not called) for the others.
+template <class F>
+bool with_float_type(uint32_t type, F&& f) {
+  bool done = false;
+  dispatch(type, [&](auto tr) {
+    if constexpr (decltype(tr)::kFamily == DotFamily::Float) {
+      f(tr);
+      done = true;
+    }
+  });
+  return done;
+}
+
+// A float weight the kernels take: rows, cols and row_bytes in range (int indexing).
+bool float_weight_ok(const WeightView& w) {
+  size_t elem = 0;
+  if (!with_float_type(w.type, [&](auto tr) { elem = decltype(tr)::kBlockBytes; })) return false;
+  return w.rows > 0 && w.cols > 0 && w.rows <= INT32_MAX / 2 && w.cols <= INT32_MAX / 4 &&
+         w.row_bytes >= static_cast<size_t>(w.cols) * elem;
+}
+
 }  // namespace
 
 namespace detail {
 
 void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
                   float* y, bool accumulate, cudaStream_t stream) {
-  // bytes of one element (0: not a float type)
-  const size_t elem = dispatch(w.type, [](auto tr) -> size_t {
-    if constexpr (decltype(tr)::kFamily == DotFamily::Float) return decltype(tr)::kBlockBytes;
-    return 0;
-  });
-  if (elem == 0) {
+  if (!with_float_type(w.type, [](auto) {})) {
     throw WorkerError(ErrorCode::Internal, std::string("exact::matmul_float: weight type ") +
                                                std::string(ggml_type_name(w.type)) +
                                                " is not F32/F16/BF16");
   }
-  if (w.rows <= 0 || w.cols <= 0 || w.rows > INT32_MAX / 2 || w.cols > INT32_MAX / 4 ||
-      w.row_bytes < static_cast<size_t>(w.cols) * elem || n_tok < 0 || n_tok > 65535 * 4 ||
-      order.batch_n < n_tok || order.t0 < 0 || order.t0 + n_tok > order.batch_n) {
+  if (!float_weight_ok(w) || n_tok < 0 || n_tok > 65535 * 4 || order.batch_n < n_tok ||
+      order.t0 < 0 || order.t0 + n_tok > order.batch_n) {
     throw WorkerError(ErrorCode::Internal,
                       "exact::matmul_float: bad shape (rows " + std::to_string(w.rows) + ", cols " +
                           std::to_string(w.cols) + ", row_bytes " + std::to_string(w.row_bytes) +
@@ -639,9 +655,8 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
   if (n_tok == 0) return;
   // The CPU reference picks tinyBLAS from the whole batch's token count (matmul.cuh).
   const bool tiny = xf::tinyblas_takes(w.type, w.rows, order.batch_n, w.cols);
-  dispatch(w.type, [&](auto tr) {
-    if constexpr (decltype(tr)::kFamily == DotFamily::Float)
-      launch_type<decltype(tr)::kType>(w, a.f, n_tok, tiny, y, accumulate, stream);
+  with_float_type(w.type, [&](auto tr) {
+    launch_type<decltype(tr)::kType>(w, a.f, n_tok, tiny, y, accumulate, stream);
   });
 }
 
@@ -653,26 +668,20 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
   bool vec = true;
   for (int i = 0; i < n; ++i) {
     const WeightView& w = *ws[i];
-    if (w.type != ws[0]->type || w.cols != ws[0]->cols || w.rows <= 0 || w.rows > INT32_MAX / 2 ||
-        w.cols > INT32_MAX / 4 || !xf::tinyblas_takes(w.type, w.rows, n_tok, w.cols)) {
+    if (w.type != ws[0]->type || w.cols != ws[0]->cols || !float_weight_ok(w) ||
+        !xf::tinyblas_takes(w.type, w.rows, n_tok, w.cols)) {
       return false;
     }
     vec = vec && vec_loads(w, a.f);
   }
-  bool done = false;
-  dispatch(ws[0]->type, [&](auto tr) {
-    if constexpr (decltype(tr)::kFamily == DotFamily::Float) {
-      constexpr GgmlType T = decltype(tr)::kType;
-      if (ws[0]->row_bytes < static_cast<size_t>(ws[0]->cols) * decltype(tr)::kBlockBytes) return;
-      if (vec) {
-        launch_tinyblas<T, true>(ws, ys, n, a.f, n_tok, false, stream);
-      } else {
-        launch_tinyblas<T, false>(ws, ys, n, a.f, n_tok, false, stream);
-      }
-      done = true;
+  return with_float_type(ws[0]->type, [&](auto tr) {
+    constexpr GgmlType T = decltype(tr)::kType;
+    if (vec) {
+      launch_tinyblas<T, true>(ws, ys, n, a.f, n_tok, false, stream);
+    } else {
+      launch_tinyblas<T, false>(ws, ys, n, a.f, n_tok, false, stream);
     }
   });
-  return done;
 }
 
 }  // namespace detail

@@ -529,18 +529,57 @@ TEST(ExactFloatGpu, MultiWeightTinyblasBitExact) {
         EXPECT_EQ(bad, 0) << ggml_type_name(static_cast<uint32_t>(type)) << " weight " << i
                           << " n_tok " << n_tok;
       }
-      // Refused: one token (vec_dot order), a slice of a larger batch, rows % 4 != 0.
-      EXPECT_FALSE(kern::exact::detail::matmul_float_multi(ws, ys, 3, ab, 1,
-                                                           kern::exact::BatchOrder{1, 0}, nullptr));
-      EXPECT_FALSE(kern::exact::detail::matmul_float_multi(
-          ws, ys, 3, ab, n_tok, kern::exact::BatchOrder{n_tok + 4, 0}, nullptr));
-      kern::WeightView odd = wv[1];
-      odd.rows = 35;
-      const kern::WeightView* ws_odd[3] = {ws[0], &odd, ws[2]};
-      EXPECT_FALSE(kern::exact::detail::matmul_float_multi(
-          ws_odd, ys, 3, ab, n_tok, kern::exact::BatchOrder{n_tok, 0}, nullptr));
     }
   }
+}
+
+// What matmul_float_multi must refuse (returning false before any launch, so that the caller
+// runs matmul per weight): checked on the host, no GPU needed.
+// REQ: M0-W-1430 M0-W-1431
+TEST(ExactFloatHost, MultiWeightRefusesWhatOneLaunchCannotTake) {
+  alignas(16) static float dummy[4];
+  kern::WeightView wv[3];
+  const int rows[3] = {64, 36, 132};
+  for (int i = 0; i < 3; ++i) {
+    wv[i].data = dummy;
+    wv[i].type = static_cast<uint32_t>(GgmlType::F16);
+    wv[i].rows = rows[i];
+    wv[i].cols = 96;
+    wv[i].row_bytes = 96 * 2;
+  }
+  float* ys[3] = {dummy, dummy, dummy};
+  kern::exact::ActBuf ab;
+  ab.f = dummy;
+  const auto refused = [&](const kern::WeightView(&w)[3], int n, int n_tok,
+                           kern::exact::BatchOrder o) {
+    const kern::WeightView* ws[3] = {&w[0], &w[1], &w[2]};
+    return !kern::exact::detail::matmul_float_multi(ws, ys, n, ab, n_tok, o, nullptr);
+  };
+  EXPECT_TRUE(refused(wv, 3, 1, {1, 0}));   // one token: vec_dot order
+  EXPECT_TRUE(refused(wv, 3, 8, {12, 0}));  // a slice of a larger batch
+  EXPECT_TRUE(refused(wv, 3, 8, {8, 2}));
+  EXPECT_TRUE(refused(wv, 0, 8, {8, 0}));
+  EXPECT_TRUE(refused(wv, 4, 8, {8, 0}));
+  const auto with = [&](int i, auto change) {
+    kern::WeightView w[3] = {wv[0], wv[1], wv[2]};
+    change(w[i]);
+    return refused(w, 3, 8, {8, 0});
+  };
+  EXPECT_TRUE(with(1, [](kern::WeightView& w) { w.rows = 35; }));  // rows % 4: vec_dot order
+  EXPECT_TRUE(with(2, [](kern::WeightView& w) { w.type = static_cast<uint32_t>(GgmlType::BF16); }));
+  EXPECT_TRUE(with(1, [](kern::WeightView& w) { w.cols = 128, w.row_bytes = 256; }));
+  EXPECT_TRUE(with(2, [](kern::WeightView& w) { w.row_bytes = 96; }));  // shorter than a row
+  {
+    kern::WeightView w[3] = {wv[0], wv[1], wv[2]};
+    for (kern::WeightView& x : w) x.cols = 100, x.row_bytes = 200;  // cols % 16: vec_dot order
+    EXPECT_TRUE(refused(w, 3, 8, {8, 0}));
+  }
+  EXPECT_TRUE(with(0, [](kern::WeightView& w) { w.rows = 0; }));
+  for (kern::WeightView& w : wv) {
+    w.type = static_cast<uint32_t>(GgmlType::Q8_0);
+    w.row_bytes = 3 * 34;
+  }
+  EXPECT_TRUE(refused(wv, 3, 8, {8, 0}));  // not a float type
 }
 
 // Batches tinyBLAS does not take: rows % 4 != 0, or cols % 16 != 0 (F32/F16) / % 32 != 0
