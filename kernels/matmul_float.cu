@@ -24,11 +24,11 @@
 //    depends on the whole batch, not on this call's tokens), cpu::dot_tinyblas /
 //    dot_bf16_tinyblas: 16 lanes per output, lane l takes elements 16i + l (F32/F16, FMA)
 //    or the pairs (32i + 2l, 32i + 2l + 1) (BF16, dpbf16); then hsum16.
-//    tinyblas_kernel: a block computes 32 rows x 16 or 32 tokens; k in chunks of 64 staged
-//    in shared memory as floats (exact conversions; a partial last chunk padded with
+//    tinyblas_kernel: a block computes 32 rows x 32 tokens or 16 x 16; k in chunks of 64
+//    staged in shared memory as floats (exact conversions; a partial last chunk padded with
 //    products -0, which leave every chain unchanged); thread (group g, lane l) owns lane l
-//    of 8 rows x 4 or 8 tokens (32 or 64 register chains, each in index order); hsum16 by
-//    shuffles xor 8, 4, 2, 1 inside each 16-thread group.
+//    of 8 rows x 8 tokens or 4 x 4 (64 or 16 register chains, each in index order); hsum16
+//    by shuffles xor 8, 4, 2, 1 inside each 16-thread group (a transposing reduction).
 // accumulate: y = y + dot, one rounding (the CPU's x += tmp).
 //
 // All arithmetic here goes through xf:: helpers (explicit __fmul_rn / __fadd_rn / fmaf), and
@@ -324,8 +324,9 @@ struct TbSegs {
   int blk_end[3] = {};
 };
 
-// 16 bytes of a row at byte offset `off` into `dst` (shared): cp.async when aligned (kVec),
-// else element loads and a shared store (rows or x not 16-byte aligned: rare, not pipelined).
+// The 16 bytes at src (weights or activations) into dst (shared): cp.async when aligned
+// (kVec), else element loads and a shared store (rows or x not 16-byte aligned: rare, not
+// pipelined).
 template <int kEsz, bool kVec>
 __device__ __forceinline__ void copy16(void* dst, const uint8_t* __restrict__ src) {
   if constexpr (kVec) {
