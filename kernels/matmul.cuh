@@ -33,8 +33,8 @@ namespace detail {
 void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
                   float* y, bool accumulate, cudaStream_t stream);
 // ys[i] = ws[i] x a for n (<= 3) float weights of one type and width in tinyBLAS order, one
-// launch (Q, K, V of a prompt; gate and up); false (nothing launched) where that does not apply (other
-// types or orders, a slice of a batch): the caller then runs matmul() per weight.
+// launch (Q, K, V of a prompt; gate and up); false (nothing launched) where that does not apply
+// (other types or orders, a slice of a batch): the caller then runs matmul() per weight.
 bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a,
                         int n_tok, const BatchOrder& order, cudaStream_t stream);
 }  // namespace detail
