@@ -764,7 +764,7 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
   // Rows per score block: few for short batches (more blocks, fewer dots a thread in series),
   // 16 for long ones (H100, 512 tokens: 16 rows 25.3k tok/s F16 prompt, 32 rows 25.1k, 64
   // rows 24.8k); the query rows <= 32 KiB of shared memory.
-  const int score_rows = std::clamp(std::min(n_tok / 32, 8192 / hd), 1, 16);
+  const int score_rows = std::clamp(std::min(n_tok / 32, 8192 / hd), 1, kScoreRows);
   for (int t0 = 0; t0 < n_tok; t0 += lay.chunk) {
     const int nc = std::min(lay.chunk, n_tok - t0);
     const Tiles st = make_tiles(group, s.n_head_kv, nc, score_rows);

@@ -546,29 +546,30 @@ template <GgmlType T, bool kVec>
 void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const float* x,
                      int n_tok, bool accumulate, cudaStream_t st) {
   using Big = TbGeom<T, 8, 8>;
-  using Small = TbGeom<T, 4, 4>;
-  TbSegs big, small;
-  int blocks_big = 0, blocks_small = 0;
-  for (int i = 0; i < 3; ++i) {
-    if (i < n) {
-      for (TbSegs* sg : {&big, &small}) {
-        sg->w[i] = static_cast<const uint8_t*>(ws[i]->data);
-        sg->y[i] = ys[i];
-        sg->row_bytes[i] = ws[i]->row_bytes;
-        sg->rows[i] = static_cast<int>(ws[i]->rows);
-      }
-      blocks_big += (big.rows[i] + Big::kBM - 1) / Big::kBM;
-      blocks_small += (small.rows[i] + Small::kBM - 1) / Small::kBM;
-    }
-    big.blk_end[i] = blocks_big;
-    small.blk_end[i] = blocks_small;
+  TbSegs sg;
+  for (int i = 0; i < n; ++i) {
+    sg.w[i] = static_cast<const uint8_t*>(ws[i]->data);
+    sg.y[i] = ys[i];
+    sg.row_bytes[i] = ws[i]->row_bytes;
+    sg.rows[i] = static_cast<int>(ws[i]->rows);
   }
+  // The weights' block ranges for tiles of bm rows; the grid's x size.
+  const auto set_blocks = [&](int bm) {
+    int blocks = 0;
+    for (int i = 0; i < 3; ++i) {
+      blocks += (sg.rows[i] + bm - 1) / bm;  // 0 for unused slots (rows 0)
+      sg.blk_end[i] = blocks;
+    }
+    return blocks;
+  };
   const int cols = static_cast<int>(ws[0]->cols), acc = accumulate ? 1 : 0;
+  const int blocks_big = set_blocks(Big::kBM);
   const int64_t grid_big = static_cast<int64_t>(blocks_big) * ((n_tok + Big::kBN - 1) / Big::kBN);
   if (n_tok > 16 && 2 * grid_big >= sm_count()) {
-    launch_tb_tile<T, 8, 8, kVec>(big, blocks_big, cols, x, n_tok, acc, st);
+    launch_tb_tile<T, 8, 8, kVec>(sg, blocks_big, cols, x, n_tok, acc, st);
   } else {
-    launch_tb_tile<T, 4, 4, kVec>(small, blocks_small, cols, x, n_tok, acc, st);
+    const int blocks_small = set_blocks(TbGeom<T, 4, 4>::kBM);
+    launch_tb_tile<T, 4, 4, kVec>(sg, blocks_small, cols, x, n_tok, acc, st);
   }
 }
 
