@@ -38,6 +38,13 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// 8 bytes global -> shared (cp.async.ca: sizes below 16 go through L1), zero-filled when
+// src_bytes is 0.
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes = 8) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
+               : "memory");
+}
 // Closes the thread's current group of cp.async copies.
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");

@@ -214,6 +214,101 @@ EXQ_HD void fetch_w(int tid, int step, const uint8_t* __restrict__ w, int rows, 
   }
 }
 
+// ---- the weight ring (types whose rows are 8-byte aligned; matmul_qgemm.cu) ----
+// Instead of fetch_w's loads into registers one step ahead, the kernel copies the raw bytes of
+// kRing - 1 steps ahead into shared memory (8-byte cp.async, issued before griddep_wait for
+// the first steps) and each thread then reads its unit from there (fetch_w_ring). The bytes
+// a step takes from a row: 8 Q0 blocks or one K super-block; a row's step starts 8-byte
+// aligned when row_bytes % 8 == 0 (Q0: 4 | blocks, so a short last step has 4 blocks).
+constexpr int kRing = 4;
+template <GgmlType T>
+EXQ_HD constexpr int ring_step_bytes() {
+  return T == GgmlType::Q8_0 ? 272 : T == GgmlType::Q5_0 ? 176 : 144;  // Q4_0, Q4_K: 144
+}
+template <GgmlType T>
+EXQ_HD constexpr bool ring_type() {
+  return T == GgmlType::Q8_0 || T == GgmlType::Q5_0 || T == GgmlType::Q4_0 || T == GgmlType::Q4_K;
+}
+// 8-byte pieces of one ring stage (32 rows) and the most a thread copies.
+template <GgmlType T>
+EXQ_HD constexpr int ring_pieces() {
+  return kBR * ring_step_bytes<T>() / 8;
+}
+template <GgmlType T>
+EXQ_HD constexpr int ring_rounds() {
+  return (ring_pieces<T>() + kThreads - 1) / kThreads;
+}
+// Piece n (n = tid + kThreads * i) of step `step`: stage byte offset `dst`, and whether it is
+// in the matrix (src = its global address); pieces outside (rows >= rows, blocks >= nb) are
+// zero-filled by the copy.
+template <GgmlType T>
+EXQ_HD bool ring_piece(int n, int step, const uint8_t* w, int rows, size_t row_bytes, int row0,
+                       int nb, int& dst, const uint8_t*& src) {
+  constexpr int kSB = ring_step_bytes<T>(), kPR = kSB / 8;
+  const int r = n / kPR, q = n % kPR;
+  dst = r * kSB + 8 * q;
+  const size_t off = static_cast<size_t>(step) * kSB + 8 * static_cast<size_t>(q);
+  src = w + static_cast<size_t>(row0 + r) * row_bytes + off;
+  (void)nb;
+  return row0 + r < rows && off < row_bytes;
+}
+// Bytes of one ring stage: 32 rows of a step and 16 bytes that sw_words may read past the
+// last row (never used).
+template <GgmlType T>
+EXQ_HD constexpr int ring_stage_bytes() {
+  return kBR * ring_step_bytes<T>() + 16;
+}
+
+// 32-bit word of shared memory at a 4-byte aligned offset (host: memcpy).
+EXQ_HD uint32_t sw32(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  return *reinterpret_cast<const uint32_t*>(p);
+#else
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+#endif
+}
+// N little-endian words at an even offset o of the stage (2 mod 4 or 0 mod 4): aligned word
+// loads, then a funnel shift by 16 bits where o is 2 mod 4.
+template <int N>
+EXQ_HD void sw_words(const uint8_t* stage, int o, uint32_t* dst) {
+  const uint8_t* b = stage + (o & ~3);
+  const int sh = 8 * (o & 2);
+  uint32_t w[N + 1];
+  for (int i = 0; i <= N; ++i) w[i] = sw32(b + 4 * i);
+  for (int i = 0; i < N; ++i) {
+#if defined(__CUDA_ARCH__)
+    dst[i] = __funnelshift_r(w[i], w[i + 1], sh);
+#else
+    dst[i] = static_cast<uint32_t>(((static_cast<uint64_t>(w[i + 1]) << 32) | w[i]) >> sh);
+#endif
+  }
+}
+
+// fetch_w from the ring stage of its step: the same Stage words.
+template <GgmlType T, Flavor FL, int TT>
+EXQ_HD void fetch_w_ring(int tid, int step, const uint8_t* stage, int rows, int row0, int nb,
+                         Stage<T, FL, TT>& st) {
+  const int r = tid >> 3, u = tid & 7;
+  const uint8_t* row = stage + r * ring_step_bytes<T>();
+  if constexpr (!is_k<T>()) {
+    constexpr int bb = T == GgmlType::Q8_0 ? 34 : (T == GgmlType::Q4_0 ? 18 : 22);
+    st.wok = row0 + r < rows && step * kUnits + u < nb;
+    if (st.wok) {
+      const int o = bb * u;  // even
+      st.w[0] = (sw32(row + (o & ~3)) >> (8 * (o & 2))) & 0xFFFFu;
+      sw_words<Stage<T, FL, TT>::kW - 1>(row, o + 2, st.w + 1);
+    }
+  } else {  // Q4_K
+    st.wok = row0 + r < rows;
+    if (st.wok) {
+      for (int i = 0; i < 4; ++i) st.w[i] = sw32(row + 4 * i);
+      for (int i = 0; i < 8; ++i) st.w[4 + i] = sw32(row + 16 + 32 * (u >> 1) + 4 * i);
+    }
+  }
+}
+
 // Activations of step `step` for tokens [tok0, tok0 + BT): item k (k = tid, tid + kThreads,
 // ...) is 16 bytes (token k >> 4, bytes 16 (k & 15) of the step); Q0 scales item k: token
 // k >> 3, unit k & 7; K: bsum k & 15 of token k >> 4 (and its d with sum 0).

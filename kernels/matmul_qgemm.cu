@@ -30,7 +30,10 @@
 // the CTA unpacks the rows' weights (each weight block read once per tile) and copies the
 // tokens' activation quants into shared memory, then each thread steps its chains, which stay
 // in registers for the whole row (the next step's global loads are issued into registers
-// before this step's chains run, and written to shared memory after the next barrier). BT is
+// before this step's chains run, and written to shared memory after the next barrier; for
+// batches of up to kRingMaxTokens, the weights' raw bytes instead come kRing - 1 steps ahead
+// through a ring of shared-memory stages filled by cp.async, where the rows are 8-byte
+// aligned: Q8_0 / Q5_0 / Q4_0 / Q4_K, not Q6_K's 210-byte super-blocks). BT is
 // 8..32 (lane flavours) or 16..64 (repack flavours), the largest that still gives ~2 CTAs
 // per SM. The result tile goes through shared memory to coalesced stores. The file is compiled with
 // -fmad=false: every fma is explicit. Weights are read before griddep_wait() (never written by a
@@ -64,14 +67,44 @@ constexpr int min_blocks() {
   return 2;
 }
 
-template <GgmlType T, Flavor FL, int TT, bool PF>
+// Dynamic shared memory of a tile: Smem, then (ring) kRing stages of raw weight bytes.
+template <GgmlType T, Flavor FL, int TT, bool RING>
+__host__ __device__ constexpr size_t smem_bytes() {
+  constexpr size_t base = (sizeof(Smem<FL, TT>) + 15) / 16 * 16;
+  if constexpr (RING)
+    return base + static_cast<size_t>(qg::kRing) * qg::ring_stage_bytes<T>();
+  else
+    return base;
+}
+
+// Copies the raw weight bytes of `step` into ring stage `stage` (8-byte cp.async; pieces
+// outside the matrix zero-filled); the caller commits the group.
+template <GgmlType T>
+__device__ __forceinline__ void ring_copy(int tid, int step, const uint8_t* __restrict__ w,
+                                          int rows, size_t row_bytes, int row0, int nb,
+                                          uint8_t* stage) {
+#pragma unroll
+  for (int i = 0; i < qg::ring_rounds<T>(); ++i) {
+    const int n = tid + kThreads * i;
+    if (n < qg::ring_pieces<T>()) {
+      int dst = 0;
+      const uint8_t* src = nullptr;
+      const bool in = qg::ring_piece<T>(n, step, w, rows, row_bytes, row0, nb, dst, src);
+      cp_async8(stage + dst, in ? src : w, in ? 8 : 0);
+    }
+  }
+}
+
+template <GgmlType T, Flavor FL, int TT, bool PF, bool RING>
 __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
     qgemm_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
                  const int8_t* __restrict__ aq, const float* __restrict__ ad,
                  const int32_t* __restrict__ abs, int n_tok, int gemm_end, float* __restrict__ y,
                  int accumulate) {
   using G = Geo<FL, TT>;
-  __shared__ Smem<FL, TT> s;
+  extern __shared__ __align__(16) unsigned char qgemm_smem[];
+  auto& s = *reinterpret_cast<Smem<FL, TT>*>(qgemm_smem);
+  [[maybe_unused]] uint8_t* const ring = qgemm_smem + smem_bytes<T, FL, TT, false>();
   const int tid = static_cast<int>(threadIdx.x);
   const int row0 = static_cast<int>(blockIdx.x) * kBR;
   const int tok0 = static_cast<int>(blockIdx.y) * G::BT;
@@ -83,11 +116,29 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
   Acc<FL, TT> a;
   qg::zero_acc(a);
   Stage<T, FL, TT> st;
-  qg::fetch_w(tid, 0, w, rows, row_bytes, row0, nb, st);
+  constexpr int kStage = RING ? qg::ring_stage_bytes<T>() : 0;
+  if constexpr (RING) {  // weights only: no kernel writes them
+    for (int k = 0; k < qg::kRing - 1; ++k) {
+      if (k < steps) ring_copy<T>(tid, k, w, rows, row_bytes, row0, nb, ring + k * kStage);
+      cp_async_commit();
+    }
+  } else {
+    qg::fetch_w(tid, 0, w, rows, row_bytes, row0, nb, st);
+  }
   griddep_wait();  // activations (and y) come from earlier kernels
   qg::fetch_a(tid, 0, aq, ad, abs, cols, nb, tok0, n_tok, st);
   for (int step = 0; step < steps; ++step) {
-    if (step > 0) {
+    if constexpr (RING) {
+      cp_async_wait<qg::kRing - 2>();  // this thread's copies of `step` have landed
+      __syncthreads();  // everyone's have; the previous step's chains are done with s and
+                        // the previous step's stage, which the next copy refills
+      const int next = step + qg::kRing - 1;
+      if (next < steps)
+        ring_copy<T>(tid, next, w, rows, row_bytes, row0, nb, ring + (next % qg::kRing) * kStage);
+      cp_async_commit();
+      qg::fetch_w_ring(tid, step, ring + (step % qg::kRing) * kStage, rows, row0, nb, st);
+      if (!PF && step > 0) qg::fetch_a(tid, step, aq, ad, abs, cols, nb, tok0, n_tok, st);
+    } else if (step > 0) {
       __syncthreads();  // the previous step's chains are done with s
       if constexpr (!PF) {
         qg::fetch_w(tid, step, w, rows, row_bytes, row0, nb, st);
@@ -98,7 +149,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
     __syncthreads();
     if constexpr (PF) {  // the next step's loads fly while this step's chains run
       if (step + 1 < steps) {
-        qg::fetch_w(tid, step + 1, w, rows, row_bytes, row0, nb, st);
+        if constexpr (!RING) qg::fetch_w(tid, step + 1, w, rows, row_bytes, row0, nb, st);
         qg::fetch_a(tid, step + 1, aq, ad, abs, cols, nb, tok0, n_tok, st);
       }
     }
@@ -146,19 +197,49 @@ constexpr bool prefetch_default() {
   return true;  // the same register counts as without (ptxas), the loads overlap the chains
 }
 
-template <GgmlType T, Flavor FL, int TT>
-void launch(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
-            bool accumulate, cudaStream_t stream, int prefetch) {
+template <GgmlType T, Flavor FL, int TT, bool RING>
+void launch_kernel(bool pf, const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
+                   bool accumulate, cudaStream_t stream) {
   using G = Geo<FL, TT>;
   const dim3 grid(static_cast<unsigned>((w.rows + kBR - 1) / kBR),
                   static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
+  constexpr size_t kSmem = smem_bytes<T, FL, TT, RING>();
+  static const bool attr_set = [] {
+    for (auto* k : {qgemm_kernel<T, FL, TT, true, RING>, qgemm_kernel<T, FL, TT, false, RING>}) {
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmem)));
+    }
+    return true;
+  }();
+  (void)attr_set;
+  auto* kernel = pf ? qgemm_kernel<T, FL, TT, true, RING> : qgemm_kernel<T, FL, TT, false, RING>;
+  launch_pdl_smem("exact_qgemm_kernel", kernel, grid, dim3(kThreads), kSmem, stream,
+                  static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),
+                  static_cast<int>(w.cols), w.row_bytes, static_cast<const int8_t*>(a.q),
+                  static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), n_tok,
+                  gemm_end, y, accumulate ? 1 : 0);
+}
+
+// Batches that take the weight ring (where its rows allow it). Short batches run few tokens
+// per CTA and many steps per row, so one global round trip per step set their time; measured
+// on the H100 (kernel_bench, us, one-step register prefetch -> ring): 32 tokens Q8_0 4864 x
+// 896 20.0 -> 15.2, 896 x 4864 28.9 -> 28.4, Q5_0 20.9 -> 16.1 / 29.5 -> 28.3, Q4_0 15.7 ->
+// 13.2 / 27.5 -> 23.7, Q4_K 896 x 4864 33.0 -> 31.4. Longer batches did not gain (512 tokens:
+// 144.5 -> 152.2 for Q8_0 4864 x 896: the ring's registers and shared memory cost the big
+// tiles occupancy), so they keep fetch_w.
+constexpr int kRingMaxTokens = 32;
+
+template <GgmlType T, Flavor FL, int TT>
+void launch(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
+            bool accumulate, cudaStream_t stream, int prefetch) {
   const bool pf = prefetch < 0 ? prefetch_default<T, FL, TT>() : prefetch != 0;
-  auto* kernel = pf ? qgemm_kernel<T, FL, TT, true> : qgemm_kernel<T, FL, TT, false>;
-  launch_pdl("exact_qgemm_kernel", kernel, grid, dim3(kThreads), stream,
-             static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),
-             static_cast<int>(w.cols), w.row_bytes, static_cast<const int8_t*>(a.q),
-             static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), n_tok, gemm_end,
-             y, accumulate ? 1 : 0);
+  if constexpr (qg::ring_type<T>()) {
+    if (n_tok <= kRingMaxTokens && w.row_bytes % 8 == 0 &&
+        reinterpret_cast<uintptr_t>(w.data) % 8 == 0) {
+      return launch_kernel<T, FL, TT, true>(pf, w, a, n_tok, gemm_end, y, accumulate, stream);
+    }
+  }
+  launch_kernel<T, FL, TT, false>(pf, w, a, n_tok, gemm_end, y, accumulate, stream);
 }
 
 // Tokens per thread: the largest tile (most reuse of each shared-memory word) whose grid

@@ -22,6 +22,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/errors.h"
@@ -173,7 +174,7 @@ bool is_k(GgmlType t) {
 // combine butterfly of the lane flavours on arrays (butterfly8_host / butterfly4_host: the shuffle
 // sequence), then store_tile.
 
-template <GgmlType T, Flavor FL, int TT, bool PF>
+template <GgmlType T, Flavor FL, int TT, bool PF, bool RING>
 void emulate_qgemm(const std::vector<uint8_t>& w, int rows, int cols, const HostActs& acts,
                    int n_tok, const BatchOrder& order, std::vector<float>& y, bool accumulate) {
   using G = qg::Geo<FL, TT>;
@@ -184,6 +185,9 @@ void emulate_qgemm(const std::vector<uint8_t>& w, int rows, int cols, const Host
   auto s = std::make_unique<qg::Smem<FL, TT>>();
   std::vector<qg::Acc<FL, TT>> acc(qg::kThreads);
   std::vector<qg::Stage<T, FL, TT>> stage(qg::kThreads);
+  // RING: the raw bytes of a step as the kernel's cp.async pieces land them (zero outside the
+  // matrix); fetch_w_ring reads each thread's unit from there.
+  std::vector<uint8_t> ring(RING ? static_cast<size_t>(qg::ring_stage_bytes<T>()) : 0);
   const int gx = (rows + qg::kBR - 1) / qg::kBR, gy = (n_tok + G::BT - 1) / G::BT;
   for (int bx = 0; bx < gx; ++bx) {
     for (int by = 0; by < gy; ++by) {
@@ -194,9 +198,23 @@ void emulate_qgemm(const std::vector<uint8_t>& w, int rows, int cols, const Host
       // The kernel's phases (PF: step + 1 fetched after the barrier, before step's chains;
       // otherwise fetched right before its commit). Stage registers: one per thread.
       auto fetch = [&](int step) {
+        if constexpr (RING) {
+          std::fill(ring.begin(), ring.end(), uint8_t{0xA5});  // past the rows: never used
+          for (int n = 0; n < qg::ring_pieces<T>(); ++n) {
+            int dst = 0;
+            const uint8_t* src = nullptr;
+            if (qg::ring_piece<T>(n, step, w.data(), rows, row_bytes, row0, nb, dst, src))
+              std::memcpy(ring.data() + dst, src, 8);
+            else
+              std::memset(ring.data() + dst, 0, 8);
+          }
+        }
         for (int tid = 0; tid < qg::kThreads; ++tid) {
           auto& st = stage[static_cast<size_t>(tid)];
-          qg::fetch_w(tid, step, w.data(), rows, row_bytes, row0, nb, st);
+          if constexpr (RING)
+            qg::fetch_w_ring(tid, step, ring.data(), rows, row0, nb, st);
+          else
+            qg::fetch_w(tid, step, w.data(), rows, row_bytes, row0, nb, st);
           qg::fetch_a(tid, step, acts.q.data(), acts.d.data(), acts.bs.data(), cols, nb, tok0,
                       n_tok, st);
         }
@@ -268,16 +286,30 @@ void host_cases(const std::vector<HostCase>& cases, uint64_t seed) {
     cpu_rows(T, w, c.rows, c.cols, acts, c.order, rows, accumulate, ref);
     // the two kernel variants (prefetch on / off) on alternate cases
     const bool pf = (k / 2) % 2 == 0;
-    if (pf)
-      emulate_qgemm<T, FL, TT, true>(w, c.rows, c.cols, acts, c.n_tok, c.order, got, accumulate);
-    else
-      emulate_qgemm<T, FL, TT, false>(w, c.rows, c.cols, acts, c.n_tok, c.order, got, accumulate);
-    const std::string what = std::string(pf ? "prefetch " : "") + type_str(T) + " flavour " +
-                             std::to_string(static_cast<int>(FL)) + " TT " + std::to_string(TT) +
-                             " rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) +
-                             " n_tok " + std::to_string(c.n_tok) + " batch_n " +
-                             std::to_string(c.order.batch_n) + " t0 " + std::to_string(c.order.t0) +
-                             (accumulate ? " accumulate" : "");
+    // the weight ring where rows are 8-byte aligned (launch() takes it for batches of up to
+    // 32 tokens; the emulation checks both load paths on every shape that allows the ring)
+    const bool ring = qg::ring_type<T>() && ggml_row_bytes(T, c.cols) % 8 == 0 && k % 3 != 0;
+    auto run = [&](auto pf_c, auto ring_c) {
+      emulate_qgemm<T, FL, TT, decltype(pf_c)::value, decltype(ring_c)::value>(
+          w, c.rows, c.cols, acts, c.n_tok, c.order, got, accumulate);
+    };
+    if (ring) {
+      if (pf)
+        run(std::true_type{}, std::true_type{});
+      else
+        run(std::false_type{}, std::true_type{});
+    } else {
+      if (pf)
+        run(std::true_type{}, std::false_type{});
+      else
+        run(std::false_type{}, std::false_type{});
+    }
+    const std::string what =
+        std::string(pf ? "prefetch " : "") + (ring ? "ring " : "") + type_str(T) + " flavour " +
+        std::to_string(static_cast<int>(FL)) + " TT " + std::to_string(TT) + " rows " +
+        std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " n_tok " +
+        std::to_string(c.n_tok) + " batch_n " + std::to_string(c.order.batch_n) + " t0 " +
+        std::to_string(c.order.t0) + (accumulate ? " accumulate" : "");
     EXPECT_EQ(count_mismatch(got, ref, c.rows, c.n_tok, rows, what), 0u) << what;
   }
 }
@@ -285,12 +317,12 @@ void host_cases(const std::vector<HostCase>& cases, uint64_t seed) {
 // Q0 shapes: 40 rows (partial row tile, rows % 8 != 0), 64 rows (repacked for Q4_0); cols 288
 // (a partial 8-block step) and 512; token counts across partial token tiles; BatchOrder
 // slices crossing the gemm / gemv boundary.
+// Rows of 512 and 384 columns (16 / 12 blocks, 8-byte aligned rows: the weight ring, 384
+// with a 4-block last step), 288 and 96 (not aligned: fetch_w).
 std::vector<HostCase> q0_cases(int rows_a, int rows_b) {
-  return {{rows_a, 288, 5, {5, 0}},
-          {rows_b, 512, 17, {17, 0}},
-          {rows_a, 512, 19, {50, 31}},
-          {rows_b, 288, 13, {63, 50}},
-          {rows_b, 96, 33, {33, 0}}};
+  return {{rows_a, 288, 5, {5, 0}},    {rows_b, 512, 17, {17, 0}}, {rows_a, 512, 19, {50, 31}},
+          {rows_b, 288, 13, {63, 50}}, {rows_b, 96, 33, {33, 0}},  {rows_a, 384, 21, {21, 0}},
+          {rows_b, 384, 9, {9, 0}}};
 }
 std::vector<HostCase> k_cases(int rows_a, int rows_b) {
   return {{rows_a, 256, 5, {5, 0}},
