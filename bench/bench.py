@@ -221,12 +221,14 @@ def http_level(binary, backend, path, numerics, c, logdir, tag):
             prompts[n] = calibrate(w, n, c["word"], tag)
         for key, n in (("ttft32", c["short"]), ("ttft512", c["long"])):
             text, got = prompts[n]
-            ttft = []
+            ttft, server = [], []
             for i in range(c["http_warmup"] + c["ttft_reps"]):
-                _, t, _, _ = w.execute(text, 2, f"{tag}-ttft{n}-{i}")
+                _, t, _, end = w.execute(text, 2, f"{tag}-ttft{n}-{i}")
                 if i >= c["http_warmup"] and t is not None:
                     ttft.append(t)
-            res[key] = {"target": n, "prompt_tokens": got, "ms": ttft}
+                    if end.get("first_token_ms") is not None:
+                        server.append(float(end["first_token_ms"]))
+            res[key] = {"target": n, "prompt_tokens": got, "ms": ttft, "server_ms": server}
         text, _ = prompts[c["depth"]]
         itl, rates, counts = [], [], []
         for i in range(c["decode_reps"]):
@@ -294,7 +296,10 @@ def write_markdown(doc, path, smoke):
              f"CUDA runtime {doc['cuda_runtime'] or '-'}, bandwidth {fmt(doc['bandwidth_gbs'])} GB/s "
              f"(floor = bandwidth / weight bytes per token). llama.cpp: {doc['llamacpp_source']}. "
              f"Written by `bench/run.sh` (bench/bench.py); {doc['settings']}. HTTP times are the "
-             f"client's (python, loopback): TTFT from the request to the first `token` event, ITL "
+             f"client's (python, loopback): TTFT from the request to the first `token` event (in "
+             f"brackets the server's part: `first_token_ms` of the `end` event, from generate()'s "
+             f"entry to the first token sampled, p50; the rest is HTTP, the hand-offs between "
+             f"threads and the client), ITL "
              f"between consecutive `token` events (events the server writes together arrive "
              f"together), HTTP decode = tokens after the first / first-to-last token time.")
     L.append("")
@@ -309,7 +314,9 @@ def write_markdown(doc, path, smoke):
             f"| {fmt(r['prompt512_tok_s'])} | {fmt(r['llamacpp_prompt512_tok_s'])} "
             f"| {ratio(r['prompt512_tok_s'], r['llamacpp_prompt512_tok_s'])} "
             f"| {fmt(r['http_ttft32_p50_ms'], 2)} / {fmt(r['http_ttft32_p95_ms'], 2)} "
+            f"({fmt(r.get('server_first_token32_p50_ms'), 2)}) "
             f"| {fmt(r['http_ttft512_p50_ms'], 2)} / {fmt(r['http_ttft512_p95_ms'], 2)} "
+            f"({fmt(r.get('server_first_token512_p50_ms'), 2)}) "
             f"| {fmt(r['http_itl_p50_ms'], 3)} / {fmt(r['http_itl_p99_ms'], 3)} "
             f"| {fmt(r['http_decode_tok_s'])} | {fmt(r['load_to_ready_ms'])} | `{r['logits_hash']}` |")
     L.append("")
@@ -436,6 +443,8 @@ def main():
                 "http_ttft32_p50_ms": percentile(t32, 50), "http_ttft32_p95_ms": percentile(t32, 95),
                 "http_ttft512_p50_ms": percentile(t512, 50),
                 "http_ttft512_p95_ms": percentile(t512, 95),
+                "server_first_token32_p50_ms": percentile(h["ttft32"]["server_ms"], 50),
+                "server_first_token512_p50_ms": percentile(h["ttft512"]["server_ms"], 50),
                 "http_itl_p50_ms": percentile(h["itl_ms"], 50),
                 "http_itl_p99_ms": percentile(h["itl_ms"], 99),
                 "http_decode_tok_s": h["http_decode_tok_s"],

@@ -47,6 +47,10 @@ class BenchSmokeTest(unittest.TestCase):
             self.assertGreaterEqual(row["http_itl_p50_ms"], 0)
             self.assertEqual(len(row["itl_ms"]), 15)  # 16 tokens streamed
             self.assertLessEqual(row["http_ttft32_p50_ms"], row["http_ttft32_p95_ms"])
+            # the server's part of the TTFT (end event's first_token_ms) is inside it
+            self.assertGreater(row["server_first_token32_p50_ms"], 0)
+            self.assertLess(row["server_first_token32_p50_ms"], row["http_ttft32_p50_ms"])
+            self.assertGreater(row["server_first_token512_p50_ms"], 0)
             self.assertLessEqual(row["http_itl_p50_ms"], row["http_itl_p99_ms"])
             self.assertEqual(len(row["ttft32_ms"]), 3)
             self.assertEqual([p["ctx"] for p in row["decode_vs_ctx"]], [16, 32])
