@@ -287,7 +287,7 @@ void host_cases(const std::vector<HostCase>& cases, uint64_t seed) {
     // the two kernel variants (prefetch on / off) on alternate cases
     const bool pf = (k / 2) % 2 == 0;
     // the weight ring where rows are 8-byte aligned (launch() takes it for batches of up to
-    // 32 tokens; the emulation checks both load paths on every shape that allows the ring)
+    // 32 tokens; the emulation alternates the two load paths over the cases that allow it)
     const bool ring = qg::ring_type<T>() && ggml_row_bytes(T, c.cols) % 8 == 0 && k % 3 != 0;
     auto run = [&](auto pf_c, auto ring_c) {
       emulate_qgemm<T, FL, TT, decltype(pf_c)::value, decltype(ring_c)::value>(
