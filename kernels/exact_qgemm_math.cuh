@@ -27,6 +27,7 @@
 
 #include "exact_quant_math.cuh"
 #include "gguf/ggml_types.h"
+#include "gguf/type_traits.h"
 #include "matmul.cuh"
 
 namespace worker::kern::exact::qg {
@@ -187,7 +188,7 @@ EXQ_HD void fetch_w(int tid, int step, const uint8_t* __restrict__ w, int rows, 
   const int gr = row0 + r;
   const uint8_t* row = w + static_cast<size_t>(gr) * row_bytes;
   if constexpr (!is_k<T>()) {
-    constexpr size_t bb = T == GgmlType::Q8_0 ? 34 : (T == GgmlType::Q4_0 ? 18 : 22);
+    constexpr size_t bb = TypeTraits<T>::kBlockBytes;
     const int b = step * kUnits + u;
     st.wok = gr < rows && b < nb;
     if (st.wok) {
@@ -223,7 +224,7 @@ EXQ_HD void fetch_w(int tid, int step, const uint8_t* __restrict__ w, int rows, 
 constexpr int kRing = 4;
 template <GgmlType T>
 EXQ_HD constexpr int ring_step_bytes() {
-  return T == GgmlType::Q8_0 ? 272 : T == GgmlType::Q5_0 ? 176 : 144;  // Q4_0, Q4_K: 144
+  return (is_k<T>() ? 1 : kUnits) * TypeTraits<T>::kBlockBytes;  // 272 / 176 / 144 / 144
 }
 template <GgmlType T>
 EXQ_HD constexpr bool ring_type() {
@@ -293,7 +294,7 @@ EXQ_HD void fetch_w_ring(int tid, int step, const uint8_t* stage, int rows, int 
   const int r = tid >> 3, u = tid & 7;
   const uint8_t* row = stage + r * ring_step_bytes<T>();
   if constexpr (!is_k<T>()) {
-    constexpr int bb = T == GgmlType::Q8_0 ? 34 : (T == GgmlType::Q4_0 ? 18 : 22);
+    constexpr int bb = TypeTraits<T>::kBlockBytes;
     st.wok = row0 + r < rows && step * kUnits + u < nb;
     if (st.wok) {
       const int o = bb * u;  // even
