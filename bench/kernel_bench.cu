@@ -30,6 +30,7 @@
 #include "common/rope.h"
 #include "common/test_helpers.h"
 #include "exact.cuh"
+#include "exact_qgemm_math.cuh"
 #include "exact_test_blocks.h"
 #include "gguf/ggml_types.h"
 #include "gguf/type_traits.h"
@@ -325,6 +326,14 @@ void bench_decode(Bench& b, Buffers& m, GgmlType t) {
   }
 }
 
+// A product timed as one launch must have been one.
+void multi_or_die(bool launched) {
+  if (!launched) {
+    std::fprintf(stderr, "kernel_bench: qgemm_multi declined its weights\n");
+    std::exit(1);
+  }
+}
+
 // Prompt batches: linear() (qgemm for quantized weights, matmul for float ones), and for
 // quantized weights qgemm next to matmul.
 void bench_prompt(Bench& b, Buffers& m, GgmlType t) {
@@ -333,7 +342,8 @@ void bench_prompt(Bench& b, Buffers& m, GgmlType t) {
   struct Shape {
     int rows, cols;
   };
-  for (const Shape sh : {Shape{kF, kE}, Shape{kE, kF}}) {
+  // gate / up, down, q / o, k / v of the 0.5B shape
+  for (const Shape sh : {Shape{kF, kE}, Shape{kE, kF}, Shape{kQd, kE}, Shape{kKd, kE}}) {
     if (!fits(t, sh.cols)) continue;
     const Weight w(t, sh.rows, sh.cols, 50 + static_cast<uint64_t>(sh.rows));
     const std::string shape = dims(sh.rows, sh.cols);
@@ -345,15 +355,32 @@ void bench_prompt(Bench& b, Buffers& m, GgmlType t) {
         ex::linear(w.v, m.x.get(), n, ac, m.y.get(), false, s);
       });
       if (!quant) continue;
-      if (ex::qgemm_takes(w.v.type, n)) {
-        b.time("qgemm", tn, shape, n, w.bytes(), fl, [&](cudaStream_t s) {
-          ex::qgemm(w.v, a, n, ex::BatchOrder{n, 0}, m.y.get(), false, s);
-        });
-      }
+      // at every token count, also below qgemm_takes()'s limit (to set it from these times)
+      b.time(ex::qgemm_takes(w.v.type, n) ? "qgemm" : "qgemm-untaken", tn, shape, n, w.bytes(), fl,
+             [&](cudaStream_t s) {
+               ex::qg::qgemm_variant(w.v, a, n, ex::BatchOrder{n, 0}, m.y.get(), false, s, -1);
+             });
       b.time("matmul", tn, shape, n, w.bytes(), fl, [&](cudaStream_t s) {
         ex::matmul(w.v, a, n, ex::BatchOrder{n, 0}, m.y.get(), false, s);
       });
     }
+  }
+  // Q / K / V and gate + up in one qgemm launch each (linear.cu's qkv and ffn)
+  if (!quant || !fits(t, kE)) return;
+  const Weight wq(t, kQd, kE, 70), wk(t, kKd, kE, 71), wv(t, kKd, kE, 72);
+  const Weight wg(t, kF, kE, 73), wu(t, kF, kE, 74);
+  const kern::WeightView* qkv[3] = {&wq.v, &wk.v, &wv.v};
+  const kern::WeightView* gu[2] = {&wg.v, &wu.v};
+  float* ys[3] = {m.y.get(), m.y2.get(), m.y3.get()};
+  for (int n : kPromptToks) {
+    if (!ex::qgemm_takes(static_cast<uint32_t>(t), n)) continue;
+    const ex::ActBuf a = m.rounded(t, n, kE);
+    const ex::BatchOrder o{n, 0};
+    b.time("qgemm qkv", tn, dims(kQd + 2 * kKd, kE), n, wq.bytes() + wk.bytes() + wv.bytes(),
+           2.0 * (kQd + 2 * kKd) * kE * n,
+           [&](cudaStream_t s) { multi_or_die(ex::qgemm_multi(qkv, ys, 3, a, n, o, s)); });
+    b.time("qgemm gate+up", tn, dims(2 * kF, kE), n, wg.bytes() + wu.bytes(), 4.0 * kF * kE * n,
+           [&](cudaStream_t s) { multi_or_die(ex::qgemm_multi(gu, ys, 2, a, n, o, s)); });
   }
 }
 

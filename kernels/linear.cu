@@ -57,6 +57,7 @@ void qkv(const WeightView& wq, const WeightView& wk, const WeightView& wv, const
   } else {
     round_for(wq.type, x, n, static_cast<int>(wq.cols), a, stream);
     if (detail::matmul_float_multi(ws, ys, 3, a, n, BatchOrder{n, 0}, stream)) return;
+    if (qgemm_multi(ws, ys, 3, a, n, BatchOrder{n, 0}, stream)) return;
     linear(wq, x, n, a, q, false, stream);
     linear(wk, x, n, a, k, false, stream);
     linear(wv, x, n, a, v, false, stream);
@@ -82,8 +83,9 @@ void ffn(const WeightView& gate, const WeightView& up, const WeightView& down, c
     round_for(gate.type, x, n, static_cast<int>(gate.cols), a, stream);
     const WeightView* ws[2] = {&gate, &up};
     float* ys[2] = {g, u};
-    // float prompt batches: gate and up in one tinyBLAS launch (twice the blocks of each)
-    if (!detail::matmul_float_multi(ws, ys, 2, a, n, BatchOrder{n, 0}, stream)) {
+    // prompt batches: gate and up in one tinyBLAS or qgemm launch (twice the CTAs of each)
+    if (!detail::matmul_float_multi(ws, ys, 2, a, n, BatchOrder{n, 0}, stream) &&
+        !qgemm_multi(ws, ys, 2, a, n, BatchOrder{n, 0}, stream)) {
       linear(gate, x, n, a, g, false, stream);
       linear(up, x, n, a, u, false, stream);
     }

@@ -46,5 +46,11 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
 bool qgemm_takes(uint32_t weight_type, int n_tok);
 void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
            bool accumulate, cudaStream_t stream);
+// ys[i] = ws[i] x a for n (<= 3) quantized weights of one type, width and order in one qgemm
+// launch (Q / K / V, gate and up of a prompt: the small ones no longer run a grid of their
+// own); false (nothing launched) where they differ or qgemm_takes() is false: the caller then
+// runs one product per weight.
+bool qgemm_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, int n_tok,
+                 const BatchOrder& order, cudaStream_t stream);
 
 }  // namespace worker::kern::exact

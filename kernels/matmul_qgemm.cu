@@ -95,18 +95,43 @@ __device__ __forceinline__ void ring_copy(int tid, int step, const uint8_t* __re
   }
 }
 
-template <GgmlType T, Flavor FL, int TT, bool PF, bool RING>
+// Up to three weights of one type, width and flavour multiplied by the same activations in
+// one launch (Q / K / V, gate and up; one weight: the others empty): CTA columns
+// [blk_end[i - 1], blk_end[i]) take weight i's row tiles.
+// One type and width: one row_bytes. MULTI (a template parameter) is false for one weight: its
+// pointers and sizes then stay kernel parameters (no registers spent on the selection).
+struct QSegs {
+  const uint8_t* w[3];
+  float* y[3];
+  int rows[3];
+  int blk_end[3];
+  size_t row_bytes;
+};
+
+// Segment of CTA column bx.
+template <bool MULTI>
+__device__ __forceinline__ int seg_of(const QSegs& sg, int bx) {
+  if constexpr (!MULTI) return 0;
+  return bx < sg.blk_end[0] ? 0 : (bx < sg.blk_end[1] ? 1 : 2);
+}
+
+template <GgmlType T, Flavor FL, int TT, bool PF, bool RING, bool MULTI>
 __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
-    qgemm_kernel(const uint8_t* __restrict__ w, int rows, int cols, size_t row_bytes,
-                 const int8_t* __restrict__ aq, const float* __restrict__ ad,
-                 const int32_t* __restrict__ abs, int n_tok, int gemm_end, float* __restrict__ y,
-                 int accumulate) {
+    qgemm_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
+                 const float* __restrict__ ad, const int32_t* __restrict__ abs, int n_tok,
+                 int gemm_end, int accumulate) {
   using G = Geo<FL, TT>;
   extern __shared__ __align__(16) unsigned char qgemm_smem[];
   auto& s = *reinterpret_cast<Smem<FL, TT>*>(qgemm_smem);
   [[maybe_unused]] uint8_t* const ring = qgemm_smem + smem_bytes<T, FL, TT, false>();
   const int tid = static_cast<int>(threadIdx.x);
-  const int row0 = static_cast<int>(blockIdx.x) * kBR;
+  // this CTA's weight (selects, not an indexed parameter array: that would go to local memory)
+  const int bx = static_cast<int>(blockIdx.x);
+  const int seg = seg_of<MULTI>(sg, bx);
+  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
+  const size_t row_bytes = sg.row_bytes;
+  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
+  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kBR;
   const int tok0 = static_cast<int>(blockIdx.y) * G::BT;
   constexpr bool kK = qg::is_k<T>();
   const int nb = cols / (kK ? 256 : 32);
@@ -187,7 +212,11 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
     }
   }
   __syncthreads();
-  qg::store_tile<FL, TT>(tid, s, row0, rows, tok0, n_tok, y, accumulate);
+  {  // y selected here, not held through the loop
+    const int sy = seg_of<MULTI>(sg, bx);
+    float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
+    qg::store_tile<FL, TT>(tid, s, row0, rows, tok0, n_tok, y, accumulate);
+  }
 }
 
 // Whether a tile prefetches the next step into registers by default (PF): where the Stage
@@ -197,27 +226,39 @@ constexpr bool prefetch_default() {
   return true;  // the same register counts as without (ptxas), the loads overlap the chains
 }
 
+// The weights of one launch: segs (blk_end set by row_tiles) and how many columns (row tiles)
+// its grid has.
+struct Launch {
+  QSegs sg;
+  int cols;
+  int tiles;
+};
+
 template <GgmlType T, Flavor FL, int TT, bool RING>
-void launch_kernel(bool pf, const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
+void launch_kernel(bool pf, const Launch& l, const ActBuf& a, int n_tok, int gemm_end,
                    bool accumulate, cudaStream_t stream) {
   using G = Geo<FL, TT>;
-  const dim3 grid(static_cast<unsigned>((w.rows + kBR - 1) / kBR),
+  const dim3 grid(static_cast<unsigned>(l.tiles),
                   static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
   constexpr size_t kSmem = smem_bytes<T, FL, TT, RING>();
+  const bool multi = l.tiles != l.sg.blk_end[0];
   static const bool attr_set = [] {
-    for (auto* k : {qgemm_kernel<T, FL, TT, true, RING>, qgemm_kernel<T, FL, TT, false, RING>}) {
+    for (auto* k :
+         {qgemm_kernel<T, FL, TT, true, RING, false>, qgemm_kernel<T, FL, TT, false, RING, false>,
+          qgemm_kernel<T, FL, TT, true, RING, true>, qgemm_kernel<T, FL, TT, false, RING, true>}) {
       CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmem)));
     }
     return true;
   }();
   (void)attr_set;
-  auto* kernel = pf ? qgemm_kernel<T, FL, TT, true, RING> : qgemm_kernel<T, FL, TT, false, RING>;
-  launch_pdl_smem("exact_qgemm_kernel", kernel, grid, dim3(kThreads), kSmem, stream,
-                  static_cast<const uint8_t*>(w.data), static_cast<int>(w.rows),
-                  static_cast<int>(w.cols), w.row_bytes, static_cast<const int8_t*>(a.q),
-                  static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), n_tok,
-                  gemm_end, y, accumulate ? 1 : 0);
+  auto* kernel = multi ? (pf ? qgemm_kernel<T, FL, TT, true, RING, true>
+                             : qgemm_kernel<T, FL, TT, false, RING, true>)
+                       : (pf ? qgemm_kernel<T, FL, TT, true, RING, false>
+                             : qgemm_kernel<T, FL, TT, false, RING, false>);
+  launch_pdl_smem("exact_qgemm_kernel", kernel, grid, dim3(kThreads), kSmem, stream, l.sg, l.cols,
+                  static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
+                  static_cast<const int32_t*>(a.bsum), n_tok, gemm_end, accumulate ? 1 : 0);
 }
 
 // Batches that take the weight ring (where its rows allow it). Short batches run few tokens
@@ -229,17 +270,16 @@ void launch_kernel(bool pf, const WeightView& w, const ActBuf& a, int n_tok, int
 // tiles occupancy), so they keep fetch_w.
 constexpr int kRingMaxTokens = 32;
 
+// ring_rows: every weight's rows start 8-byte aligned (row_bytes and base address).
 template <GgmlType T, Flavor FL, int TT>
-void launch(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
+void launch(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gemm_end,
             bool accumulate, cudaStream_t stream, int prefetch) {
   const bool pf = prefetch < 0 ? prefetch_default<T, FL, TT>() : prefetch != 0;
   if constexpr (qg::ring_type<T>()) {
-    if (n_tok <= kRingMaxTokens && w.row_bytes % 8 == 0 &&
-        reinterpret_cast<uintptr_t>(w.data) % 8 == 0) {
-      return launch_kernel<T, FL, TT, true>(pf, w, a, n_tok, gemm_end, y, accumulate, stream);
-    }
+    if (n_tok <= kRingMaxTokens && ring_rows)
+      return launch_kernel<T, FL, TT, true>(pf, l, a, n_tok, gemm_end, accumulate, stream);
   }
-  launch_kernel<T, FL, TT, false>(pf, w, a, n_tok, gemm_end, y, accumulate, stream);
+  launch_kernel<T, FL, TT, false>(pf, l, a, n_tok, gemm_end, accumulate, stream);
 }
 
 // Tokens per thread: the largest tile (most reuse of each shared-memory word) whose grid
@@ -249,34 +289,34 @@ void launch(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float
 // Q4KRep at most TT = 2 (its integer pair sums and two chains per output need ~128 registers
 // there).
 template <GgmlType T, Flavor FL>
-void launch_tt(const WeightView& w, const ActBuf& a, int n_tok, int gemm_end, float* y,
+void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gemm_end,
                bool accumulate, cudaStream_t stream, int prefetch) {
-  const int64_t gx = (w.rows + kBR - 1) / kBR;
+  const int64_t gx = l.tiles;
   const int64_t fill = 2 * static_cast<int64_t>(sm_count());
   auto enough = [&](int bt) { return gx * ((n_tok + bt - 1) / bt) >= fill; };
   if constexpr (FL == Flavor::Q0Lanes) {  // 8 token lanes a warp: BT = 8 TT
     if (n_tok > 16 && enough(32))
-      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch<T, FL, 4>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     else if (n_tok > 8 && enough(16))
-      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch<T, FL, 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     else
-      launch<T, FL, 1>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch<T, FL, 1>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   } else if constexpr (qg::lane_flavor<FL>()) {  // 4 token lanes a warp: BT = 4 TT
     if (FL != Flavor::Q4KLanes && n_tok > 16 && enough(32))
-      launch<T, FL, (FL == Flavor::Q4KLanes ? 4 : 8)>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                      prefetch);
+      launch<T, FL, (FL == Flavor::Q4KLanes ? 4 : 8)>(l, ring_rows, a, n_tok, gemm_end, accumulate,
+                                                      stream, prefetch);
     else if (n_tok > 8 && enough(16))
-      launch<T, FL, 4>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch<T, FL, 4>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     else
-      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch<T, FL, 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   } else {
     if (FL != Flavor::Q4KRep && n_tok > 32 && enough(64))
-      launch<T, FL, (FL == Flavor::Q4KRep ? 2 : 4)>(w, a, n_tok, gemm_end, y, accumulate, stream,
-                                                    prefetch);
+      launch<T, FL, (FL == Flavor::Q4KRep ? 2 : 4)>(l, ring_rows, a, n_tok, gemm_end, accumulate,
+                                                    stream, prefetch);
     else if (n_tok > 16 && enough(32))
-      launch<T, FL, 2>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch<T, FL, 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     else
-      launch<T, FL, 1>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch<T, FL, 1>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   }
 }
 
@@ -296,45 +336,98 @@ bool qgemm_takes(uint32_t weight_type, int n_tok) {
   return is_quant(weight_type) && n_tok >= kQgemmMinTokens;
 }
 
-namespace qg {
-void qgemm_variant(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
-                   float* y, bool accumulate, cudaStream_t stream, int prefetch) {
-  const std::string tn(ggml_type_name(w.type));
-  if (!is_quant(w.type))
+namespace {
+
+// Products of n (1..3) weights of one type, width and flavour with the same activations, in
+// one launch; throws where the weights cannot share one.
+void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, int n_tok,
+         const BatchOrder& order, bool accumulate, cudaStream_t stream, int prefetch) {
+  const WeightView& w0 = *ws[0];
+  const std::string tn(ggml_type_name(w0.type));
+  if (!is_quant(w0.type))
     throw WorkerError(ErrorCode::Internal, "qgemm: unsupported weight type " + tn);
-  if (n_tok <= 0 || w.rows <= 0 || w.cols <= 0)
-    throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
-  if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
-    throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
+  if (n < 1 || n > 3) throw WorkerError(ErrorCode::Internal, "qgemm: 1 to 3 weights a launch");
+  if (n_tok <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
+  Launch l{};
+  bool ring_rows = true;
+  for (int i = 0; i < 3; ++i) {
+    if (i >= n) {  // an empty weight: no CTA column selects it
+      l.sg.blk_end[i] = l.tiles;
+      continue;
+    }
+    const WeightView& w = *ws[i];
+    if (w.rows <= 0 || w.cols <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
+    if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
+      throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
+    if (w.type != w0.type || w.cols != w0.cols || w.row_bytes != w0.row_bytes ||
+        repacked(static_cast<GgmlType>(w.type), w.rows) !=
+            repacked(static_cast<GgmlType>(w0.type), w0.rows)) {
+      throw WorkerError(ErrorCode::Internal,
+                        "qgemm: the weights of one launch differ in type, width or order");
+    }
+    l.sg.w[i] = static_cast<const uint8_t*>(w.data);
+    l.sg.y[i] = ys[i];
+    l.sg.rows[i] = static_cast<int>(w.rows);
+    l.tiles += static_cast<int>((w.rows + kBR - 1) / kBR);
+    l.sg.blk_end[i] = l.tiles;
+    ring_rows = ring_rows && w.row_bytes % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 8 == 0;
+  }
+  l.cols = static_cast<int>(w0.cols);
+  l.sg.row_bytes = w0.row_bytes;
+  if (l.tiles > 65535 * 1024) throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
   // CpuEngine::matmul: repack gemm for batch tokens < batch_n - batch_n % 4.
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
-  dispatch(w.type, [&](auto tr) {
+  dispatch(w0.type, [&](auto tr) {
     using Tr = decltype(tr);
     if constexpr (quantized(Tr::kFamily)) {
-      if (w.cols % Tr::kBlock != 0) {
-        throw WorkerError(ErrorCode::Internal, "qgemm: row length " + std::to_string(w.cols) +
+      if (w0.cols % Tr::kBlock != 0) {
+        throw WorkerError(ErrorCode::Internal, "qgemm: row length " + std::to_string(w0.cols) +
                                                    " is not a multiple of the " + tn + " block");
       }
       constexpr GgmlType T = Tr::kType;
-      const bool rep = repacked(T, w.rows);
+      const bool rep = repacked(T, w0.rows);
       // the kernel body's flavour: the CPU reference's summation order for this weight
       constexpr Flavor kLanes = Tr::kFamily == DotFamily::Block32 ? Flavor::Q0Lanes
                                 : T == GgmlType::Q4_K             ? Flavor::Q4KLanes
                                                                   : Flavor::Q6K;
       constexpr Flavor kRep = T == GgmlType::Q4_0 ? Flavor::Q4_0Rep : Flavor::Q4KRep;
       if constexpr (Tr::kRepack) {
-        if (rep) return launch_tt<T, kRep>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+        if (rep)
+          return launch_tt<T, kRep>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
       }
-      launch_tt<T, kLanes>(w, a, n_tok, gemm_end, y, accumulate, stream, prefetch);
+      launch_tt<T, kLanes>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     }
   });
 }
 
+}  // namespace
+
+namespace qg {
+void qgemm_variant(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
+                   float* y, bool accumulate, cudaStream_t stream, int prefetch) {
+  const WeightView* ws[1] = {&w};
+  float* ys[1] = {y};
+  run(ws, ys, 1, a, n_tok, order, accumulate, stream, prefetch);
+}
 }  // namespace qg
 
 void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
            bool accumulate, cudaStream_t stream) {
   qg::qgemm_variant(w, a, n_tok, order, y, accumulate, stream, -1);
+}
+
+bool qgemm_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, int n_tok,
+                 const BatchOrder& order, cudaStream_t stream) {
+  if (n < 1 || n > 3 || !qgemm_takes(ws[0]->type, n_tok)) return false;
+  for (int i = 1; i < n; ++i) {
+    if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols ||
+        ws[i]->row_bytes != ws[0]->row_bytes ||
+        repacked(static_cast<GgmlType>(ws[i]->type), ws[i]->rows) !=
+            repacked(static_cast<GgmlType>(ws[0]->type), ws[0]->rows))
+      return false;
+  }
+  run(ws, ys, n, a, n_tok, order, false, stream, -1);
+  return true;
 }
 
 }  // namespace worker::kern::exact

@@ -549,6 +549,99 @@ TEST(ExactQgemmGpu, MatchesMatmulAtModelShapes) {
   }
 }
 
+// Q / K / V and gate + up in one launch (qgemm_multi, linear.cu's qkv and ffn): each weight's
+// output bitwise equal to its own qgemm launch over the whole output (NaN-poisoned), and to the
+// CPU reference on checked rows, for every type at the model's shapes (K-quants at a width of
+// 1024: theirs must be a multiple of 256) and token counts on both sides of the ring's limit,
+// incl. partial token tiles and a BatchOrder slice; weights that cannot share a launch are
+// declined with nothing written.
+// REQ: M0-W-1430 WRK-D15
+TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
+  REQUIRE_GPU();
+  struct Set {
+    std::vector<int> rows;
+    const char* name;
+  };
+  const Set sets[] = {{{896, 128, 128}, "q/k/v"}, {{4864, 4864}, "gate/up"}, {{136, 40}, "136/40"}};
+  const GgmlType types[] = {GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q4_0, GgmlType::Q4_K,
+                            GgmlType::Q6_K};
+  const std::vector<GpuCase> cases =
+      quick() ? std::vector<GpuCase>{{32, {32, 0}}, {64, {64, 0}}}
+              : std::vector<GpuCase>{
+                    {32, {32, 0}}, {45, {47, 0}}, {32, {64, 32}}, {128, {128, 0}}, {512, {512, 0}}};
+  uint64_t seed = 4242;
+  for (const GgmlType type : types) {
+    const int cols = is_k(type) ? 1024 : 896;
+    for (const Set& set : sets) {
+      if (quick() && set.rows[0] > 1000) continue;
+      const int n = static_cast<int>(set.rows.size());
+      std::vector<std::vector<uint8_t>> hw;
+      std::vector<std::unique_ptr<DevArray<uint8_t>>> dw;
+      std::vector<kern::WeightView> wv;
+      for (int i = 0; i < n; ++i) {
+        hw.push_back(random_weights(type, set.rows[i], cols, ++seed));
+        dw.push_back(std::make_unique<DevArray<uint8_t>>(hw.back()));
+      }
+      for (int i = 0; i < n; ++i) wv.push_back(view_of(type, *dw[i], set.rows[i], cols));
+      const kern::WeightView* ws[3] = {&wv[0], n > 1 ? &wv[1] : nullptr, n > 2 ? &wv[2] : nullptr};
+      for (const GpuCase& gc : cases) {
+        const int n_tok = gc.n_tok;
+        HostActs acts = make_acts(type, n_tok, cols, ++seed);
+        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols));
+        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols);
+        upload_acts(acts, a);
+        std::vector<std::unique_ptr<DevArray<float>>> ym, ys;
+        float* yp[3] = {nullptr, nullptr, nullptr};
+        for (int i = 0; i < n; ++i) {
+          const size_t sz = static_cast<size_t>(n_tok) * set.rows[i];
+          ym.push_back(std::make_unique<DevArray<float>>(sz));  // NaN-poisoned
+          ys.push_back(std::make_unique<DevArray<float>>(sz));
+          yp[i] = ym.back()->get();
+          kern::exact::qgemm(wv[i], a, n_tok, gc.order, ys.back()->get(), false, nullptr);
+        }
+        ASSERT_TRUE(kern::exact::qgemm_multi(ws, yp, n, a, n_tok, gc.order, nullptr));
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        for (int i = 0; i < n; ++i) {
+          const int rows = set.rows[i];
+          const std::string what = type_str(type) + " " + set.name + " weight " +
+                                   std::to_string(i) + " n_tok " + std::to_string(n_tok) +
+                                   " batch_n " + std::to_string(gc.order.batch_n);
+          const auto got = ym[static_cast<size_t>(i)]->download();
+          ASSERT_EQ(count_mismatch(got, ys[static_cast<size_t>(i)]->download(), rows, n_tok,
+                                   all_rows(rows), what + " vs one launch"),
+                    0u)
+              << what;
+          const auto which = checked_rows(rows, cols, n_tok, 1'000'000);
+          std::vector<float> ref(got.size(), NAN);
+          cpu_rows(type, hw[static_cast<size_t>(i)], rows, cols, acts, gc.order, which, false, ref);
+          ASSERT_EQ(count_mismatch(got, ref, rows, n_tok, which, what + " vs cpu"), 0u) << what;
+        }
+      }
+    }
+  }
+  // Declined, nothing launched: types or widths that differ, a token count qgemm does not take.
+  const auto w8 = random_weights(GgmlType::Q8_0, 64, 256, 1);
+  const auto w5 = random_weights(GgmlType::Q5_0, 64, 256, 2);
+  const auto w8w = random_weights(GgmlType::Q8_0, 64, 512, 3);
+  DevArray<uint8_t> d8(w8), d5(w5), d8w(w8w);
+  const kern::WeightView v8 = view_of(GgmlType::Q8_0, d8, 64, 256),
+                         v5 = view_of(GgmlType::Q5_0, d5, 64, 256),
+                         v8w = view_of(GgmlType::Q8_0, d8w, 64, 512);
+  DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(64, 512));
+  const ActBuf a = kern::exact::act_buffer_at(buf.get(), 64, 512);
+  DevArray<float> y0(64 * 64), y1(64 * 64);
+  float* yp[2] = {y0.get(), y1.get()};
+  const kern::WeightView* mixed[2] = {&v8, &v5};
+  const kern::WeightView* widths[2] = {&v8, &v8w};
+  const kern::WeightView* same[2] = {&v8, &v8};
+  EXPECT_FALSE(kern::exact::qgemm_multi(mixed, yp, 2, a, 64, BatchOrder{64, 0}, nullptr));
+  EXPECT_FALSE(kern::exact::qgemm_multi(widths, yp, 2, a, 64, BatchOrder{64, 0}, nullptr));
+  EXPECT_FALSE(kern::exact::qgemm_multi(same, yp, 2, a, 8, BatchOrder{8, 0}, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (const float v : y0.download()) ASSERT_TRUE(std::isnan(v));
+  for (const float v : y1.download()) ASSERT_TRUE(std::isnan(v));
+}
+
 // REQ: WRK-D15
 TEST(ExactQgemmGpu, TakesAndRejects) {
   EXPECT_TRUE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q5_0), 512));
