@@ -356,8 +356,8 @@ void bench_prompt(Bench& b, Buffers& m, GgmlType t) {
       });
       if (!quant) continue;
       // at every token count, also below qgemm_takes()'s limit (to set it from these times)
-      b.time(ex::qgemm_takes(w.v.type, n) ? "qgemm" : "qgemm-untaken", tn, shape, n, w.bytes(), fl,
-             [&](cudaStream_t s) {
+      b.time(ex::qgemm_takes(w.v.type, n, w.v.rows) ? "qgemm" : "qgemm-untaken", tn, shape, n,
+             w.bytes(), fl, [&](cudaStream_t s) {
                ex::qg::qgemm_variant(w.v, a, n, ex::BatchOrder{n, 0}, m.y.get(), false, s, -1);
              });
       b.time("matmul", tn, shape, n, w.bytes(), fl, [&](cudaStream_t s) {
@@ -373,7 +373,7 @@ void bench_prompt(Bench& b, Buffers& m, GgmlType t) {
   const kern::WeightView* gu[2] = {&wg.v, &wu.v};
   float* ys[3] = {m.y.get(), m.y2.get(), m.y3.get()};
   for (int n : kPromptToks) {
-    if (!ex::qgemm_takes(static_cast<uint32_t>(t), n)) continue;
+    if (!ex::qgemm_takes(static_cast<uint32_t>(t), n, kQd + 2 * kKd)) continue;
     const ex::ActBuf a = m.rounded(t, n, kE);
     const ex::BatchOrder o{n, 0};
     b.time("qgemm qkv", tn, dims(kQd + 2 * kKd, kE), n, wq.bytes() + wk.bytes() + wv.bytes(),

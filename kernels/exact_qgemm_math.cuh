@@ -4,7 +4,8 @@
 // kernel's tiling thread by thread with the very same functions and checks it against
 // cpu::dot_quantized bit for bit. See matmul_qgemm.cu's header comment for the orders.
 //
-// Tiling: a CTA of kThreads threads owns kBR = 32 weight rows x BT tokens and walks the
+// Tiling: a CTA of kThreads threads owns BR (kBR = 32, or 16 / 8 where the grid is small)
+// weight rows x BT tokens and walks the
 // row in steps of 256 elements (8 Q0 blocks or one K super-block). Per step the whole CTA
 // unpacks the 32 rows' weights to int8 (one 32-element unit per thread) and copies the BT
 // tokens' activation quants into shared memory (fetch_w / fetch_a / commit); then every thread runs
@@ -41,7 +42,7 @@ void qgemm_variant(const WeightView& w, const ActBuf& a, int n_tok, const BatchO
                    float* y, bool accumulate, cudaStream_t stream, int prefetch);
 
 constexpr int kThreads = 256;  // 8 warps
-constexpr int kBR = 32;        // weight rows per CTA
+constexpr int kBR = 32;        // weight rows per CTA (the most; small grids take 16 or 8)
 constexpr int kUnits = 8;      // 32-element units per step (256 elements)
 
 template <GgmlType T>
@@ -59,38 +60,45 @@ EXQ_HD constexpr int chain_threads() {
   return FL == Flavor::Q0Lanes ? 4 : 8;
 }
 
-// Tile geometry of a flavour and TT (tokens per thread).
-template <Flavor FL, int TT>
+// Tile geometry of a flavour, TT (tokens per thread) and BR (weight rows per CTA). Threads
+// whose row (tid >> 3) is BR or more load no weights (has_row).
+template <Flavor FL, int TT, int BR = kBR>
 struct Geo {
   static constexpr bool kLane = lane_flavor<FL>();
   static constexpr int LT = kLane ? 32 / chain_threads<FL>() : 16;  // token lanes per warp
   static constexpr int LR = kLane ? 1 : 2;                          // row lanes per warp
-  static constexpr int RT = kBR / (8 * LR);   // rows per thread: 4 (lane) / 2 (rep)
+  static constexpr int RT = BR / (8 * LR);    // rows per thread: 4 / 2 / 1 (lane), 2 / 1 (rep)
   static constexpr int BT = LT * TT;          // tokens per CTA
   static constexpr int WS = kLane ? 72 : 68;  // words per shared row (bank padding)
-  static constexpr int OS = kBR + 1;          // floats per token of the out tile
+  static constexpr int OS = BR + 1;           // floats per token of the out tile
+  static_assert(BR <= kBR && BR % (8 * LR) == 0, "BR: 32, 16 or 8 (rep flavours 32 or 16)");
 };
+// Whether weight row r = tid >> 3 of a thread is in a BR-row tile (always for 32 rows: no test).
+template <int BR>
+EXQ_HD bool has_row(int r) {
+  return BR >= kThreads / 8 || r < BR;
+}
 
 // Shared memory of one CTA. w / y: int8 quants, 64 words (256 elements) per row / token,
 // word 8u + k = elements 4k..4k+3 of unit u. dw: Q0: fp16 d of unit u as float; K: [0] d,
 // [1] dmin. sc: Q4_K [0..7] scales, [8..15] mins; Q6_K the 16 int8 scales. da: Q0: Q8_0
 // scale of unit u; K: [0] the Q8_K d. bs: Q8_K bsums. out: the result tile [BT][OS].
-template <Flavor FL, int TT>
+template <Flavor FL, int TT, int BR = kBR>
 struct Smem {
-  using G = Geo<FL, TT>;
-  alignas(16) uint32_t w[kBR * G::WS];
+  using G = Geo<FL, TT, BR>;
+  alignas(16) uint32_t w[BR * G::WS];
   alignas(16) uint32_t y[G::BT * G::WS];
-  float dw[kBR * 8];
-  int sc[kBR * 16];
+  float dw[BR * 8];
+  int sc[BR * 16];
   float da[G::BT * 8];
   int bs[G::BT * 16];
   float out[G::BT * G::OS];
 };
 
 // Per-thread chain values: acc (lane chain / acc), accm (Q4_K min chain / accm).
-template <Flavor FL, int TT>
+template <Flavor FL, int TT, int BR = kBR>
 struct Acc {
-  using G = Geo<FL, TT>;
+  using G = Geo<FL, TT, BR>;
   float acc[G::RT][TT];
   float accm[G::RT][TT];
 };
@@ -155,9 +163,9 @@ EXQ_HD uint32_t sub16_bytes(uint32_t v) {
 // Raw words per thread and step: the weight unit (Q8_0: d + 8 qs words; Q4_0: d + 4;
 // Q5_0: d + qh + 4; Q4_K: d|dmin + 3 scale words + 8 qs words; Q6_K: 8 ql + 8 qh words,
 // scales 2g|2g+1, d) and the activation items of the thread (strided by kThreads).
-template <GgmlType T, Flavor FL, int TT>
+template <GgmlType T, Flavor FL, int TT, int BR = kBR>
 struct Stage {
-  using G = Geo<FL, TT>;
+  using G = Geo<FL, TT, BR>;
   static constexpr int kW = T == GgmlType::Q6_K   ? 18
                             : T == GgmlType::Q4_K ? 12
                             : T == GgmlType::Q8_0 ? 9
@@ -181,11 +189,11 @@ EXQ_HD void ld_raw(const uint8_t* p, uint32_t* dst) {
 
 // Weights of step `step`: thread tid takes unit tid & 7 of tile row tid >> 3. nb: blocks per
 // row (32-element for Q0, super-blocks for K).
-template <GgmlType T, Flavor FL, int TT>
+template <GgmlType T, Flavor FL, int TT, int BR>
 EXQ_HD void fetch_w(int tid, int step, const uint8_t* __restrict__ w, int rows, size_t row_bytes,
-                    int row0, int nb, Stage<T, FL, TT>& st) {
+                    int row0, int nb, Stage<T, FL, TT, BR>& st) {
   const int r = tid >> 3, u = tid & 7;
-  const int gr = row0 + r;
+  const int gr = has_row<BR>(r) ? row0 + r : rows;  // past the tile: as past the matrix
   const uint8_t* row = w + static_cast<size_t>(gr) * row_bytes;
   if constexpr (!is_k<T>()) {
     constexpr size_t bb = TypeTraits<T>::kBlockBytes;
@@ -194,7 +202,7 @@ EXQ_HD void fetch_w(int tid, int step, const uint8_t* __restrict__ w, int rows, 
     if (st.wok) {
       const uint8_t* p = row + static_cast<size_t>(b) * bb;
       st.w[0] = qm::ld_u16(p);
-      ld_raw<Stage<T, FL, TT>::kW - 1>(p + 2, st.w + 1);
+      ld_raw<Stage<T, FL, TT, BR>::kW - 1>(p + 2, st.w + 1);
     }
   } else if constexpr (T == GgmlType::Q4_K) {
     st.wok = gr < rows;
@@ -230,14 +238,14 @@ template <GgmlType T>
 EXQ_HD constexpr bool ring_type() {
   return T == GgmlType::Q8_0 || T == GgmlType::Q5_0 || T == GgmlType::Q4_0 || T == GgmlType::Q4_K;
 }
-// 8-byte pieces of one ring stage (32 rows) and the most a thread copies.
-template <GgmlType T>
+// 8-byte pieces of one ring stage (BR rows) and the most a thread copies.
+template <GgmlType T, int BR = kBR>
 EXQ_HD constexpr int ring_pieces() {
-  return kBR * ring_step_bytes<T>() / 8;
+  return BR * ring_step_bytes<T>() / 8;
 }
-template <GgmlType T>
+template <GgmlType T, int BR = kBR>
 EXQ_HD constexpr int ring_rounds() {
-  return (ring_pieces<T>() + kThreads - 1) / kThreads;
+  return (ring_pieces<T, BR>() + kThreads - 1) / kThreads;
 }
 // Piece n (n = tid + kThreads * i) of step `step`: stage byte offset `dst`, and whether it is
 // in the matrix (src = its global address); pieces outside (rows >= rows, blocks >= nb) are
@@ -253,11 +261,11 @@ EXQ_HD bool ring_piece(int n, int step, const uint8_t* w, int rows, size_t row_b
   (void)nb;
   return row0 + r < rows && off < row_bytes;
 }
-// Bytes of one ring stage: 32 rows of a step and 16 bytes that sw_words may read past the
+// Bytes of one ring stage: BR rows of a step and 16 bytes that sw_words may read past the
 // last row (never used).
-template <GgmlType T>
+template <GgmlType T, int BR = kBR>
 EXQ_HD constexpr int ring_stage_bytes() {
-  return kBR * ring_step_bytes<T>() + 16;
+  return BR * ring_step_bytes<T>() + 16;
 }
 
 // 32-bit word of shared memory at a 4-byte aligned offset (host: memcpy).
@@ -288,21 +296,21 @@ EXQ_HD void sw_words(const uint8_t* stage, int o, uint32_t* dst) {
 }
 
 // fetch_w from the ring stage of its step: the same Stage words.
-template <GgmlType T, Flavor FL, int TT>
+template <GgmlType T, Flavor FL, int TT, int BR>
 EXQ_HD void fetch_w_ring(int tid, int step, const uint8_t* stage, int rows, int row0, int nb,
-                         Stage<T, FL, TT>& st) {
+                         Stage<T, FL, TT, BR>& st) {
   const int r = tid >> 3, u = tid & 7;
   const uint8_t* row = stage + r * ring_step_bytes<T>();
   if constexpr (!is_k<T>()) {
     constexpr int bb = TypeTraits<T>::kBlockBytes;
-    st.wok = row0 + r < rows && step * kUnits + u < nb;
+    st.wok = has_row<BR>(r) && row0 + r < rows && step * kUnits + u < nb;
     if (st.wok) {
       const int o = bb * u;  // even
       st.w[0] = (sw32(row + (o & ~3)) >> (8 * (o & 2))) & 0xFFFFu;
-      sw_words<Stage<T, FL, TT>::kW - 1>(row, o + 2, st.w + 1);
+      sw_words<Stage<T, FL, TT, BR>::kW - 1>(row, o + 2, st.w + 1);
     }
   } else {  // Q4_K
-    st.wok = row0 + r < rows;
+    st.wok = has_row<BR>(r) && row0 + r < rows;
     if (st.wok) {
       for (int i = 0; i < 4; ++i) st.w[i] = sw32(row + 4 * i);
       for (int i = 0; i < 8; ++i) st.w[4 + i] = sw32(row + 16 + 32 * (u >> 1) + 4 * i);
@@ -313,12 +321,12 @@ EXQ_HD void fetch_w_ring(int tid, int step, const uint8_t* stage, int rows, int 
 // Activations of step `step` for tokens [tok0, tok0 + BT): item k (k = tid, tid + kThreads,
 // ...) is 16 bytes (token k >> 4, bytes 16 (k & 15) of the step); Q0 scales item k: token
 // k >> 3, unit k & 7; K: bsum k & 15 of token k >> 4 (and its d with sum 0).
-template <GgmlType T, Flavor FL, int TT>
+template <GgmlType T, Flavor FL, int TT, int BR>
 EXQ_HD void fetch_a(int tid, int step, const int8_t* __restrict__ aq, const float* __restrict__ ad,
                     const int32_t* __restrict__ abs, int cols, int nb, int tok0, int n_tok,
-                    Stage<T, FL, TT>& st) {
-  using G = Geo<FL, TT>;
-  using S = Stage<T, FL, TT>;
+                    Stage<T, FL, TT, BR>& st) {
+  using G = Geo<FL, TT, BR>;
+  using S = Stage<T, FL, TT, BR>;
   EXQ_UNROLL
   for (int n = 0; n < S::kY; ++n) {
     const int k = tid + n * kThreads;
@@ -347,13 +355,12 @@ EXQ_HD void fetch_a(int tid, int step, const int8_t* __restrict__ aq, const floa
   }
 }
 
-// The staged step into shared memory: the weight unit unpacked to 8 words of int8 in element
-// order (zeros past the matrix), its scales, the activation items.
-template <GgmlType T, Flavor FL, int TT>
-EXQ_HD void commit(int tid, const Stage<T, FL, TT>& st, Smem<FL, TT>& s) {
-  using G = Geo<FL, TT>;
-  using S = Stage<T, FL, TT>;
-  const int r = tid >> 3, u = tid & 7;
+// The staged step into shared memory (commit_w: thread (r, u)'s weight unit unpacked to 8
+// words of int8 in element order (zeros past the matrix) and its scales; commit_a: the
+// thread's activation items).
+template <GgmlType T, Flavor FL, int TT, int BR>
+EXQ_HD void commit_w(int r, int u, const Stage<T, FL, TT, BR>& st, Smem<FL, TT, BR>& s) {
+  using G = Geo<FL, TT, BR>;
   uint32_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   if constexpr (!is_k<T>()) {
     float d = 0.0f;
@@ -414,7 +421,11 @@ EXQ_HD void commit(int tid, const Stage<T, FL, TT>& st, Smem<FL, TT>& s) {
   uint32_t* dst = s.w + r * G::WS + 8 * u;
   st16(dst, make_uint4(v[0], v[1], v[2], v[3]));
   st16(dst + 4, make_uint4(v[4], v[5], v[6], v[7]));
-
+}
+template <GgmlType T, Flavor FL, int TT, int BR>
+EXQ_HD void commit_a(int tid, const Stage<T, FL, TT, BR>& st, Smem<FL, TT, BR>& s) {
+  using G = Geo<FL, TT, BR>;
+  using S = Stage<T, FL, TT, BR>;
   EXQ_UNROLL
   for (int n = 0; n < S::kY; ++n) {
     const int k = tid + n * kThreads;
@@ -435,11 +446,17 @@ EXQ_HD void commit(int tid, const Stage<T, FL, TT>& st, Smem<FL, TT>& s) {
     }
   }
 }
+template <GgmlType T, Flavor FL, int TT, int BR>
+EXQ_HD void commit(int tid, const Stage<T, FL, TT, BR>& st, Smem<FL, TT, BR>& s) {
+  const int r = tid >> 3, u = tid & 7;
+  if (has_row<BR>(r)) commit_w(r, u, st, s);  // rows past the tile: no weights
+  commit_a(tid, st, s);
+}
 
 // ---- thread coordinates ----
-// Lane flavours: tile rows warp + 8 i (i < 4), tokens lt + LT j (lt = lane / chain
+// Lane flavours: tile rows warp + 8 i (i < RT), tokens lt + LT j (lt = lane / chain
 // threads), chain / word L.
-// Rep flavours: tile rows 2 warp + lr + 16 i (i < 2), tokens lt + 16 j.
+// Rep flavours: tile rows 2 warp + lr + 16 i (i < RT), tokens lt + 16 j.
 template <Flavor FL, int TT>
 EXQ_HD int thread_row(int tid, int i) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -459,9 +476,9 @@ EXQ_HD int thread_tok(int tid, int j) {
     return (lane & 15) + 16 * j;
 }
 
-template <Flavor FL, int TT>
-EXQ_HD void zero_acc(Acc<FL, TT>& a) {
-  using G = Geo<FL, TT>;
+template <Flavor FL, int TT, int BR>
+EXQ_HD void zero_acc(Acc<FL, TT, BR>& a) {
+  using G = Geo<FL, TT, BR>;
   EXQ_UNROLL
   for (int i = 0; i < G::RT; ++i) {
     EXQ_UNROLL
@@ -475,10 +492,10 @@ EXQ_HD void zero_acc(Acc<FL, TT>& a) {
 // ---- the chain phase of one step (every thread) ----
 // nunits: Q0 blocks in this step (8, fewer at the row's end). gemm_mask: bit j set when the
 // thread's token j takes the Q4_K repack gemm order.
-template <GgmlType T, Flavor FL, int TT>
-EXQ_HD void compute_step(int tid, const Smem<FL, TT>& s, int nunits, uint32_t gemm_mask,
-                         Acc<FL, TT>& a) {
-  using G = Geo<FL, TT>;
+template <GgmlType T, Flavor FL, int TT, int BR>
+EXQ_HD void compute_step(int tid, const Smem<FL, TT, BR>& s, int nunits, uint32_t gemm_mask,
+                         Acc<FL, TT, BR>& a) {
+  using G = Geo<FL, TT, BR>;
   constexpr int RT = G::RT, WS = G::WS;
   int rr[RT], tt[TT];
   EXQ_UNROLL
@@ -738,12 +755,12 @@ EXQ_HD float final_value(float acc_sum, float accm_sum) {
 
 // Write-out: thread tid writes elements tid, tid + kThreads, ... of the [BT][32] out tile
 // to y (a token's 32 rows are contiguous in y: coalesced), adding to y when accumulate.
-template <Flavor FL, int TT>
-EXQ_HD void store_tile(int tid, const Smem<FL, TT>& s, int row0, int rows, int tok0, int n_tok,
+template <Flavor FL, int TT, int BR>
+EXQ_HD void store_tile(int tid, const Smem<FL, TT, BR>& s, int row0, int rows, int tok0, int n_tok,
                        float* __restrict__ y, int accumulate) {
-  using G = Geo<FL, TT>;
-  for (int k = tid; k < G::BT * kBR; k += kThreads) {
-    const int t = k / kBR, r = k % kBR;
+  using G = Geo<FL, TT, BR>;
+  for (int k = tid; k < G::BT * BR; k += kThreads) {
+    const int t = k / BR, r = k % BR;
     if (tok0 + t < n_tok && row0 + r < rows) {
       float* o = y + static_cast<size_t>(tok0 + t) * static_cast<size_t>(rows) + (row0 + r);
       const float v = s.out[t * G::OS + r];

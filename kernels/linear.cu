@@ -36,7 +36,7 @@ void linear(const WeightView& w, const float* x, int n, ActBuf& a, float* y, boo
     matvec1_float(w, a, y, accumulate, stream);
   } else if (n == 1 && matvec1_quant_takes(w.type, w.rows, w.cols)) {
     matvec1_quant(w, a, y, accumulate, stream);
-  } else if (qgemm_takes(w.type, n)) {
+  } else if (qgemm_takes(w.type, n, w.rows)) {
     qgemm(w, a, n, BatchOrder{n, 0}, y, accumulate, stream);
   } else {
     matmul(w, a, n, BatchOrder{n, 0}, y, accumulate, stream);
@@ -114,7 +114,7 @@ void linear(const Ctx& c, const WeightView& w, const float* x, int n, float* y, 
             cudaStream_t stream) {
   if (n >= c.gemm_min_tokens && gemm_supported(w.type)) {
     gemm_cublas(c.cublas, w, x, c.lowp, y, n, accumulate, stream);
-  } else if (exact::qgemm_takes(w.type, n)) {
+  } else if (exact::qgemm_takes(w.type, n, w.rows)) {
     // quantized weights, many tokens: weights read in their blocks, no FP32 copy of any
     // matrix (M0-W-1201)
     exact::quantize_act(w.type, x, n, static_cast<int>(w.cols), c.act, stream);

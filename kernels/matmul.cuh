@@ -41,9 +41,9 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
 
 // Prompt batches of quantized weights (matmul_qgemm.cu): the same bits as matmul(), tiled
 // for throughput (many tokens share each weight block; integer block dots with dp4a).
-// qgemm_takes() says when it applies (quantized type, n_tok large enough to pay off); the
-// linear() then calls qgemm instead of matmul.
-bool qgemm_takes(uint32_t weight_type, int n_tok);
+// qgemm_takes() says when it applies (quantized type, n_tok large enough to pay off for a
+// launch of `rows` weight rows); linear() then calls qgemm instead of matmul.
+bool qgemm_takes(uint32_t weight_type, int n_tok, int64_t rows);
 void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
            bool accumulate, cudaStream_t stream);
 // ys[i] = ws[i] x a for n (<= 3) quantized weights of one type, width and order in one qgemm

@@ -58,35 +58,35 @@ using qg::Smem;
 using qg::Stage;
 using qm::Flavor;
 
-// CTAs per SM the register budget is sized for (__launch_bounds__): 4 for the small Q0 tiles,
-// 3 for the largest Q0 tile, 2 for the K-quant and repack tiles (their chains / integer sums
-// need up to 128 registers).
-template <Flavor FL, int TT>
+// CTAs per SM the register budget is sized for (__launch_bounds__): 3 for the Q0 tiles, 2
+// for the K-quant and repack tiles (their chains / integer sums need up to 128 registers);
+// one more for the tiles of fewer rows (fewer chains a thread; small grids want residents:
+// Q4KRep spills 4-44 bytes at 80 registers, measured faster still: 31.7 -> 25.8 us at 32 tokens).
+template <Flavor FL, int TT, int BR>
 constexpr int min_blocks() {
-  if constexpr (FL == Flavor::Q0Lanes) return 3;
-  return 2;
+  return (FL == Flavor::Q0Lanes ? 3 : 2) + (BR < kBR ? 1 : 0);
 }
 
 // Dynamic shared memory of a tile: Smem, then (ring) kRing stages of raw weight bytes.
-template <GgmlType T, Flavor FL, int TT, bool RING>
+template <GgmlType T, Flavor FL, int TT, bool RING, int BR>
 __host__ __device__ constexpr size_t smem_bytes() {
-  constexpr size_t base = (sizeof(Smem<FL, TT>) + 15) / 16 * 16;
+  constexpr size_t base = (sizeof(Smem<FL, TT, BR>) + 15) / 16 * 16;
   if constexpr (RING)
-    return base + static_cast<size_t>(qg::kRing) * qg::ring_stage_bytes<T>();
+    return base + static_cast<size_t>(qg::kRing) * qg::ring_stage_bytes<T, BR>();
   else
     return base;
 }
 
 // Copies the raw weight bytes of `step` into ring stage `stage` (8-byte cp.async; pieces
 // outside the matrix zero-filled); the caller commits the group.
-template <GgmlType T>
+template <GgmlType T, int BR>
 __device__ __forceinline__ void ring_copy(int tid, int step, const uint8_t* __restrict__ w,
                                           int rows, size_t row_bytes, int row0, int nb,
                                           uint8_t* stage) {
 #pragma unroll
-  for (int i = 0; i < qg::ring_rounds<T>(); ++i) {
+  for (int i = 0; i < qg::ring_rounds<T, BR>(); ++i) {
     const int n = tid + kThreads * i;
-    if (n < qg::ring_pieces<T>()) {
+    if (n < qg::ring_pieces<T, BR>()) {
       int dst = 0;
       const uint8_t* src = nullptr;
       const bool in = qg::ring_piece<T>(n, step, w, rows, row_bytes, row0, nb, dst, src);
@@ -115,15 +115,15 @@ __device__ __forceinline__ int seg_of(const QSegs& sg, int bx) {
   return bx < sg.blk_end[0] ? 0 : (bx < sg.blk_end[1] ? 1 : 2);
 }
 
-template <GgmlType T, Flavor FL, int TT, bool PF, bool RING, bool MULTI>
-__global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
+template <GgmlType T, Flavor FL, int TT, bool PF, bool RING, bool MULTI, int BR>
+__global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR>())
     qgemm_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
                  const float* __restrict__ ad, const int32_t* __restrict__ abs, int n_tok,
                  int gemm_end, int accumulate) {
-  using G = Geo<FL, TT>;
+  using G = Geo<FL, TT, BR>;
   extern __shared__ __align__(16) unsigned char qgemm_smem[];
-  auto& s = *reinterpret_cast<Smem<FL, TT>*>(qgemm_smem);
-  [[maybe_unused]] uint8_t* const ring = qgemm_smem + smem_bytes<T, FL, TT, false>();
+  auto& s = *reinterpret_cast<Smem<FL, TT, BR>*>(qgemm_smem);
+  [[maybe_unused]] uint8_t* const ring = qgemm_smem + smem_bytes<T, FL, TT, false, BR>();
   const int tid = static_cast<int>(threadIdx.x);
   // this CTA's weight (selects, not an indexed parameter array: that would go to local memory)
   const int bx = static_cast<int>(blockIdx.x);
@@ -131,20 +131,20 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
   const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
   const size_t row_bytes = sg.row_bytes;
   const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
-  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kBR;
+  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * BR;
   const int tok0 = static_cast<int>(blockIdx.y) * G::BT;
   constexpr bool kK = qg::is_k<T>();
   const int nb = cols / (kK ? 256 : 32);
   const int steps = kK ? nb : (nb + kUnits - 1) / kUnits;
   const uint32_t gmask = qg::gemm_mask_of<FL, TT>(tid, tok0, gemm_end);
 
-  Acc<FL, TT> a;
+  Acc<FL, TT, BR> a;
   qg::zero_acc(a);
-  Stage<T, FL, TT> st;
-  constexpr int kStage = RING ? qg::ring_stage_bytes<T>() : 0;
+  Stage<T, FL, TT, BR> st;
+  constexpr int kStage = RING ? qg::ring_stage_bytes<T, BR>() : 0;
   if constexpr (RING) {  // weights only: no kernel writes them
     for (int k = 0; k < qg::kRing - 1; ++k) {
-      if (k < steps) ring_copy<T>(tid, k, w, rows, row_bytes, row0, nb, ring + k * kStage);
+      if (k < steps) ring_copy<T, BR>(tid, k, w, rows, row_bytes, row0, nb, ring + k * kStage);
       cp_async_commit();
     }
   } else {
@@ -159,7 +159,8 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT>())
                         // the previous step's stage, which the next copy refills
       const int next = step + qg::kRing - 1;
       if (next < steps)
-        ring_copy<T>(tid, next, w, rows, row_bytes, row0, nb, ring + (next % qg::kRing) * kStage);
+        ring_copy<T, BR>(tid, next, w, rows, row_bytes, row0, nb,
+                         ring + (next % qg::kRing) * kStage);
       cp_async_commit();
       qg::fetch_w_ring(tid, step, ring + (step % qg::kRing) * kStage, rows, row0, nb, st);
       if (!PF && step > 0) qg::fetch_a(tid, step, aq, ad, abs, cols, nb, tok0, n_tok, st);
@@ -226,37 +227,47 @@ constexpr bool prefetch_default() {
   return true;  // the same register counts as without (ptxas), the loads overlap the chains
 }
 
-// The weights of one launch: segs (blk_end set by row_tiles) and how many columns (row tiles)
-// its grid has.
+// The weights of one launch (rows 0 for the unused slots) and their width.
 struct Launch {
-  QSegs sg;
+  QSegs sg;  // blk_end: set by tiles() for the tile height the launch takes
   int cols;
-  int tiles;
+  int n;  // weights
+  // CTA columns of br-row tiles.
+  int tiles(int br) const {
+    int t = 0;
+    for (const int r : sg.rows) t += (r + br - 1) / br;
+    return t;
+  }
 };
 
-template <GgmlType T, Flavor FL, int TT, bool RING>
+template <GgmlType T, Flavor FL, int TT, bool RING, int BR>
 void launch_kernel(bool pf, const Launch& l, const ActBuf& a, int n_tok, int gemm_end,
                    bool accumulate, cudaStream_t stream) {
-  using G = Geo<FL, TT>;
-  const dim3 grid(static_cast<unsigned>(l.tiles),
-                  static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
-  constexpr size_t kSmem = smem_bytes<T, FL, TT, RING>();
-  const bool multi = l.tiles != l.sg.blk_end[0];
+  using G = Geo<FL, TT, BR>;
+  QSegs sg = l.sg;
+  int tiles = 0;
+  for (int i = 0; i < 3; ++i) {
+    tiles += (sg.rows[i] + BR - 1) / BR;
+    sg.blk_end[i] = tiles;
+  }
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
+  constexpr size_t kSmem = smem_bytes<T, FL, TT, RING, BR>();
   static const bool attr_set = [] {
-    for (auto* k :
-         {qgemm_kernel<T, FL, TT, true, RING, false>, qgemm_kernel<T, FL, TT, false, RING, false>,
-          qgemm_kernel<T, FL, TT, true, RING, true>, qgemm_kernel<T, FL, TT, false, RING, true>}) {
+    for (auto* k : {qgemm_kernel<T, FL, TT, true, RING, false, BR>,
+                    qgemm_kernel<T, FL, TT, false, RING, false, BR>,
+                    qgemm_kernel<T, FL, TT, true, RING, true, BR>,
+                    qgemm_kernel<T, FL, TT, false, RING, true, BR>}) {
       CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(kSmem)));
     }
     return true;
   }();
   (void)attr_set;
-  auto* kernel = multi ? (pf ? qgemm_kernel<T, FL, TT, true, RING, true>
-                             : qgemm_kernel<T, FL, TT, false, RING, true>)
-                       : (pf ? qgemm_kernel<T, FL, TT, true, RING, false>
-                             : qgemm_kernel<T, FL, TT, false, RING, false>);
-  launch_pdl_smem("exact_qgemm_kernel", kernel, grid, dim3(kThreads), kSmem, stream, l.sg, l.cols,
+  auto* kernel = l.n > 1 ? (pf ? qgemm_kernel<T, FL, TT, true, RING, true, BR>
+                               : qgemm_kernel<T, FL, TT, false, RING, true, BR>)
+                         : (pf ? qgemm_kernel<T, FL, TT, true, RING, false, BR>
+                               : qgemm_kernel<T, FL, TT, false, RING, false, BR>);
+  launch_pdl_smem("exact_qgemm_kernel", kernel, grid, dim3(kThreads), kSmem, stream, sg, l.cols,
                   static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
                   static_cast<const int32_t*>(a.bsum), n_tok, gemm_end, accumulate ? 1 : 0);
 }
@@ -271,15 +282,35 @@ void launch_kernel(bool pf, const Launch& l, const ActBuf& a, int n_tok, int gem
 constexpr int kRingMaxTokens = 32;
 
 // ring_rows: every weight's rows start 8-byte aligned (row_bytes and base address).
-template <GgmlType T, Flavor FL, int TT>
+template <GgmlType T, Flavor FL, int TT, int BR = kBR>
 void launch(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gemm_end,
             bool accumulate, cudaStream_t stream, int prefetch) {
   const bool pf = prefetch < 0 ? prefetch_default<T, FL, TT>() : prefetch != 0;
   if constexpr (qg::ring_type<T>()) {
     if (n_tok <= kRingMaxTokens && ring_rows)
-      return launch_kernel<T, FL, TT, true>(pf, l, a, n_tok, gemm_end, accumulate, stream);
+      return launch_kernel<T, FL, TT, true, BR>(pf, l, a, n_tok, gemm_end, accumulate, stream);
   }
-  launch_kernel<T, FL, TT, false>(pf, l, a, n_tok, gemm_end, accumulate, stream);
+  launch_kernel<T, FL, TT, false, BR>(pf, l, a, n_tok, gemm_end, accumulate, stream);
+}
+
+// The smallest token tile: 16-row tiles for batches of up to 32 tokens where 32-row ones leave
+// SMs without two CTAs (twice the CTAs, each thread half the rows' chains). Measured on the
+// H100 (kernel_bench, us, 32 -> 16 rows): Q8_0 896 x 4864 at 16 tokens 28.5 -> 23.0, 896 x 896
+// 5.8 -> 5.3; Q4_K (repacked) 896 x 4864 at 32 31.7 -> 25.8; the Q8_0 / Q4_K_M 32-token prompt
+// +9% / +9% (decode_bench). Not kept: 64 tokens and more (896 x 4864 Q8_0 46.0 -> 63.6, Q4_K
+// 128 tokens 52.4 -> 74.5), Q6_K (32 tokens 32.5 -> 37.1).
+template <GgmlType T, Flavor FL, int TT>
+void launch_small(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gemm_end,
+                  bool accumulate, cudaStream_t stream, int prefetch) {
+  if constexpr (FL != Flavor::Q6K) {
+    const int64_t bt = Geo<FL, TT>::BT;
+    if (n_tok <= 32 &&
+        static_cast<int64_t>(l.tiles(kBR)) * ((n_tok + bt - 1) / bt) < 2 * sm_count()) {
+      return launch<T, FL, TT, kBR / 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream,
+                                        prefetch);
+    }
+  }
+  launch<T, FL, TT>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
 }
 
 // Tokens per thread: the largest tile (most reuse of each shared-memory word) whose grid
@@ -291,7 +322,7 @@ void launch(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gem
 template <GgmlType T, Flavor FL>
 void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gemm_end,
                bool accumulate, cudaStream_t stream, int prefetch) {
-  const int64_t gx = l.tiles;
+  const int64_t gx = l.tiles(kBR);
   const int64_t fill = 2 * static_cast<int64_t>(sm_count());
   auto enough = [&](int bt) { return gx * ((n_tok + bt - 1) / bt) >= fill; };
   if constexpr (FL == Flavor::Q0Lanes) {  // 8 token lanes a warp: BT = 8 TT
@@ -300,7 +331,7 @@ void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int 
     else if (n_tok > 8 && enough(16))
       launch<T, FL, 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     else
-      launch<T, FL, 1>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
+      launch_small<T, FL, 1>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   } else if constexpr (qg::lane_flavor<FL>()) {  // 4 token lanes a warp: BT = 4 TT
     if (FL != Flavor::Q4KLanes && n_tok > 16 && enough(32))
       launch<T, FL, (FL == Flavor::Q4KLanes ? 4 : 8)>(l, ring_rows, a, n_tok, gemm_end, accumulate,
@@ -308,7 +339,7 @@ void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int 
     else if (n_tok > 8 && enough(16))
       launch<T, FL, 4>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     else
-      launch<T, FL, 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
+      launch_small<T, FL, 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   } else {
     if (FL != Flavor::Q4KRep && n_tok > 32 && enough(64))
       launch<T, FL, (FL == Flavor::Q4KRep ? 2 : 4)>(l, ring_rows, a, n_tok, gemm_end, accumulate,
@@ -316,7 +347,7 @@ void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int 
     else if (n_tok > 16 && enough(32))
       launch<T, FL, 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
     else
-      launch<T, FL, 1>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
+      launch_small<T, FL, 1>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   }
 }
 
@@ -326,14 +357,16 @@ bool is_quant(uint32_t t) {
 
 }  // namespace
 
-// From this many tokens the tiled kernel is expected to beat matmul's warp-per-row kernel on
-// the 0.5B model's matrices (estimate, not measured here: below it, 896-row matrices give
-// qgemm fewer CTAs than SMs). bench/kernel_bench prints both times per shape and token count
-// (8 ... 512): adjust this constant from that output.
-constexpr int kQgemmMinTokens = 32;
-
-bool qgemm_takes(uint32_t weight_type, int n_tok) {
-  return is_quant(weight_type) && n_tok >= kQgemmMinTokens;
+// When the tiled kernel beats matmul's warp-per-row kernel, from bench/kernel_bench (it times
+// qgemm at every token count; H100, us, qgemm / matmul): Q8_0 at 16 tokens 4864 x 896 11.9 /
+// 32.9, 896 x 4864 28.5 / 54.0, 896 x 896 5.8 / 10.5 (Q5_0 alike, Q6_K 896 x 4864 32.4 / 41.2);
+// at 8 tokens only the tall launches (4864 x 896 8.5 / 17.8, so gate + up and Q / K / V together)
+// while 896 x 4864 (28.5 / 20.2) and 896 x 896 (5.7 / 4.6) are not; Q4_K 896 x 4864 from 32
+// tokens (31.8 / 38.0; at 16 31.7 / 27.0).
+bool qgemm_takes(uint32_t weight_type, int n_tok, int64_t rows) {
+  if (!is_quant(weight_type)) return false;
+  if (weight_type == static_cast<uint32_t>(GgmlType::Q4_K)) return n_tok >= 32;
+  return n_tok >= 16 || (n_tok >= 8 && rows >= 2048);
 }
 
 namespace {
@@ -351,10 +384,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
   Launch l{};
   bool ring_rows = true;
   for (int i = 0; i < 3; ++i) {
-    if (i >= n) {  // an empty weight: no CTA column selects it
-      l.sg.blk_end[i] = l.tiles;
-      continue;
-    }
+    if (i >= n) continue;  // an empty weight (rows 0): no CTA column selects it
     const WeightView& w = *ws[i];
     if (w.rows <= 0 || w.cols <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
     if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
@@ -368,13 +398,13 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
     l.sg.w[i] = static_cast<const uint8_t*>(w.data);
     l.sg.y[i] = ys[i];
     l.sg.rows[i] = static_cast<int>(w.rows);
-    l.tiles += static_cast<int>((w.rows + kBR - 1) / kBR);
-    l.sg.blk_end[i] = l.tiles;
     ring_rows = ring_rows && w.row_bytes % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 8 == 0;
   }
   l.cols = static_cast<int>(w0.cols);
+  l.n = n;
   l.sg.row_bytes = w0.row_bytes;
-  if (l.tiles > 65535 * 1024) throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
+  if (l.tiles(kBR / 2) > 65535 * 1024)
+    throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
   // CpuEngine::matmul: repack gemm for batch tokens < batch_n - batch_n % 4.
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
   dispatch(w0.type, [&](auto tr) {
@@ -418,7 +448,10 @@ void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& or
 
 bool qgemm_multi(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, int n_tok,
                  const BatchOrder& order, cudaStream_t stream) {
-  if (n < 1 || n > 3 || !qgemm_takes(ws[0]->type, n_tok)) return false;
+  if (n < 1 || n > 3) return false;
+  int64_t rows = 0;
+  for (int i = 0; i < n; ++i) rows += ws[i]->rows;
+  if (!qgemm_takes(ws[0]->type, n_tok, rows)) return false;
   for (int i = 1; i < n; ++i) {
     if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols ||
         ws[i]->row_bytes != ws[0]->row_bytes ||

@@ -174,24 +174,24 @@ bool is_k(GgmlType t) {
 // combine butterfly of the lane flavours on arrays (butterfly8_host / butterfly4_host: the shuffle
 // sequence), then store_tile.
 
-template <GgmlType T, Flavor FL, int TT, bool PF, bool RING>
+template <GgmlType T, Flavor FL, int TT, bool PF, bool RING, int BR>
 void emulate_qgemm(const std::vector<uint8_t>& w, int rows, int cols, const HostActs& acts,
                    int n_tok, const BatchOrder& order, std::vector<float>& y, bool accumulate) {
-  using G = qg::Geo<FL, TT>;
+  using G = qg::Geo<FL, TT, BR>;
   const size_t row_bytes = ggml_row_bytes(T, cols);
   const int nb = cols / (qg::is_k<T>() ? 256 : 32);
   const int steps = qg::is_k<T>() ? nb : (nb + qg::kUnits - 1) / qg::kUnits;
   const int gemm_end = order.batch_n - order.batch_n % 4 - order.t0;
-  auto s = std::make_unique<qg::Smem<FL, TT>>();
-  std::vector<qg::Acc<FL, TT>> acc(qg::kThreads);
-  std::vector<qg::Stage<T, FL, TT>> stage(qg::kThreads);
+  auto s = std::make_unique<qg::Smem<FL, TT, BR>>();
+  std::vector<qg::Acc<FL, TT, BR>> acc(qg::kThreads);
+  std::vector<qg::Stage<T, FL, TT, BR>> stage(qg::kThreads);
   // RING: the raw bytes of a step as the kernel's cp.async pieces land them (zero outside the
   // matrix); fetch_w_ring reads each thread's unit from there.
-  std::vector<uint8_t> ring(RING ? static_cast<size_t>(qg::ring_stage_bytes<T>()) : 0);
-  const int gx = (rows + qg::kBR - 1) / qg::kBR, gy = (n_tok + G::BT - 1) / G::BT;
+  std::vector<uint8_t> ring(RING ? static_cast<size_t>(qg::ring_stage_bytes<T, BR>()) : 0);
+  const int gx = (rows + BR - 1) / BR, gy = (n_tok + G::BT - 1) / G::BT;
   for (int bx = 0; bx < gx; ++bx) {
     for (int by = 0; by < gy; ++by) {
-      const int row0 = bx * qg::kBR, tok0 = by * G::BT;
+      const int row0 = bx * BR, tok0 = by * G::BT;
       // poison shared memory: every value the threads read must have been written
       std::memset(s.get(), 0xFF, sizeof(*s));
       for (auto& a : acc) qg::zero_acc(a);
@@ -200,7 +200,7 @@ void emulate_qgemm(const std::vector<uint8_t>& w, int rows, int cols, const Host
       auto fetch = [&](int step) {
         if constexpr (RING) {
           std::fill(ring.begin(), ring.end(), uint8_t{0xA5});  // past the rows: never used
-          for (int n = 0; n < qg::ring_pieces<T>(); ++n) {
+          for (int n = 0; n < qg::ring_pieces<T, BR>(); ++n) {
             int dst = 0;
             const uint8_t* src = nullptr;
             if (qg::ring_piece<T>(n, step, w.data(), rows, row_bytes, row0, nb, dst, src))
@@ -269,7 +269,7 @@ struct HostCase {
   BatchOrder order;
 };
 
-template <GgmlType T, Flavor FL, int TT>
+template <GgmlType T, Flavor FL, int TT, int BR = qg::kBR>
 void host_cases(const std::vector<HostCase>& cases, uint64_t seed) {
   int k = 0;
   for (const HostCase& c : cases) {
@@ -290,7 +290,7 @@ void host_cases(const std::vector<HostCase>& cases, uint64_t seed) {
     // 32 tokens; the emulation alternates the two load paths over the cases that allow it)
     const bool ring = qg::ring_type<T>() && ggml_row_bytes(T, c.cols) % 8 == 0 && k % 3 != 0;
     auto run = [&](auto pf_c, auto ring_c) {
-      emulate_qgemm<T, FL, TT, decltype(pf_c)::value, decltype(ring_c)::value>(
+      emulate_qgemm<T, FL, TT, decltype(pf_c)::value, decltype(ring_c)::value, BR>(
           w, c.rows, c.cols, acts, c.n_tok, c.order, got, accumulate);
     };
     if (ring) {
@@ -306,10 +306,10 @@ void host_cases(const std::vector<HostCase>& cases, uint64_t seed) {
     }
     const std::string what =
         std::string(pf ? "prefetch " : "") + (ring ? "ring " : "") + type_str(T) + " flavour " +
-        std::to_string(static_cast<int>(FL)) + " TT " + std::to_string(TT) + " rows " +
-        std::to_string(c.rows) + " cols " + std::to_string(c.cols) + " n_tok " +
-        std::to_string(c.n_tok) + " batch_n " + std::to_string(c.order.batch_n) + " t0 " +
-        std::to_string(c.order.t0) + (accumulate ? " accumulate" : "");
+        std::to_string(static_cast<int>(FL)) + " TT " + std::to_string(TT) + " BR " +
+        std::to_string(BR) + " rows " + std::to_string(c.rows) + " cols " + std::to_string(c.cols) +
+        " n_tok " + std::to_string(c.n_tok) + " batch_n " + std::to_string(c.order.batch_n) +
+        " t0 " + std::to_string(c.order.t0) + (accumulate ? " accumulate" : "");
     EXPECT_EQ(count_mismatch(got, ref, c.rows, c.n_tok, rows, what), 0u) << what;
   }
 }
@@ -339,12 +339,17 @@ TEST(ExactQgemmHost, Q0LanesEmulationMatchesCpuReference) {
   host_cases<GgmlType::Q5_0, Flavor::Q0Lanes, 2>(q0_cases(40, 64), 300);
   host_cases<GgmlType::Q5_0, Flavor::Q0Lanes, 4>(q0_cases(40, 64), 400);
   host_cases<GgmlType::Q4_0, Flavor::Q0Lanes, 4>(q0_cases(42, 38), 500);  // rows % 8 != 0
+  // 16-row tiles (small grids take them at the smallest token tile)
+  host_cases<GgmlType::Q8_0, Flavor::Q0Lanes, 1, 16>(q0_cases(40, 64), 150);
+  host_cases<GgmlType::Q5_0, Flavor::Q0Lanes, 1, 16>(q0_cases(24, 64), 350);
+  host_cases<GgmlType::Q4_0, Flavor::Q0Lanes, 1, 16>(q0_cases(42, 38), 550);
 }
 
 // REQ: WRK-D15
 TEST(ExactQgemmHost, Q4_0RepackEmulationMatchesCpuReference) {
   host_cases<GgmlType::Q4_0, Flavor::Q4_0Rep, 1>(q0_cases(40, 64), 600);
   host_cases<GgmlType::Q4_0, Flavor::Q4_0Rep, 4>(q0_cases(48, 64), 700);
+  host_cases<GgmlType::Q4_0, Flavor::Q4_0Rep, 1, 16>(q0_cases(40, 64), 650);
 }
 
 // REQ: WRK-D15
@@ -354,6 +359,9 @@ TEST(ExactQgemmHost, KQuantEmulationMatchesCpuReference) {
   host_cases<GgmlType::Q4_K, Flavor::Q4KLanes, 4>(k_cases(42, 38), 1000);
   host_cases<GgmlType::Q4_K, Flavor::Q4KRep, 1>(k_cases(40, 64), 1100);
   host_cases<GgmlType::Q4_K, Flavor::Q4KRep, 2>(k_cases(48, 64), 1200);
+  host_cases<GgmlType::Q6_K, Flavor::Q6K, 2, 16>(k_cases(40, 24), 850);
+  host_cases<GgmlType::Q4_K, Flavor::Q4KLanes, 2, 16>(k_cases(42, 38), 1050);
+  host_cases<GgmlType::Q4_K, Flavor::Q4KRep, 1, 16>(k_cases(40, 64), 1150);
 }
 
 // The int8 byte arithmetic of the weight unpacking (nibble - 8, 5-bit - 16) over all values.
@@ -567,8 +575,8 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
                             GgmlType::Q6_K};
   const std::vector<GpuCase> cases =
       quick() ? std::vector<GpuCase>{{32, {32, 0}}, {64, {64, 0}}}
-              : std::vector<GpuCase>{
-                    {32, {32, 0}}, {45, {47, 0}}, {32, {64, 32}}, {128, {128, 0}}, {512, {512, 0}}};
+              : std::vector<GpuCase>{{16, {16, 0}},  {32, {32, 0}},   {45, {47, 0}},
+                                     {32, {64, 32}}, {128, {128, 0}}, {512, {512, 0}}};
   uint64_t seed = 4242;
   for (const GgmlType type : types) {
     const int cols = is_k(type) ? 1024 : 896;
@@ -598,6 +606,13 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
           ys.push_back(std::make_unique<DevArray<float>>(sz));
           yp[i] = ym.back()->get();
           kern::exact::qgemm(wv[i], a, n_tok, gc.order, ys.back()->get(), false, nullptr);
+        }
+        int64_t total_rows = 0;
+        for (const int r : set.rows) total_rows += r;
+        if (!kern::exact::qgemm_takes(static_cast<uint32_t>(type), n_tok, total_rows)) {
+          // below qgemm's token limit (Q4_K under 32): declined, the per-weight path runs
+          ASSERT_FALSE(kern::exact::qgemm_multi(ws, yp, n, a, n_tok, gc.order, nullptr));
+          continue;
         }
         ASSERT_TRUE(kern::exact::qgemm_multi(ws, yp, n, a, n_tok, gc.order, nullptr));
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -644,10 +659,21 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
 
 // REQ: WRK-D15
 TEST(ExactQgemmGpu, TakesAndRejects) {
-  EXPECT_TRUE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q5_0), 512));
-  EXPECT_FALSE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::F16), 512));
-  EXPECT_FALSE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q5_0), 1));
-  EXPECT_TRUE(kern::exact::qgemm_takes(static_cast<uint32_t>(GgmlType::Q4_K), 64));
+  const auto takes = [](GgmlType t, int n_tok, int64_t rows) {
+    return kern::exact::qgemm_takes(static_cast<uint32_t>(t), n_tok, rows);
+  };
+  EXPECT_TRUE(takes(GgmlType::Q5_0, 512, 896));
+  EXPECT_FALSE(takes(GgmlType::F16, 512, 896));
+  EXPECT_FALSE(takes(GgmlType::Q5_0, 1, 4864));
+  EXPECT_TRUE(takes(GgmlType::Q4_K, 64, 896));
+  // the measured limits: 16 tokens, 8 for tall launches, Q4_K 32
+  EXPECT_TRUE(takes(GgmlType::Q8_0, 16, 128));
+  EXPECT_FALSE(takes(GgmlType::Q8_0, 15, 896));
+  EXPECT_TRUE(takes(GgmlType::Q8_0, 8, 9728));
+  EXPECT_FALSE(takes(GgmlType::Q8_0, 8, 896));
+  EXPECT_FALSE(takes(GgmlType::Q8_0, 7, 9728));
+  EXPECT_FALSE(takes(GgmlType::Q4_K, 31, 9728));
+  EXPECT_TRUE(takes(GgmlType::Q6_K, 16, 896));
   REQUIRE_GPU();
   DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(16, 512));
   const ActBuf a = kern::exact::act_buffer_at(buf.get(), 16, 512);
