@@ -296,21 +296,21 @@ void launch(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gem
 // The smallest token tile: 16-row tiles for batches of up to 32 tokens where 32-row ones leave
 // SMs without two CTAs (twice the CTAs, each thread half the rows' chains). Measured on the
 // H100 (kernel_bench, us, 32 -> 16 rows): Q8_0 896 x 4864 at 16 tokens 28.5 -> 23.0, 896 x 896
-// 5.8 -> 5.3; Q4_K (repacked) 896 x 4864 at 32 31.7 -> 25.8; the Q8_0 / Q4_K_M 32-token prompt
-// +9% / +9% (decode_bench). Not kept: 64 tokens and more (896 x 4864 Q8_0 46.0 -> 63.6, Q4_K
-// 128 tokens 52.4 -> 74.5), Q6_K (32 tokens 32.5 -> 37.1).
+// 5.8 -> 5.3; Q4_K (repacked) 896 x 4864 at 32 31.7 -> 25.8. Q6_K's alone is slower (32.5 ->
+// 37.1 at 32 tokens) but the Q4_K_M 32-token prompt, whose down projections are Q4_K and Q6_K,
+// ran 11.5k tok/s with it and 10.3k without (decode_bench; the kernel alone back to back is not
+// how it runs in the model). Not kept: 64 tokens and more (896 x 4864 Q8_0 46.0 -> 63.6, Q4_K
+// 128 tokens 52.4 -> 74.5).
 template <GgmlType T, Flavor FL, int TT>
 void launch_small(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gemm_end,
                   bool accumulate, cudaStream_t stream, int prefetch) {
-  if constexpr (FL != Flavor::Q6K) {
-    const int64_t bt = Geo<FL, TT>::BT;
-    if (n_tok <= 32 &&
-        static_cast<int64_t>(l.tiles(kBR)) * ((n_tok + bt - 1) / bt) < 2 * sm_count()) {
-      return launch<T, FL, TT, kBR / 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream,
-                                        prefetch);
-    }
+  const int64_t bt = Geo<FL, TT>::BT;
+  if (n_tok <= 32 &&
+      static_cast<int64_t>(l.tiles(kBR)) * ((n_tok + bt - 1) / bt) < 2 * sm_count()) {
+    launch<T, FL, TT, kBR / 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
+  } else {
+    launch<T, FL, TT>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   }
-  launch<T, FL, TT>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
 }
 
 // Tokens per thread: the largest tile (most reuse of each shared-memory word) whose grid
