@@ -26,8 +26,10 @@
 // chains; Q0Lanes: the thread's two chains added, then xor 2, 1): lane 0 gets (t0 + t2) +
 // (t1 + t3) with t_i = v_i + v_(i+4), hsum_float_8's tree, since a + b == b + a bit for bit.
 //
-// Work split: a CTA (256 threads) owns 32 weight rows x BT tokens; per step of 256 elements
-// the CTA unpacks the rows' weights (each weight block read once per tile) and copies the
+// Work split: a CTA (256 threads) owns BR weight rows (32; 16 for the smallest token tile of
+// small grids at <= 32 tokens) x BT tokens of one weight (up to three weights of one type and
+// width share a launch: Q / K / V, gate and up, CTA columns picking theirs); per step of 256
+// elements the CTA unpacks the rows' weights (each weight block read once per tile) and copies the
 // tokens' activation quants into shared memory, then each thread steps its chains, which stay
 // in registers for the whole row (the next step's global loads are issued into registers
 // before this step's chains run, and written to shared memory after the next barrier; for
