@@ -385,8 +385,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
   if (n_tok <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
   Launch l{};
   bool ring_rows = true;
-  for (int i = 0; i < 3; ++i) {
-    if (i >= n) continue;  // an empty weight (rows 0): no CTA column selects it
+  for (int i = 0; i < n; ++i) {  // slots past n keep rows 0: no CTA column selects them
     const WeightView& w = *ws[i];
     if (w.rows <= 0 || w.cols <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
     if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
