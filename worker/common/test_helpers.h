@@ -30,6 +30,18 @@ inline std::string llama_models_dir() {
 }
 
 // The bit pattern of a float: bitwise comparisons (-0 != +0, NaN payloads kept).
+// Whether this x86-64 host has the AVX-512 subsets whose ggml-cpu builds (node-llama-cpp's
+// zen4 / icelake / skylakex libraries) sum in the orders the CPU reference reproduces; without
+// them llama.cpp runs its 8-lane kernels and only loose bounds against it hold.
+inline bool host_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 inline uint32_t bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);

@@ -27,7 +27,8 @@ namespace fs = std::filesystem;
 
 constexpr int kGreedy = 16;
 constexpr double kBound = 2e-6;
-constexpr double kFloor = -80.0;  // below e^-80 llama.cpp's float probability is denormal
+constexpr double kLooseBound = 5e-3;  // without AVX-512: parity_test.cpp's F16 bound
+constexpr double kFloor = -80.0;      // below e^-80 llama.cpp's float probability is denormal
 
 // One job per line of output: {"logprobs": [[...] per position], "greedy": [ids]}.
 const char* kOracleScript = R"(
@@ -113,6 +114,14 @@ TEST(EngineCpuKv16Parity, F16CacheMatchesLlamaCppF16Cache) {
     for (int i = 0; i < 24; ++i) jobs[k].tokens.push_back(3 + (i * 131 + 17 * k) % 500);
   }
   for (const auto& j : jobs) ASSERT_TRUE(fs::exists(j.model)) << "missing fixture " << j.model;
+  // Bit-level agreement needs llama.cpp's AVX-512 kernels (parity_test.cpp says why).
+  const bool exact = test::host_has_avx512();
+  if (!exact) {
+    std::printf(
+        "kv16 parity: no AVX-512 on this machine: llama.cpp runs its 8-lane kernels; loose "
+        "bound %.0e only (exactness NOT checked)\n",
+        kLooseBound);
+  }
 
   const fs::path work = fs::temp_directory_path() /
                         ("worker-kv16-parity-" + std::to_string(static_cast<long>(::getpid())));
@@ -158,7 +167,8 @@ TEST(EngineCpuKv16Parity, F16CacheMatchesLlamaCppF16Cache) {
     e->eval(jobs[k].tokens, true);
     size_t compared = 0;
     const double d = max_logsoftmax_diff(*e, o["logprobs"], &compared);
-    EXPECT_LE(d, kBound) << "F16-KV log-softmax differs from llama.cpp's (F16 cache)";
+    EXPECT_LE(d, exact ? kBound : kLooseBound)
+        << "F16-KV log-softmax differs from llama.cpp's (F16 cache)";
     EXPECT_GT(compared * 2, jobs[k].tokens.size() * static_cast<size_t>(model->config.vocab_size));
     // Greedy: the engine's argmax (lowest id on ties) at every step is llama.cpp's token.
     const auto greedy = o["greedy"].get<std::vector<int32_t>>();
@@ -180,7 +190,9 @@ TEST(EngineCpuKv16Parity, F16CacheMatchesLlamaCppF16Cache) {
     std::printf("%s: F16 mode max |d logp| %.3g, F32 mode %.3g\n", jobs[k].model.c_str(), d,
                 max_logsoftmax_diff(*e32, o["logprobs"], &c32));
   }
-  EXPECT_GT(worst_f32_mode, 10 * kBound) << "the oracle does not tell the cache types apart";
+  if (exact) {
+    EXPECT_GT(worst_f32_mode, 10 * kBound) << "the oracle does not tell the cache types apart";
+  }
 }
 
 }  // namespace
