@@ -373,6 +373,13 @@ bool qgemm_takes(uint32_t weight_type, int n_tok, int64_t rows) {
 
 namespace {
 
+// Whether w can share w0's launch: one type, width, row size and summation order.
+bool shares_launch(const WeightView& w, const WeightView& w0) {
+  return w.type == w0.type && w.cols == w0.cols && w.row_bytes == w0.row_bytes &&
+         repacked(static_cast<GgmlType>(w.type), w.rows) ==
+             repacked(static_cast<GgmlType>(w0.type), w0.rows);
+}
+
 // Products of n (1..3) weights of one type, width and flavour with the same activations, in
 // one launch; throws where the weights cannot share one.
 void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, int n_tok,
@@ -390,9 +397,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
     if (w.rows <= 0 || w.cols <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
     if (w.rows > (int64_t{1} << 30) || w.cols > (int64_t{1} << 24))
       throw WorkerError(ErrorCode::Internal, "qgemm: matrix too large");
-    if (w.type != w0.type || w.cols != w0.cols || w.row_bytes != w0.row_bytes ||
-        repacked(static_cast<GgmlType>(w.type), w.rows) !=
-            repacked(static_cast<GgmlType>(w0.type), w0.rows)) {
+    if (!shares_launch(w, w0)) {
       throw WorkerError(ErrorCode::Internal,
                         "qgemm: the weights of one launch differ in type, width or order");
     }
@@ -454,11 +459,7 @@ bool qgemm_multi(const WeightView* const* ws, float* const* ys, int n, const Act
   for (int i = 0; i < n; ++i) rows += ws[i]->rows;
   if (!qgemm_takes(ws[0]->type, n_tok, rows)) return false;
   for (int i = 1; i < n; ++i) {
-    if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols ||
-        ws[i]->row_bytes != ws[0]->row_bytes ||
-        repacked(static_cast<GgmlType>(ws[i]->type), ws[i]->rows) !=
-            repacked(static_cast<GgmlType>(ws[0]->type), ws[0]->rows))
-      return false;
+    if (!shares_launch(*ws[i], *ws[0])) return false;
   }
   run(ws, ys, n, a, n_tok, order, false, stream, -1);
   return true;
