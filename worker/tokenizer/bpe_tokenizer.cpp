@@ -1,5 +1,6 @@
 // Byte-level BPE (gguf-bpe) as llama.cpp's llm_tokenizer_bpe_session, and the detokenizer
 // shared by all vocabulary tokenizers.
+#include <cstddef>
 #include <cstdio>
 #include <functional>
 #include <optional>
@@ -118,14 +119,14 @@ void BpeTokenizer::init_ranks() {
     // Split at the first space after the first character, as llama.cpp does; a line
     // without one maps to ("", "").
     const size_t pos = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-    std::pair<std::string, std::string> key;
-    if (pos != std::string::npos) key = {m.substr(0, pos), m.substr(pos + 1)};
+    std::pair<std::string, size_t> key{"", 0};
+    if (pos != std::string::npos) key = {m.substr(0, pos) + m.substr(pos + 1), pos};
     ranks_.emplace(std::move(key), static_cast<int>(i));
   }
 }
 
-int BpeTokenizer::rank(std::string_view left, std::string_view right) const {
-  auto it = ranks_.find({std::string(left), std::string(right)});
+int BpeTokenizer::rank(std::string_view pair, size_t split) const {
+  auto it = ranks_.find(MergeKey{pair, split});
   return it == ranks_.end() ? -1 : it->second;
 }
 
@@ -152,6 +153,23 @@ std::string BpeTokenizer::normal_piece(int32_t id) const {
 }
 
 void BpeTokenizer::tokenize_word(const std::string& raw_word, std::vector<int32_t>& out) const {
+  if (raw_word.size() > kCacheWordBytes) return merge_word(raw_word, out);
+  {
+    std::lock_guard lock(cache_mu_);
+    if (auto it = cache_.find(raw_word); it != cache_.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  const size_t first = out.size();
+  merge_word(raw_word, out);
+  std::vector<int32_t> ids(out.begin() + static_cast<std::ptrdiff_t>(first), out.end());
+  std::lock_guard lock(cache_mu_);
+  if (cache_.size() >= kCacheWords) cache_.clear();
+  cache_.emplace(raw_word, std::move(ids));
+}
+
+void BpeTokenizer::merge_word(const std::string& raw_word, std::vector<int32_t>& out) const {
   std::string word;
   word.reserve(raw_word.size() * 2);
   for (char c : raw_word) word += unicode::byte_to_unicode(static_cast<uint8_t>(c));
@@ -164,7 +182,7 @@ void BpeTokenizer::tokenize_word(const std::string& raw_word, std::vector<int32_
   }
   // Lowest merge rank first.
   const auto merge_rank = [this](std::string_view pair, size_t split) -> std::optional<int> {
-    const int rk = rank(pair.substr(0, split), pair.substr(split));
+    const int rk = rank(pair, split);
     return rk >= 0 ? std::optional<int>(rk) : std::nullopt;
   };
   for (std::string_view piece : merge_bigrams(word, merge_rank, std::less<int>())) {
@@ -174,7 +192,7 @@ void BpeTokenizer::tokenize_word(const std::string& raw_word, std::vector<int32_
     }
     // No token for the merged text: llama.cpp looks up each raw byte as a one-byte token.
     for (char c : piece) {
-      if (int32_t id = vocab_.find(std::string(1, c)); id >= 0) out.push_back(id);
+      if (int32_t id = vocab_.find(std::string_view(&c, 1)); id >= 0) out.push_back(id);
     }
   }
 }

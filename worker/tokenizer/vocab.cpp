@@ -221,6 +221,13 @@ Vocab::Vocab(VocabSpec spec, bool spm) : spec_(std::move(spec)) {
   }
   std::stable_sort(specials_.begin(), specials_.end(),
                    [&](int32_t a, int32_t b) { return text(a).size() > text(b).size(); });
+  for (int32_t id : specials_) {
+    const std::string& t = text(id);
+    if (t.empty())
+      special_first_byte_.fill(true);
+    else
+      special_first_byte_[static_cast<uint8_t>(t[0])] = true;
+  }
 
   // llama.cpp strips whitespace to the right of phi-3's special tokens.
   std::string lname = spec_.name;
@@ -236,7 +243,7 @@ Vocab::Vocab(VocabSpec spec, bool spm) : spec_(std::move(spec)) {
 }
 
 int32_t Vocab::find(std::string_view t) const {
-  auto it = index_.find(std::string(t));
+  auto it = index_.find(t);
   return it == index_.end() ? -1 : it->second;
 }
 
@@ -248,10 +255,16 @@ std::vector<Fragment> Vocab::partition(std::string_view text, bool parse_special
   std::vector<Fragment> frags;
   if (text.empty()) return frags;
   frags.push_back(Fragment{-1, 0, text.size()});
+  if (std::none_of(text.begin(), text.end(),
+                   [&](char c) { return special_first_byte_[static_cast<uint8_t>(c)]; })) {
+    return frags;
+  }
   for (int32_t special : specials_) {
     const uint32_t a = attr(special);
     if (!parse_special && (a & (kAttrControl | kAttrUnknown))) continue;
     const std::string& st = this->text(special);
+    // Fragments are pieces of `text`: a special absent from it is in none of them.
+    if (!st.empty() && text.find(st) == std::string_view::npos) continue;
     std::vector<Fragment> next;
     next.reserve(frags.size());
     for (const Fragment& fr : frags) {

@@ -1,6 +1,7 @@
 #pragma once
 // Vocabulary data shared by the gguf-bpe, gguf-spm and hf-json tokenizers: token texts,
 // attributes, special ids and llama.cpp's partitioning of text around special tokens.
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -11,6 +12,12 @@
 namespace worker {
 
 class GgufFile;
+
+// Hash and equality for string-keyed maps looked up by std::string_view without a copy.
+struct TextHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+};
 
 // Token types as stored in tokenizer.ggml.token_type.
 enum class TokenType : int32_t {
@@ -98,8 +105,11 @@ class Vocab {
   std::vector<std::string> text_;
   std::vector<uint32_t> attr_;
   std::vector<float> score_;
-  std::unordered_map<std::string, int32_t> index_;
+  std::unordered_map<std::string, int32_t, TextHash, std::equal_to<>> index_;
   std::vector<int32_t> specials_;  // partition order: longest text first
+  // Bytes some special token's text starts with (every byte when one is empty): a text
+  // without any of them holds no special token, and partition() returns it whole.
+  std::array<bool, 256> special_first_byte_{};
   std::vector<int32_t> eog_;
   std::optional<int32_t> bos_, eos_, unk_;
   bool add_bos_ = false, add_eos_ = false, add_space_prefix_ = false, clean_spaces_ = false;

@@ -73,6 +73,36 @@ TEST(TokenizerUnit, TinyBpeMergesByRank) {
   EXPECT_EQ(bl(" "), "\xC4\xA0");
 }
 
+// The word cache (a word's ids merged once, the cache emptied when full) and the special-token
+// scan's shortcuts (no special's first byte in the text; a special absent from the text) give
+// the ids of a tokenizer that never saw the text.
+// REQ: M0-W-1362
+TEST(TokenizerUnit, WordCacheAndSpecialScanKeepTheIds) {
+  BpeTokenizer seen(tiny_bpe_spec());
+  const std::vector<std::string> texts = {"hello hello wo hello", " wox hellox hello",
+                                          "hello<user>hello <|ctl|> hello", "a<b hello < user>",
+                                          "hello<|ctl|hello"};
+  for (const std::string& t : texts) {
+    for (const bool special : {false, true}) {
+      const auto want = BpeTokenizer(tiny_bpe_spec()).encode(t, false, special);
+      EXPECT_EQ(seen.encode(t, false, special), want) << t;
+      EXPECT_EQ(seen.encode(t, false, special), want) << t << " (again, from the cache)";
+    }
+  }
+  EXPECT_EQ(seen.encode("hello<user>hello", false, false), (std::vector<int32_t>{259, 263, 259}));
+  // More distinct words than the cache holds: it is emptied on the way and refilled.
+  std::string many;
+  for (int i = 0; i < 20000; ++i) {
+    many += ' ';
+    for (int k = i; k > 0 || many.back() == ' '; k /= 5) many += "hlowe"[k % 5];
+  }
+  const auto want = BpeTokenizer(tiny_bpe_spec()).encode(many, false, false);
+  EXPECT_EQ(seen.encode(many, false, false), want);
+  EXPECT_EQ(seen.encode(many, false, false), want);
+  EXPECT_EQ(seen.encode("hello wo", false, false),
+            BpeTokenizer(tiny_bpe_spec()).encode("hello wo", false, false));
+}
+
 // Control tokens are single ids only when parse_special; user-defined always.
 // REQ: M0-W-1362 M0-W-1363 WRK-D3
 TEST(TokenizerUnit, SpecialsAreSingleIdsWhenParsed) {
