@@ -252,13 +252,12 @@ EXQ_HD constexpr int ring_rounds() {
 // zero-filled by the copy.
 template <GgmlType T>
 EXQ_HD bool ring_piece(int n, int step, const uint8_t* w, int rows, size_t row_bytes, int row0,
-                       int nb, int& dst, const uint8_t*& src) {
+                       int& dst, const uint8_t*& src) {
   constexpr int kSB = ring_step_bytes<T>(), kPR = kSB / 8;
   const int r = n / kPR, q = n % kPR;
   dst = r * kSB + 8 * q;
   const size_t off = static_cast<size_t>(step) * kSB + 8 * static_cast<size_t>(q);
   src = w + static_cast<size_t>(row0 + r) * row_bytes + off;
-  (void)nb;
   return row0 + r < rows && off < row_bytes;
 }
 // Bytes of one ring stage: BR rows of a step and 16 bytes that sw_words may read past the

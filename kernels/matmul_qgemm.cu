@@ -83,15 +83,14 @@ __host__ __device__ constexpr size_t smem_bytes() {
 // outside the matrix zero-filled); the caller commits the group.
 template <GgmlType T, int BR>
 __device__ __forceinline__ void ring_copy(int tid, int step, const uint8_t* __restrict__ w,
-                                          int rows, size_t row_bytes, int row0, int nb,
-                                          uint8_t* stage) {
+                                          int rows, size_t row_bytes, int row0, uint8_t* stage) {
 #pragma unroll
   for (int i = 0; i < qg::ring_rounds<T, BR>(); ++i) {
     const int n = tid + kThreads * i;
     if (n < qg::ring_pieces<T, BR>()) {
       int dst = 0;
       const uint8_t* src = nullptr;
-      const bool in = qg::ring_piece<T>(n, step, w, rows, row_bytes, row0, nb, dst, src);
+      const bool in = qg::ring_piece<T>(n, step, w, rows, row_bytes, row0, dst, src);
       cp_async8(stage + dst, in ? src : w, in ? 8 : 0);
     }
   }
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR>())
   constexpr int kStage = RING ? qg::ring_stage_bytes<T, BR>() : 0;
   if constexpr (RING) {  // weights only: no kernel writes them
     for (int k = 0; k < qg::kRing - 1; ++k) {
-      if (k < steps) ring_copy<T, BR>(tid, k, w, rows, row_bytes, row0, nb, ring + k * kStage);
+      if (k < steps) ring_copy<T, BR>(tid, k, w, rows, row_bytes, row0, ring + k * kStage);
       cp_async_commit();
     }
   } else {
@@ -161,8 +160,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR>())
                         // the previous step's stage, which the next copy refills
       const int next = step + qg::kRing - 1;
       if (next < steps)
-        ring_copy<T, BR>(tid, next, w, rows, row_bytes, row0, nb,
-                         ring + (next % qg::kRing) * kStage);
+        ring_copy<T, BR>(tid, next, w, rows, row_bytes, row0, ring + (next % qg::kRing) * kStage);
       cp_async_commit();
       qg::fetch_w_ring(tid, step, ring + (step % qg::kRing) * kStage, rows, row0, nb, st);
       if (!PF && step > 0) qg::fetch_a(tid, step, aq, ad, abs, cols, nb, tok0, n_tok, st);
@@ -231,28 +229,29 @@ constexpr bool prefetch_default() {
 
 // The weights of one launch (rows 0 for the unused slots) and their width.
 struct Launch {
-  QSegs sg;  // blk_end: set by tiles() for the tile height the launch takes
+  QSegs sg;  // blk_end: set by segs() for the tile height the launch takes
   int cols;
   int n;  // weights
-  // CTA columns of br-row tiles.
-  int tiles(int br) const {
+  // The segments with blk_end set for br-row tiles (blk_end[2]: the CTA columns).
+  QSegs segs(int br) const {
+    QSegs s = sg;
     int t = 0;
-    for (const int r : sg.rows) t += (r + br - 1) / br;
-    return t;
+    for (int i = 0; i < 3; ++i) {
+      t += (s.rows[i] + br - 1) / br;
+      s.blk_end[i] = t;
+    }
+    return s;
   }
+  int tiles(int br) const { return segs(br).blk_end[2]; }
 };
 
 template <GgmlType T, Flavor FL, int TT, bool RING, int BR>
 void launch_kernel(bool pf, const Launch& l, const ActBuf& a, int n_tok, int gemm_end,
                    bool accumulate, cudaStream_t stream) {
   using G = Geo<FL, TT, BR>;
-  QSegs sg = l.sg;
-  int tiles = 0;
-  for (int i = 0; i < 3; ++i) {
-    tiles += (sg.rows[i] + BR - 1) / BR;
-    sg.blk_end[i] = tiles;
-  }
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
+  const QSegs sg = l.segs(BR);
+  const dim3 grid(static_cast<unsigned>(sg.blk_end[2]),
+                  static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
   constexpr size_t kSmem = smem_bytes<T, FL, TT, RING, BR>();
   static const bool attr_set = [] {
     for (auto* k : {qgemm_kernel<T, FL, TT, true, RING, false, BR>,

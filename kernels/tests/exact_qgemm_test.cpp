@@ -203,7 +203,7 @@ void emulate_qgemm(const std::vector<uint8_t>& w, int rows, int cols, const Host
           for (int n = 0; n < qg::ring_pieces<T, BR>(); ++n) {
             int dst = 0;
             const uint8_t* src = nullptr;
-            if (qg::ring_piece<T>(n, step, w.data(), rows, row_bytes, row0, nb, dst, src))
+            if (qg::ring_piece<T>(n, step, w.data(), rows, row_bytes, row0, dst, src))
               std::memcpy(ring.data() + dst, src, 8);
             else
               std::memset(ring.data() + dst, 0, 8);
