@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -305,7 +306,13 @@ class CudaEngine final : public Engine {
   int32_t n_ctx() const override { return n_ctx_; }
   int32_t n_past() const override { return n_past_; }
   void reset() override { n_past_ = 0; }
-  void eval(std::span<const int32_t> tokens, bool all_logits) override;
+  void eval(std::span<const int32_t> tokens, bool all_logits) override {
+    run_eval(tokens, all_logits, nullptr);
+  }
+  void eval_overlapped(std::span<const int32_t> tokens, bool all_logits,
+                       const std::function<void()>& meanwhile) override {
+    run_eval(tokens, all_logits, meanwhile ? &meanwhile : nullptr);
+  }
   std::span<const float> logits() const override;
   std::span<const float> logits_at(size_t i) const override;
   int32_t sample(const SamplingParams& params, std::span<const int32_t> history,
@@ -324,6 +331,8 @@ class CudaEngine final : public Engine {
   void final_logits_exact(Scratch& s, int first_row, int n_out, int rows_per_call, float* host_out);
   void setup_decode_step();
   void append_step_trace() const;
+  void run_eval(std::span<const int32_t> tokens, bool all_logits,
+                const std::function<void()>* meanwhile);
   void decode_body();
   void decode_one(int32_t token);
   void trace(const char* name, int layer, const void* dev, int pos_off, int rows, int width,
@@ -859,12 +868,16 @@ void CudaEngine::decode_one(int32_t token) {
   if (!step_trace_path_.empty() && step_ && !sink_) append_step_trace();
 }
 
-void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
+// eval(); `meanwhile` (eval_overlapped) runs once the last chunk's work is queued, before the
+// wait for it.
+void CudaEngine::run_eval(std::span<const int32_t> tokens, bool all_logits,
+                          const std::function<void()>* meanwhile) {
   check_eval_input(tokens, n_past_, n_ctx_, cfg_.vocab_size);
   const int64_t n = static_cast<int64_t>(tokens.size());
   last_host_valid_ = false;
   n_all_ = 0;
   if (n == 1 && !all_logits) {
+    if (meanwhile != nullptr) (*meanwhile)();
     decode_one(tokens[0]);
     n_past_ += 1;
     return;
@@ -923,6 +936,14 @@ void CudaEngine::eval(std::span<const int32_t> tokens, bool all_logits) {
       } else if (off + m == n) {
         final_logits(batch_, m - 1, 1);
         d_last_ = batch_.logits;
+      }
+    }
+    if (meanwhile != nullptr && off + m == n) {
+      try {
+        (*meanwhile)();
+      } catch (...) {
+        (void)cudaStreamSynchronize(stream_);  // the pinned io buffer is reused by the next eval
+        throw;
       }
     }
     CUDA_CHECK(cudaStreamSynchronize(stream_));

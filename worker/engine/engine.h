@@ -74,6 +74,15 @@ class Engine {
   // logits_at(i) holds position i of this call (parity tooling).
   // Throws WorkerError (VRAM_OOM, CUDA_ERROR, INVALID_REQUEST when the context overflows).
   virtual void eval(std::span<const int32_t> tokens, bool all_logits = false) = 0;
+  // eval() calling `meanwhile` once while the work runs: a backend that queues its work on a
+  // device (cuda) calls it after queueing the last of it, before waiting, so that the caller's
+  // bookkeeping overlaps the computation; by default it is called first. An exception from
+  // it propagates (the queued work still completes before the next eval's).
+  virtual void eval_overlapped(std::span<const int32_t> tokens, bool all_logits,
+                               const std::function<void()>& meanwhile) {
+    if (meanwhile) meanwhile();
+    eval(tokens, all_logits);
+  }
   virtual std::span<const float> logits() const = 0;
   virtual std::span<const float> logits_at(size_t i) const = 0;
 

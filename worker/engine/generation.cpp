@@ -121,7 +121,11 @@ GenerationResult generate(Engine& engine, const Tokenizer& tok, const Generation
   const bool want_all = static_cast<bool>(cb.on_logits);
   auto forward = [&](std::span<const int32_t> toks, int32_t first_idx) -> bool {
     if (cb.should_stop && cb.should_stop()) return false;
-    engine.eval(toks, want_all);
+    if (first_idx == 0) {
+      engine.eval_overlapped(toks, want_all, cb.on_prompt_running);
+    } else {
+      engine.eval(toks, want_all);
+    }
     if (want_all) cb.on_logits(engine, toks.size(), first_idx);
     return true;
   };

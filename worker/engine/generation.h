@@ -45,6 +45,9 @@ struct GenerationCallbacks {
   std::function<bool()> should_stop;
   // Called after each eval with the logits of every evaluated position (parity logging).
   std::function<void(const Engine& engine, size_t n_positions, int32_t first_token_idx)> on_logits;
+  // Called once while the prompt is evaluated (Engine::eval_overlapped: on a GPU after its
+  // work is queued), before any on_text; not called when the job ends before its prompt.
+  std::function<void()> on_prompt_running;
 };
 
 // Tokenizes the prompt (applying the chat template when asked) the way the worker does:

@@ -257,10 +257,18 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
     job->send(job->started_event());  // D6: `started` precedes every terminal event
     return make_error_event(ErrorCode::Cancelled, "job cancelled before start");
   }
-  log::info("execute_start", {{"job_id", job->id},
-                              {"prompt_tokens", job->request.prompt_tokens.size()},
-                              {"max_tokens", job->request.max_tokens}});
-  job->send(job->started_event());
+  // The start's log line and `started` event go out while the prompt runs on the device
+  // (generate's on_prompt_running), or before the terminal event when the job never reaches
+  // its prompt.
+  bool started = false;
+  const auto start = [&] {
+    if (started) return;
+    log::info("execute_start", {{"job_id", job->id},
+                                {"prompt_tokens", job->request.prompt_tokens.size()},
+                                {"max_tokens", job->request.max_tokens}});
+    job->send(job->started_event());
+    started = true;
+  };
 
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
                                  std::chrono::duration<double>(opts_.inference_timeout_sec));
@@ -292,6 +300,8 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
     };
   }
 
+  cb.on_prompt_running = start;
+
   std::optional<GenerationResult> result;
   std::optional<JobEvent> failure;
   std::string outcome = "ok";
@@ -305,6 +315,7 @@ JobEvent JobRunner::run_job(const std::shared_ptr<Job>& job) {
     failure = make_error_event(ErrorCode::Internal, std::string("internal error: ") + e.what());
     outcome = "error";
   }
+  start();  // D6: `started` precedes every terminal event
   // Free the job's KV contents whatever happened (D10).
   try {
     engine_.reset();

@@ -180,6 +180,48 @@ TEST(EngineGeneration, ShouldStopPolledBeforeEveryForwardPass) {
   EXPECT_EQ(eng.n_past(), 0) << "a cancelled job must free its KV cache (D10)";
 }
 
+// on_prompt_running: once, during the prompt's eval (eval_overlapped), before any text; decode
+// steps use eval(); a job stopped before its prompt never calls it.
+// REQ: M0-W-1311 WRK-D6
+TEST(EngineGeneration, PromptRunningHookOnceBeforeAnyText) {
+  class Overlapping : public ScriptedEngine {
+   public:
+    using ScriptedEngine::ScriptedEngine;
+    void eval_overlapped(std::span<const int32_t> tokens, bool all_logits,
+                         const std::function<void()>& meanwhile) override {
+      ++overlapped;
+      eval(tokens, all_logits);
+      if (meanwhile) meanwhile();
+    }
+    int overlapped = 0;
+  };
+  Overlapping eng(bytes("abcdef"));
+  ByteTokenizer tok;
+  GenerationRequest req;
+  req.prompt = "pq";
+  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
+  req.max_tokens = 4;
+  req.sampling.temperature = 0.0f;
+  std::vector<std::string> seen;
+  GenerationCallbacks cb;
+  cb.on_prompt_running = [&] { seen.push_back("running@" + std::to_string(eng.n_past())); };
+  cb.on_text = [&](const std::string& t, int32_t, int32_t) { seen.push_back(t); };
+  const auto res = generate(eng, tok, req, cb);
+  EXPECT_EQ(res.text, "abcd");
+  EXPECT_EQ(seen, (std::vector<std::string>{"running@2", "a", "b", "c", "d"}));
+  EXPECT_EQ(eng.overlapped, 1);
+  EXPECT_EQ(eng.eval_calls, (std::vector<int32_t>{2, 1, 1, 1}));
+
+  Overlapping stopped(bytes("abc"));
+  int calls = 0;
+  GenerationCallbacks cs;
+  cs.should_stop = [] { return true; };
+  cs.on_prompt_running = [&] { ++calls; };
+  EXPECT_EQ(generate(stopped, tok, req, cs).stop_reason, StopReason::Cancelled);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(stopped.overlapped, 0);
+}
+
 // REQ: M0-W-1420 WRK-D8
 TEST(EngineGeneration, MaxTokensCappedByContextAndValidated) {
   ScriptedEngine eng(bytes("abcdefghijkl"), 6);

@@ -272,6 +272,27 @@ TEST_F(ServerJobRunner, VramOomMidJobIsAnErrorEventAndTheRunnerKeepsServing) {
   EXPECT_FALSE(r->degraded());
 }
 
+// The start's log line and `started` event go out while the prompt runs (on a GPU after its
+// work is queued): still first, before every token; a job failing before its prompt gets
+// them before its error.
+// REQ: WRK-D6 M0-W-1311
+TEST_F(ServerJobRunner, StartedSentWhileThePromptRunsOrBeforeAnEarlyError) {
+  engine_->meanwhile_last = true;
+  auto r = runner();
+  auto a = make_job("a", "Once upon a time", 12);
+  ASSERT_EQ(r->submit(a), JobRunner::Admission::Accepted);
+  const auto evs = collect(*a);
+  expect_well_formed(evs, "end");
+  EXPECT_EQ(evs.size(), 14u);                         // started, 12 tokens, end
+  engine_->fail_oom_at_eval = engine_->evals.load();  // the next job's prompt
+  auto b = make_job("b", "Lily", 5);
+  ASSERT_EQ(r->submit(b), JobRunner::Admission::Accepted);
+  const auto evb = collect(*b);
+  expect_well_formed(evb, "error");
+  EXPECT_EQ(evb.size(), 2u);
+  EXPECT_EQ(evb.back().data["code"], "VRAM_OOM");
+}
+
 // Queued jobs ended by the shutdown get `started` first too (issue 15 row 9).
 // REQ: M0-W-1340 M0-W-1630 WRK-D13 WRK-D6
 TEST_F(ServerJobRunner, StopEndsEveryJobWithExactlyOneTerminal) {

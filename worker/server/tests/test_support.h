@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -62,6 +63,9 @@ class ControlledEngine final : public Engine {
   std::atomic<int> evals{0};
   std::atomic<int> resets{0};
   std::atomic<bool> resident{true};
+  // eval_overlapped calls its `meanwhile` after the work (as late as a GPU backend may: after
+  // queueing everything) instead of the default's before it.
+  std::atomic<bool> meanwhile_last{false};
 
   const ModelConfig& config() const override { return inner_->config(); }
   BackendInfo info() const override { return inner_->info(); }
@@ -80,6 +84,12 @@ class ControlledEngine final : public Engine {
     if (const int d = eval_delay_ms.load(); d > 0)
       std::this_thread::sleep_for(std::chrono::milliseconds(d));
     inner_->eval(tokens, all_logits);
+  }
+  void eval_overlapped(std::span<const int32_t> tokens, bool all_logits,
+                       const std::function<void()>& meanwhile) override {
+    if (!meanwhile_last.load()) return Engine::eval_overlapped(tokens, all_logits, meanwhile);
+    eval(tokens, all_logits);
+    if (meanwhile) meanwhile();
   }
   std::span<const float> logits() const override { return inner_->logits(); }
   std::span<const float> logits_at(size_t i) const override { return inner_->logits_at(i); }
