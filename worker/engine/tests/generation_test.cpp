@@ -70,6 +70,17 @@ std::vector<int32_t> bytes(const std::string& s) {
   return v;
 }
 
+// A greedy request for `prompt`, tokenized as generate()'s callers do.
+GenerationRequest greedy_request(const Tokenizer& tok, const std::string& prompt,
+                                 int32_t max_tokens) {
+  GenerationRequest req;
+  req.prompt = prompt;
+  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
+  req.max_tokens = max_tokens;
+  req.sampling.temperature = 0.0f;
+  return req;
+}
+
 struct Run {
   GenerationResult res;
   std::vector<std::string> events;
@@ -81,11 +92,7 @@ Run run(const std::string& script, std::vector<std::string> stop, int32_t max_to
   if (eos_at_end) ids.push_back(kEos);
   ScriptedEngine eng(ids);
   ByteTokenizer tok;
-  GenerationRequest req;
-  req.prompt = "hi";
-  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
-  req.max_tokens = max_tokens;
-  req.sampling.temperature = 0.0f;
+  GenerationRequest req = greedy_request(tok, "hi", max_tokens);
   req.stop = std::move(stop);
   Run r;
   GenerationCallbacks cb;
@@ -164,11 +171,7 @@ TEST(EngineGeneration, MultibyteCharactersNeverSplitAcrossEvents) {
 TEST(EngineGeneration, ShouldStopPolledBeforeEveryForwardPass) {
   ScriptedEngine eng(bytes("abcdefgh"));
   ByteTokenizer tok;
-  GenerationRequest req;
-  req.prompt = "p";
-  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
-  req.max_tokens = 100;
-  req.sampling.temperature = 0.0f;
+  const GenerationRequest req = greedy_request(tok, "p", 100);
   int polls = 0;
   GenerationCallbacks cb;
   cb.should_stop = [&] { return ++polls > 3; };  // prefill + 2 decode passes allowed
@@ -197,11 +200,7 @@ TEST(EngineGeneration, PromptRunningHookOnceBeforeAnyText) {
   };
   Overlapping eng(bytes("abcdef"));
   ByteTokenizer tok;
-  GenerationRequest req;
-  req.prompt = "pq";
-  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
-  req.max_tokens = 4;
-  req.sampling.temperature = 0.0f;
+  const GenerationRequest req = greedy_request(tok, "pq", 4);
   std::vector<std::string> seen;
   GenerationCallbacks cb;
   cb.on_prompt_running = [&] { seen.push_back("running@" + std::to_string(eng.n_past())); };
@@ -226,11 +225,7 @@ TEST(EngineGeneration, PromptRunningHookOnceBeforeAnyText) {
 TEST(EngineGeneration, MaxTokensCappedByContextAndValidated) {
   ScriptedEngine eng(bytes("abcdefghijkl"), 6);
   ByteTokenizer tok;
-  GenerationRequest req;
-  req.prompt = "pp";  // 2 tokens, context 6 -> at most 4 new tokens
-  req.prompt_tokens = tokenize_prompt(tok, req.prompt, false);
-  req.max_tokens = 100;
-  req.sampling.temperature = 0.0f;
+  GenerationRequest req = greedy_request(tok, "pp", 100);  // 2 tokens, context 6: <= 4 new
   const auto res = generate(eng, tok, req, {});
   EXPECT_EQ(res.tokens.size(), 4u);
   EXPECT_EQ(res.stop_reason, StopReason::MaxTokens);
