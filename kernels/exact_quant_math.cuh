@@ -29,10 +29,13 @@
 #define EXQ_HD __host__ __device__ __forceinline__
 // Full unrolling of the constant-trip loops on the GPU (register arrays stay in registers);
 // nothing for the host compiler.
+// EXQ_NO_UNROLL keeps a loop rolled on the GPU.
 #if defined(__CUDA_ARCH__)
 #define EXQ_UNROLL _Pragma("unroll")
+#define EXQ_NO_UNROLL _Pragma("unroll 1")
 #else
 #define EXQ_UNROLL
+#define EXQ_NO_UNROLL
 #endif
 
 namespace worker::kern::exact::qm {

@@ -294,19 +294,21 @@ void launch(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gem
   launch_kernel<T, FL, TT, false, BR>(pf, l, a, n_tok, gemm_end, accumulate, stream);
 }
 
-// The smallest token tile: 16-row tiles for batches of up to 32 tokens where 32-row ones leave
-// SMs without two CTAs (twice the CTAs, each thread half the rows' chains). Measured on the
-// H100 (kernel_bench, us, 32 -> 16 rows): Q8_0 896 x 4864 at 16 tokens 28.5 -> 23.0, 896 x 896
-// 5.8 -> 5.3; Q4_K (repacked) 896 x 4864 at 32 31.7 -> 25.8. Q6_K's alone is slower (32.5 ->
-// 37.1 at 32 tokens) but the Q4_K_M 32-token prompt, whose down projections are Q4_K and Q6_K,
-// ran 11.5k tok/s with it and 10.3k without (decode_bench; the kernel alone back to back is not
-// how it runs in the model). Not kept: 64 tokens and more (896 x 4864 Q8_0 46.0 -> 63.6, Q4_K
-// 128 tokens 52.4 -> 74.5).
+// The smallest token tile: 16-row tiles for batches of up to 32 tokens (Q0Lanes: 64) where
+// 32-row ones leave SMs without two CTAs (twice the CTAs, each thread half the rows' chains).
+// Measured on the H100 (kernel_bench, us, 32 -> 16 rows): Q8_0 896 x 4864 at 16 tokens 28.5
+// -> 23.0, 896 x 896 5.8 -> 5.3; Q4_K (repacked) 896 x 4864 at 32 31.7 -> 25.8. Q6_K's alone is
+// slower (32.5 -> 37.1 at 32 tokens) but the Q4_K_M 32-token prompt, whose down projections are
+// Q4_K and Q6_K, ran 11.5k tok/s with it and 10.3k without (decode_bench; the kernel alone back
+// to back is not how it runs in the model). At 64 tokens only Q0Lanes gains since its full
+// steps run without per-unit tests (Q8_0 896 x 4864 45.9 -> 43.4, 896 x 896 9.5 -> 9.3; Q4_K
+// 33.1 -> 56.8, Q6_K 45.4 -> 54.4, Q4_0 (rep) 27.6 -> 31.5); 128 tokens and more: 32 rows.
 template <GgmlType T, Flavor FL, int TT>
 void launch_small(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int gemm_end,
                   bool accumulate, cudaStream_t stream, int prefetch) {
   const int64_t bt = Geo<FL, TT>::BT;
-  if (n_tok <= 32 &&
+  constexpr int kSmallMaxTokens = FL == Flavor::Q0Lanes ? 64 : 32;
+  if (n_tok <= kSmallMaxTokens &&
       static_cast<int64_t>(l.tiles(kBR)) * ((n_tok + bt - 1) / bt) < 2 * sm_count()) {
     launch<T, FL, TT, kBR / 2>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);
   } else {
