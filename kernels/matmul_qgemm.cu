@@ -61,12 +61,17 @@ using qg::Stage;
 using qm::Flavor;
 
 // CTAs per SM the register budget is sized for (__launch_bounds__): 3 for the Q0 tiles, 2
-// for the K-quant and repack tiles (their chains / integer sums need up to 128 registers);
-// one more for the tiles of fewer rows (fewer chains a thread; small grids want residents:
-// Q4KRep spills 4-44 bytes at 80 registers, measured faster still: 31.7 -> 25.8 us at 32 tokens).
-template <Flavor FL, int TT, int BR>
+// for the K-quant and repack tiles (their chains / integer sums need up to 128 registers).
+// The 16-row tiles run where the 32-row grid leaves SMs without two CTAs: up to 32 tokens
+// (the ring) they want registers more than residents, Q0Lanes 2 and the others 1 (Q4KRep
+// without spills); Q0Lanes' 33-64-token tiles (no ring, up to 448 CTAs) want residents, 4.
+// H100, same call, prompt tok/s vs the previous 4 / 3: Q8_0 32 tokens 12.2k -> 13.1-13.3k,
+// Q4_K_M 11.1k -> 12.8k; 64 tokens with 2 there: Q8_0 18.9k -> 17.3k.
+template <Flavor FL, int TT, int BR, bool RING>
 constexpr int min_blocks() {
-  return (FL == Flavor::Q0Lanes ? 3 : 2) + (BR < kBR ? 1 : 0);
+  if constexpr (BR == kBR) return FL == Flavor::Q0Lanes ? 3 : 2;
+  if constexpr (FL == Flavor::Q0Lanes) return RING ? 2 : 4;
+  return 1;
 }
 
 // Dynamic shared memory of a tile: Smem, then (ring) kRing stages of raw weight bytes.
@@ -117,7 +122,7 @@ __device__ __forceinline__ int seg_of(const QSegs& sg, int bx) {
 }
 
 template <GgmlType T, Flavor FL, int TT, bool PF, bool RING, bool MULTI, int BR>
-__global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR>())
+__global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR, RING>())
     qgemm_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
                  const float* __restrict__ ad, const int32_t* __restrict__ abs, int n_tok,
                  int gemm_end, int accumulate) {
