@@ -41,6 +41,11 @@ void carveout_for_occupancy(const void* kernel, unsigned threads, size_t dynamic
 // SMs of the current device, read once (132 if the query fails): tile choices that only need
 // the order of magnitude.
 int sm_count();
+// Dynamic shared memory that lets one block per SM (H100 / H200: 228 KB an SM, 1 KB a block
+// reserved; two blocks of this much do not fit). A grid no larger than the SMs launched with
+// at least this much runs one block on each of its SMs: with room for two, the blocks of the
+// next launch (PDL, launched early) doubled up on some SMs while others idled.
+constexpr size_t kOneBlockPerSmSmem = size_t{116} * 1024;
 
 template <typename... KArgs, typename... Args>
 void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,

@@ -24,7 +24,7 @@
 //    depends on the whole batch, not on this call's tokens), cpu::dot_tinyblas /
 //    dot_bf16_tinyblas: 16 lanes per output, lane l takes elements 16i + l (F32/F16, FMA)
 //    or the pairs (32i + 2l, 32i + 2l + 1) (BF16, dpbf16); then hsum16.
-//    tinyblas_kernel: a block computes 32 rows x 32 tokens or 16 x 16; k in chunks of 64
+//    tinyblas_kernel: a block computes 32 rows x 32 tokens or 16 x 16; k in chunks of 128
 //    staged in shared memory as floats (exact conversions; a partial last chunk padded with
 //    products -0, which leave every chain unchanged); thread (group g, lane l) owns lane l
 //    of 8 rows x 8 tokens or 4 x 4 (64 or 16 register chains, each in index order); hsum16
@@ -266,36 +266,45 @@ __global__ void __launch_bounds__(kVdThreads)
 // matrices at <= 64 tokens: the 76-chunk K loop of a down projection then runs on four times
 // as many SMs); launch_tinyblas picks.
 //
-// k runs in chunks of 64 through a ring of kStages shared-memory stages filled by cp.async (the
-// raw weights and the activations, 16-byte copies; the weights are requested before
-// griddep_wait()): chunk c + kStages - 1 is requested while chunk c's math runs, so that a
-// short batch's K loop is not one global round trip per chunk. Each thread converts the weight
-// words it copied itself into a float stage (exact conversions) once they have landed, so one
-// barrier per chunk orders everything.
+// k runs in chunks of kK (128) through two rings of shared-memory stages filled by cp.async
+// (16-byte copies): the raw weights, kSw stages, requested kSw - 1 chunks ahead (the first ones
+// before griddep_wait(): they never depend on the previous kernel), and the activations, kSx <
+// kSw stages, kSx - 1 chunks ahead; so a short batch's K loop is not one global round trip per
+// chunk. Each thread converts the weight words it copied itself into a float stage (exact
+// conversions) once they have landed, so one barrier per chunk orders everything.
 //
-// Elements past cols (cols % 64 != 0) are padded with weight +0 and activation -0: their
+// A grid no larger than the SMs is launched with its shared memory padded so that one block
+// fits an SM: with room for two, the blocks of the next launch (PDL, launched early) doubled up
+// on some SMs while others idled (F16 prompt of 32 tokens +31%, 128 tokens +19%; v18).
+//
+// Elements past cols (cols % kK != 0) are padded with weight +0 and activation -0: their
 // product is -0, and fma(+0, -0, c) = c + (-0) = c for every c (also c = +-0, inf, NaN),
 // likewise (c + (-0)) + (-0) = c for dpbf16; so the chains are the unpadded ones and the
 // inner loop has no bounds checks.
 constexpr int kTbThreads = 256;
-constexpr int kTbK = 64;
-// Row strides of the float stages (floats). The two groups of a warp share gm (the same
-// weight words: broadcast) and have gn one apart: tokens one row apart, 80 = 16 mod 32
-// banks, so their 16 lanes each hit disjoint banks.
-constexpr int kWLd = kTbK + 4;
-constexpr int kXLd = kTbK + 16;
-
 template <GgmlType T, int TM, int TN>
 struct TbGeom {
   static constexpr int kBM = 4 * TM, kBN = 4 * TN;  // tile rows, tokens
+  // Elements a chunk, raw weight stages, activation stages (H100, F16 prompt tok/s against
+  // 64 / 4 / 4 for both tiles, perf-notes v18). BF16's 8 x 8 tile keeps 64-element chunks
+  // (128: 56 bytes of spills).
+  static constexpr bool kBfBig = T == GgmlType::BF16 && TM == 8;
+  static constexpr int kK = kBfBig ? 64 : 128;
+  static constexpr int kSw = kBfBig ? 5 : (TM == 8 ? 3 : 8);
+  static constexpr int kSx = kBfBig ? 3 : (TM == 8 ? 2 : 3);
+  static_assert(kSx >= 2 && kSw > kSx, "the weights run ahead of the activations");
+  // Row strides of the float stages (floats). The two groups of a warp share gm (the same
+  // weight words: broadcast) and have gn one apart: tokens one row apart, kK + 16 = 16 mod 32
+  // banks, so their 16 lanes each hit disjoint banks.
+  static constexpr int kWLd = kK + 4;
+  static constexpr int kXLd = kK + 16;
   static constexpr int kEsz = T == GgmlType::F32 ? 4 : 2;
-  static constexpr int kWUnitEl = 16 / kEsz;          // weights in a 16-byte copy
-  static constexpr int kWUnitsRow = kTbK / kWUnitEl;  // copies per row and chunk
-  static constexpr int kWUnits = kBM * kWUnitsRow;    // weight copies per chunk
-  static constexpr int kXUnits = kBN * kTbK / 4;      // activation copies per chunk
-  static constexpr int kStages = 4;
-  static constexpr int kRawBytes = kStages * kBM * kTbK * kEsz;
-  static constexpr int kXFloats = kStages * kBN * kXLd;
+  static constexpr int kWUnitEl = 16 / kEsz;        // weights in a 16-byte copy
+  static constexpr int kWUnitsRow = kK / kWUnitEl;  // copies per row and chunk
+  static constexpr int kWUnits = kBM * kWUnitsRow;  // weight copies per chunk
+  static constexpr int kXUnits = kBN * kK / 4;      // activation copies per chunk
+  static constexpr int kRawBytes = kSw * kBM * kK * kEsz;
+  static constexpr int kXFloats = kSx * kBN * kXLd;
   static constexpr int kWFloats = 2 * kBM * kWLd;
   static constexpr size_t kSmem = kRawBytes + sizeof(float) * (kXFloats + kWFloats);
   static constexpr int kMinBlocks = TM == 8 ? 2 : 3;
@@ -351,10 +360,10 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
   using G = TbGeom<T, TM, TN>;
   constexpr bool kBf = T == GgmlType::BF16;
-  constexpr int kBM = G::kBM, kBN = G::kBN, kS = G::kStages;
+  constexpr int kBM = G::kBM, kBN = G::kBN, kSw = G::kSw, kSx = G::kSx;
   extern __shared__ __align__(16) unsigned char tb_smem[];
-  uint8_t* const raw = tb_smem;                                        // [kS][kBM][kTbK] raw
-  float* const xs = reinterpret_cast<float*>(tb_smem + G::kRawBytes);  // [kS][kBN][kXLd]
+  uint8_t* const raw = tb_smem;                                        // [kSw][kBM][kK] raw
+  float* const xs = reinterpret_cast<float*>(tb_smem + G::kRawBytes);  // [kSx][kBN][kXLd]
   float* const ws = xs + G::kXFloats;                                  // [2][kBM][kWLd]
   const int tid = static_cast<int>(threadIdx.x);
   const int bx = static_cast<int>(blockIdx.x);
@@ -366,19 +375,20 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
   const int blk0 = seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]);
   const int m0 = (bx - blk0) * kBM, n0 = static_cast<int>(blockIdx.y) * kBN;
-  const int n_chunks = (cols + kTbK - 1) / kTbK;
+  const int n_chunks = (cols + G::kK - 1) / G::kK;
 
-  // Chunk c's copies into stage c % kS (cols is a multiple of 16: a copy is all in or all out).
+  // Chunk c's copies into stages c % kSw and c % kSx (cols is a multiple of 16: a copy is all
+  // in or all out).
   auto issue_w = [&](int c) {
     if (c >= n_chunks) return;
-    const int k0 = c * kTbK;
-    uint8_t* const st = raw + static_cast<size_t>(c % kS) * kBM * kTbK * G::kEsz;
+    const int k0 = c * G::kK;
+    uint8_t* const st = raw + static_cast<size_t>(c % kSw) * kBM * G::kK * G::kEsz;
 #pragma unroll
     for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
       const int u = tid + i * kTbThreads;
       if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
       const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
-      void* dst = st + (r * kTbK + e) * G::kEsz;
+      void* dst = st + (r * G::kK + e) * G::kEsz;
       if (m0 + r < rows && k0 + e < cols) {
         copy16<G::kEsz, kVec>(dst,
                               w + static_cast<size_t>(m0 + r) * row_bytes + (k0 + e) * G::kEsz);
@@ -389,14 +399,14 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   };
   auto issue_x = [&](int c) {
     if (c >= n_chunks) return;
-    const int k0 = c * kTbK;
-    float* const st = xs + static_cast<size_t>(c % kS) * kBN * kXLd;
+    const int k0 = c * G::kK;
+    float* const st = xs + static_cast<size_t>(c % kSx) * kBN * G::kXLd;
 #pragma unroll
     for (int i = 0; i < (G::kXUnits + kTbThreads - 1) / kTbThreads; ++i) {
       const int u = tid + i * kTbThreads;
       if (G::kXUnits % kTbThreads != 0 && u >= G::kXUnits) break;
-      const int t = u / (kTbK / 4), e = (u % (kTbK / 4)) * 4;
-      float* dst = st + t * kXLd + e;
+      const int t = u / (G::kK / 4), e = (u % (G::kK / 4)) * 4;
+      float* dst = st + t * G::kXLd + e;
       if (n0 + t < n_tok && k0 + e < cols) {
         copy16<4, kVec>(
             dst, reinterpret_cast<const uint8_t*>(x + static_cast<size_t>(n0 + t) * cols + k0 + e));
@@ -407,15 +417,15 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   };
   // The weight words this thread copied for chunk c, as floats, into float stage c & 1.
   auto convert = [&](int c) {
-    const uint8_t* const st = raw + static_cast<size_t>(c % kS) * kBM * kTbK * G::kEsz;
-    float* const wf = ws + (c & 1) * kBM * kWLd;
+    const uint8_t* const st = raw + static_cast<size_t>(c % kSw) * kBM * G::kK * G::kEsz;
+    float* const wf = ws + (c & 1) * kBM * G::kWLd;
 #pragma unroll
     for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
       const int u = tid + i * kTbThreads;
       if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
       const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
-      const uint4 q = *reinterpret_cast<const uint4*>(st + (r * kTbK + e) * G::kEsz);
-      float4* d = reinterpret_cast<float4*>(wf + r * kWLd + e);
+      const uint4 q = *reinterpret_cast<const uint4*>(st + (r * G::kK + e) * G::kEsz);
+      float4* d = reinterpret_cast<float4*>(wf + r * G::kWLd + e);
       if constexpr (T == GgmlType::F32) {
         d[0] = make_float4(__uint_as_float(q.x), __uint_as_float(q.y), __uint_as_float(q.z),
                            __uint_as_float(q.w));
@@ -429,16 +439,21 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     }
   };
 
-  // Prologue: chunks 0 .. kS - 2 in flight (weights before the wait), chunk 0 converted.
+  // cp.async groups: W (the weights of chunks 0 .. kSw - 2, requested before the PDL wait),
+  // then two a chunk j: A_j (the activations of chunk j) and B_j (the weights of chunk
+  // j + kSw - kSx; empty for the first kSx - 1). A_j is group 2j after W, so chunk j has
+  // landed once at most 2 kSx - 3 newer groups are pending (its weights are older: kSw > kSx).
 #pragma unroll
-  for (int c = 0; c < kS - 1; ++c) issue_w(c);
+  for (int c = 0; c < kSw - 1; ++c) issue_w(c);
+  cp_async_commit();
   griddep_wait();
 #pragma unroll
-  for (int c = 0; c < kS - 1; ++c) {
+  for (int c = 0; c < kSx - 1; ++c) {
     issue_x(c);
-    cp_async_commit();  // group c: chunk c's activations (group 0 also every weight above)
+    cp_async_commit();
+    cp_async_commit();
   }
-  cp_async_wait<kS - 2>();
+  cp_async_wait<2 * kSx - 3>();
   convert(0);
   __syncthreads();
 
@@ -450,20 +465,22 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = 0.0f;
   }
   for (int c = 0; c < n_chunks; ++c) {
-    // Stage (c - 1) % kS was last read in chunk c - 1, before the barrier that ended it.
-    issue_w(c + kS - 1);
-    issue_x(c + kS - 1);
+    // Stages (c - 1) % kSx and (c - 1) % kSw were last read in chunk c - 1 (its math, its
+    // conversion), before the barrier that ended it.
+    issue_x(c + kSx - 1);
     cp_async_commit();
-    const float* const wf = ws + (c & 1) * kBM * kWLd + gm * TM * kWLd;
-    const float* const xf = xs + static_cast<size_t>(c % kS) * kBN * kXLd + gn * kXLd;
+    issue_w(c + kSw - 1);
+    cp_async_commit();
+    const float* const wf = ws + (c & 1) * kBM * G::kWLd + gm * TM * G::kWLd;
+    const float* const xf = xs + static_cast<size_t>(c % kSx) * kBN * G::kXLd + gn * G::kXLd;
     if constexpr (!kBf) {
 #pragma unroll
-      for (int kk = 0; kk < kTbK; kk += 16) {
+      for (int kk = 0; kk < G::kK; kk += 16) {
         float a[TM], b[TN];
 #pragma unroll
-        for (int mi = 0; mi < TM; ++mi) a[mi] = wf[mi * kWLd + kk + l];
+        for (int mi = 0; mi < TM; ++mi) a[mi] = wf[mi * G::kWLd + kk + l];
 #pragma unroll
-        for (int ni = 0; ni < TN; ++ni) b[ni] = xf[4 * ni * kXLd + kk + l];
+        for (int ni = 0; ni < TN; ++ni) b[ni] = xf[4 * ni * G::kXLd + kk + l];
 #pragma unroll
         for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
@@ -472,14 +489,14 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
       }
     } else {
 #pragma unroll
-      for (int kk = 0; kk < kTbK; kk += 32) {
+      for (int kk = 0; kk < G::kK; kk += 32) {
         float2 a[TM], b[TN];
 #pragma unroll
         for (int mi = 0; mi < TM; ++mi)
-          a[mi] = *reinterpret_cast<const float2*>(wf + mi * kWLd + kk + 2 * l);
+          a[mi] = *reinterpret_cast<const float2*>(wf + mi * G::kWLd + kk + 2 * l);
 #pragma unroll
         for (int ni = 0; ni < TN; ++ni)
-          b[ni] = *reinterpret_cast<const float2*>(xf + 4 * ni * kXLd + kk + 2 * l);
+          b[ni] = *reinterpret_cast<const float2*>(xf + 4 * ni * G::kXLd + kk + 2 * l);
 #pragma unroll
         for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
@@ -489,9 +506,9 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
       }
     }
     if (c + 1 < n_chunks) {
-      // Chunk c + 1's groups have landed (at most kS - 2 newer ones in flight); float stage
-      // (c + 1) & 1 was last read in chunk c - 1.
-      cp_async_wait<kS - 2>();
+      // Chunk c + 1 has landed (A_{c+1} and what is older); float stage (c + 1) & 1 was last
+      // read in chunk c - 1.
+      cp_async_wait<2 * kSx - 3>();
       convert(c + 1);
       __syncthreads();
     }
@@ -526,15 +543,19 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
                     cudaStream_t st) {
   using G = TbGeom<T, TM, TN>;
   auto* kernel = tinyblas_kernel<T, TM, TN, kVec>;
+  constexpr size_t kPadded = G::kSmem > kOneBlockPerSmSmem ? G::kSmem : kOneBlockPerSmSmem;
   static const bool attr_set = [kernel] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(G::kSmem)));
+                                    static_cast<int>(kPadded)));
     return true;
   }();
   (void)attr_set;
+  const int tok_blocks = (n_tok + G::kBN - 1) / G::kBN;
+  // A grid no larger than the SMs runs one block an SM (launch.cuh).
+  const bool one_per_sm = static_cast<int64_t>(blocks) * tok_blocks <= sm_count();
   launch_pdl_smem("exact_float_tinyblas", kernel,
-                  dim3(static_cast<unsigned>(blocks), (n_tok + G::kBN - 1) / G::kBN),
-                  dim3(kTbThreads), G::kSmem, st, sg, cols, x, n_tok, acc);
+                  dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tok_blocks)),
+                  dim3(kTbThreads), one_per_sm ? kPadded : G::kSmem, st, sg, cols, x, n_tok, acc);
 }
 
 // One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i]. 32 x 32 tiles

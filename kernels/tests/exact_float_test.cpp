@@ -470,6 +470,9 @@ TEST(ExactFloatGpu, BatchTinyblasBitExact) {
       // take the 16 x 16 one), with a partial last k chunk and partial row / token tiles
       {4864, 160, 64},
       {4228, 96, 33},
+      // 64 x 2 32 x 32 tiles: the 8 x 8 kernel on a grid no larger than the SMs (launched
+      // with the shared memory of one block an SM)
+      {2048, 160, 40},
   };
   Case acc{172, 768, 5};
   acc.accumulate = true;
