@@ -1,4 +1,4 @@
-# worker_add_gtest(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS l1 l2])
+# worker_add_gtest(NAME SOURCES a.cpp b.cpp LIBS lib1 lib2 [LABELS l1 l2] [KEEP_OPT])
 # Builds one gtest binary and registers it with CTest; every run writes gtest XML into
 # ${WORKER_TEST_RESULTS_DIR}/<NAME>.xml, which tools/reqcov.py joins with the
 # "// REQ:" declarations in the test sources.
@@ -6,6 +6,8 @@
 # WORKER_TEST_CXX_OPT (e.g. -O1, -O0): the optimisation level of test code only (the gtest
 # binaries and the conformance harness), which asserts and drives but computes little; the
 # code under test keeps the build type's. CI sets it: test code is half of the compile time.
+# KEEP_OPT: a test whose own code computes (scans model files, log-softmax over the vocabulary)
+# keeps the build type's level (at -O0 under ASan those took minutes).
 set(WORKER_TEST_CXX_OPT "" CACHE STRING "Optimisation flag for test code only (empty: the build type's)")
 function(worker_test_code_options target)
   if(WORKER_TEST_CXX_OPT AND NOT WORKER_COVERAGE)
@@ -14,9 +16,11 @@ function(worker_test_code_options target)
 endfunction()
 
 function(worker_add_gtest name)
-  cmake_parse_arguments(T "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  cmake_parse_arguments(T "KEEP_OPT" "" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
-  worker_test_code_options(${name})
+  if(NOT T_KEEP_OPT)
+    worker_test_code_options(${name})
+  endif()
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main GTest::gmock
                                         worker_warnings Threads::Threads)
   target_compile_definitions(${name} PRIVATE
