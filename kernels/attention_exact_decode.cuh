@@ -47,6 +47,7 @@ namespace worker::kern::exact {
 constexpr int kDecThreads = 256;
 constexpr int kDecMaxHd = 256;
 constexpr int kDecMaxCluster = 8;
+static_assert(kDecMaxHd <= kDecThreads, "dec_rope_qkv: one element of a head a thread");
 // Up to local_keys_of<KV>() keys (n_past + 1) the decode kernel runs in local mode: each
 // block of a head's cluster computes all scores and the softmax itself (the cluster's blocks
 // then differ only in their share of KQV's output dims), no barriers across blocks, no scratch;
@@ -61,6 +62,8 @@ template <class KV>
 constexpr int local_keys_of() {
   return sizeof(typename KV::T) == 2 ? 768 : 384;
 }
+// Words of a staged FP16 key row of head_dim 64 (32 words of data, 4 of padding).
+constexpr int kDecKeyRowWords = 36;
 // The rounding of the output for the next matmul: an ActType, or kDecActNone.
 constexpr int kDecActNone = -1;
 
@@ -83,29 +86,52 @@ struct DecRope {
 // The projections q / k / v are read through L2 (ld.global.cg): in the persistent decode kernel
 // other blocks of the same launch wrote them, and an SM's L1 may hold an earlier layer's values.
 //
-// One head of bias_rope_store's ops before the store: dst = RoPE(src + bias) for the first
-// n_rot dims, src + bias for the rest; cs: the position's {cos, sin} pairs.
-__device__ __forceinline__ void dec_rope_head(const float* src, const float* bias, const float2* cs,
-                                              int hd, int n_rot, int neox, float* dst) {
-  const int half = n_rot / 2;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-    float x0 = __ldcg(src + i0), x1 = __ldcg(src + i1);
-    if (bias != nullptr) {
-      x0 = x0 + bias[i0];
-      x1 = x1 + bias[i1];
-    }
-    const float2 c = cs[i];
-    float d0, d1;
-    math::rope_pair(x0, x1, c.x, c.y, d0, d1);
-    dst[i0] = d0;
-    dst[i1] = d1;
+// One head's bias_rope_store ops before the store, for q (query head h) and k / v (its KV
+// group at offset go): dst = RoPE(src + bias) for the first n_rot dims, src + bias for the
+// rest; v + bias. cs: the position's {cos, sin} pairs. Every load (through L2: other blocks
+// wrote q / k / v) is issued before the first is used: one memory round trip, not three.
+// hd <= kDecThreads (kDecMaxHd): one element (or pair) a thread.
+struct DecRopeSrc {
+  const float *src, *bias;
+  float* dst;
+};
+__device__ __forceinline__ void dec_rope_qkv(DecRopeSrc q, DecRopeSrc k, DecRopeSrc v,
+                                             const float2* cs, int hd, int n_rot, int neox) {
+  const int tid = static_cast<int>(threadIdx.x), half = n_rot / 2;
+  const bool pair = tid < half, tail = n_rot + tid < hd, vt = tid < hd;
+  const int i0 = neox ? tid : 2 * tid, i1 = neox ? tid + half : 2 * tid + 1, it = n_rot + tid;
+  float q0 = 0.0f, q1 = 0.0f, k0 = 0.0f, k1 = 0.0f, qt = 0.0f, kt = 0.0f, vv = 0.0f;
+  if (pair) {
+    q0 = __ldcg(q.src + i0);
+    q1 = __ldcg(q.src + i1);
+    k0 = __ldcg(k.src + i0);
+    k1 = __ldcg(k.src + i1);
   }
-  for (int d = n_rot + threadIdx.x; d < hd; d += blockDim.x) {
-    float x = __ldcg(src + d);
-    if (bias != nullptr) x = x + bias[d];
-    dst[d] = x;
+  if (tail) {
+    qt = __ldcg(q.src + it);
+    kt = __ldcg(k.src + it);
   }
+  if (vt) vv = __ldcg(v.src + tid);
+  if (pair) {
+    const float2 c = cs[tid];
+    const auto rot = [&](const DecRopeSrc& o, float x0, float x1) {
+      if (o.bias != nullptr) {
+        x0 = x0 + o.bias[i0];
+        x1 = x1 + o.bias[i1];
+      }
+      float d0, d1;
+      math::rope_pair(x0, x1, c.x, c.y, d0, d1);
+      o.dst[i0] = d0;
+      o.dst[i1] = d1;
+    };
+    rot(q, q0, q1);
+    rot(k, k0, k1);
+  }
+  if (tail) {
+    q.dst[it] = q.bias != nullptr ? qt + q.bias[it] : qt;
+    k.dst[it] = k.bias != nullptr ? kt + k.bias[it] : kt;
+  }
+  if (vt) v.dst[tid] = v.bias != nullptr ? vv + v.bias[tid] : vv;
 }
 
 // The cluster barrier's arrive has release and its wait acquire semantics at cluster scope
@@ -148,7 +174,12 @@ struct DecSmem {
   float qr[kDecMaxHd];
   float knew[kDecMaxHd];
   float vnew[kDecMaxHd];
-  float r32[32 * kDecMaxHd];
+  union {
+    float r32[32 * kDecMaxHd];  // KQV's partial chains
+    // The scores' FP16 key rows (head_dim 64), kDecThreads at a time, padded to
+    // kDecKeyRowWords words so that a quarter warp's 16-byte reads of 8 rows hit distinct banks.
+    uint32_t krows[kDecThreads * kDecKeyRowWords];
+  };
   float shf[32];
   double shd[32];
   float sh_inv;
@@ -222,15 +253,10 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   if constexpr (ROPE) {
     const float2* cs = rp.table + static_cast<size_t>(n_past) * (rp.n_rot / 2);
     const size_t go = static_cast<size_t>(g) * hd;
-    dec_rope_head(qh, rp.bq != nullptr ? rp.bq + static_cast<size_t>(h) * hd : nullptr, cs, hd,
-                  rp.n_rot, rp.neox, qr);
-    dec_rope_head(rp.k_new + go, rp.bk != nullptr ? rp.bk + go : nullptr, cs, hd, rp.n_rot, rp.neox,
-                  knew);
-    for (int d = tid; d < hd; d += kDecThreads) {
-      float x = __ldcg(rp.v_new + go + d);
-      if (rp.bv != nullptr) x = x + rp.bv[go + d];
-      vnew[d] = x;
-    }
+    dec_rope_qkv({qh, rp.bq != nullptr ? rp.bq + static_cast<size_t>(h) * hd : nullptr, qr},
+                 {rp.k_new + go, rp.bk != nullptr ? rp.bk + go : nullptr, knew},
+                 {rp.v_new + go, rp.bv != nullptr ? rp.bv + go : nullptr, vnew}, cs, hd, rp.n_rot,
+                 rp.neox);
     __syncthreads();
     const bool store = r == 0 && h % group == 0;  // one block per KV group
     const size_t row = static_cast<size_t>(n_past) * kv_dim + go;
@@ -271,40 +297,58 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   };
   if (sizeof(T) == 2 && hd == 64 && j_hi - j_lo <= kDecKeysAtOnce * kDecThreads &&
       math::aligned16(kbase) && kv_dim % 8 == 0) {
-    // FP16 cache, head_dim 64, at most kDecKeysAtOnce keys a thread (local mode): the cache
-    // rows of all of a thread's keys are loaded before the first is used (one memory round
-    // trip, not one a key), then KvF16::kq_vec's arithmetic: 64 chains of one FMA each and
-    // vecdot_reduce64.
+    // FP16 cache, head_dim 64, at most kDecKeysAtOnce keys a thread (local mode): every load
+    // of the block's key rows is issued before the first is used (one memory round trip, not
+    // one a key), coalesced (8 threads a 128-byte row: a warp's 16-byte loads touch 4 lines,
+    // where a thread a row touched 32: 8x the L1 wavefronts), then staged kDecThreads rows at
+    // a time in shared memory, where each thread runs KvF16::kq_vec's arithmetic on its own
+    // key: 64 chains of one FMA each and vecdot_reduce64.
     uint4 kr[kDecKeysAtOnce][8];
+    const int prow = tid >> 3, pc = tid & 7;  // this thread's 16 bytes: rows prow + 32 i
 #pragma unroll
     for (int t = 0; t < kDecKeysAtOnce; ++t) {
-      const int j = j_lo + tid + t * kDecThreads;
-      if (j < j_hi && j < n_cached) {
-        const uint4* src = reinterpret_cast<const uint4*>(kbase + static_cast<size_t>(j) * kv_dim);
 #pragma unroll
-        for (int c = 0; c < 8; ++c) kr[t][c] = __ldg(src + c);
-      }
-    }
-#pragma unroll
-    for (int t = 0; t < kDecKeysAtOnce; ++t) {
-      const int j = j_lo + tid + t * kDecThreads;
-      if (j >= j_hi) break;
-      if (ROPE && j >= n_cached) {
-        score(j, KV::kq_vec(knew, qs, hd, false));
-        continue;
-      }
-      float acc[64];
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const uint32_t w[4] = {kr[t][c].x, kr[t][c].y, kr[t][c].z, kr[t][c].w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int l = 8 * c + 2 * i;
-          acc[l] = fmaf(math::h2f(static_cast<uint16_t>(w[i] & 0xFFFFu)), qs[l], 0.0f);
-          acc[l + 1] = fmaf(math::h2f(static_cast<uint16_t>(w[i] >> 16)), qs[l + 1], 0.0f);
+      for (int i = 0; i < 8; ++i) {
+        const int j = j_lo + t * kDecThreads + prow + 32 * i;
+        kr[t][i] = make_uint4(0u, 0u, 0u, 0u);
+        if (j < j_hi && j < n_cached) {
+          kr[t][i] =
+              __ldg(reinterpret_cast<const uint4*>(kbase + static_cast<size_t>(j) * kv_dim) + pc);
         }
       }
-      score(j, math::vecdot_reduce64(acc));
+    }
+    uint32_t* const krows = sm.krows;
+#pragma unroll
+    for (int t = 0; t < kDecKeysAtOnce; ++t) {
+      const int j0 = j_lo + t * kDecThreads;
+      if (j0 >= j_hi) break;  // uniform over the block
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        *reinterpret_cast<uint4*>(krows + (prow + 32 * i) * kDecKeyRowWords + 4 * pc) = kr[t][i];
+      }
+      __syncthreads();
+      const int j = j0 + tid;
+      if (j < j_hi) {
+        if (ROPE && j >= n_cached) {
+          score(j, KV::kq_vec(knew, qs, hd, false));
+        } else {
+          const uint32_t* row = krows + tid * kDecKeyRowWords;
+          float acc[64];
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+            const uint4 w4 = *reinterpret_cast<const uint4*>(row + 4 * c);
+            const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              const int l = 8 * c + 2 * i;
+              acc[l] = fmaf(math::h2f(static_cast<uint16_t>(w[i] & 0xFFFFu)), qs[l], 0.0f);
+              acc[l + 1] = fmaf(math::h2f(static_cast<uint16_t>(w[i] >> 16)), qs[l + 1], 0.0f);
+            }
+          }
+          score(j, math::vecdot_reduce64(acc));
+        }
+      }
+      __syncthreads();  // krows is refilled by the next 256 keys (or reused as r32)
     }
   } else {
     for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {

@@ -188,19 +188,46 @@ __device__ __forceinline__ size_t rows_bytes(size_t rb, int r0, int r1) {
   return r1 > r0 ? static_cast<size_t>(r1 - r0) * rb : 0;
 }
 
+// f(i, ld(i)) for i = tid, tid + kThreads, ... < n in that order, kLdBatch loads a thread at a
+// time, all issued before the first is used (a loop of load-then-store waits one memory round
+// trip an element).
+constexpr int kLdBatch = 8;
+template <class Ld, class F>
+__device__ __forceinline__ void for_each_batched(int n, Ld&& ld, F&& f) {
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int i0 = 0; i0 < n; i0 += kLdBatch * kThreads) {
+    float v[kLdBatch];
+#pragma unroll
+    for (int u = 0; u < kLdBatch; ++u) {
+      const int i = i0 + u * kThreads + tid;
+      v[u] = i < n ? ld(i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kLdBatch; ++u) {
+      const int i = i0 + u * kThreads + tid;
+      if (i < n) f(i, v[u]);
+    }
+  }
+}
+// ... of n floats other blocks wrote (through L2).
+template <class F>
+__device__ __forceinline__ void for_each_l2(const float* src, int n, F&& f) {
+  for_each_batched(
+      n, [src](int i) { return __ldcg(src + i); }, f);
+}
+
 // xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2.
 // Also keeps x[r0 .. r1) in keep[0 ..].
 template <GgmlType T>
 __device__ void norm_act(float* xs, const float* x, const float* w, int n, float eps, double* shd,
                          float* sh_mean, float* keep, int r0, int r1) {
   const int tid = static_cast<int>(threadIdx.x);
-  double s = 0.0;
-  for (int i = tid; i < n; i += kThreads) {
-    const float xi = __ldcg(x + i);
+  double s = 0.0;  // thread k: columns k, k + kThreads, ... in order
+  for_each_l2(x, n, [&](int i, float xi) {
     xs[i] = xi;
     if (i >= r0 && i < r1) keep[i - r0] = xi;
     s += static_cast<double>(xi * xi);
-  }
+  });
   s = math::block_sum_double(s, shd);
   float mean;
   if (!math::rms_mean_certain(s, n, &mean)) {  // uniform: every thread has the same s
@@ -214,14 +241,15 @@ __device__ void norm_act(float* xs, const float* x, const float* w, int n, float
   }
   const float scale = math::rms_scale(mean, eps);
   __syncthreads();  // thread 0's fallback reads xs
-  for (int i = tid; i < n; i += kThreads)
-    xs[i] = math::act_round(act_type_of(T), (xs[i] * scale) * w[i]);
+  for_each_batched(
+      n, [w](int i) { return __ldg(w + i); },
+      [&](int i, float wi) { xs[i] = math::act_round(act_type_of(T), (xs[i] * scale) * wi); });
   __syncthreads();
 }
 
 // xs = n floats other blocks wrote (already rounded), from L2.
 __device__ __forceinline__ void stage_l2(float* xs, const float* src, int n) {
-  for (int i = static_cast<int>(threadIdx.x); i < n; i += kThreads) xs[i] = __ldcg(src + i);
+  for_each_l2(src, n, [xs](int i, float v) { xs[i] = v; });
   __syncthreads();
 }
 

@@ -593,7 +593,7 @@ TYPED_TEST(AttentionExactGpu, AttendActMatchesUnfusedAndCpu) {
       for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0,
                          GgmlType::Q4_0, GgmlType::Q6_K}) {
         if (!type_fits(t, 2 * group * hd)) continue;
-        for (int n_past : {0, 37, 1000}) {
+        for (int n_past : {0, 37, 600, 1000}) {
           bad += run_attend_act_case<TypeParam>(hd, group, 1, n_past, t, rng);
           ++cases;
         }
@@ -734,8 +734,9 @@ TYPED_TEST(AttentionExactGpu, RopeAttentionActMatchesUnfusedAndCpu) {
     for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
                        GgmlType::Q6_K}) {
       if (!type_fits(t, 2 * c.group * c.hd)) continue;
-      for (int n_past : {0, 1, 37, 63, 64, 1000, 4000}) {
-        if (quick() && n_past != 1 && n_past != 37) continue;  // compute-sanitizer time
+      // 300 / 700: local mode with 2 / 3 chunks of staged key rows (FP16 cache, head_dim 64)
+      for (int n_past : {0, 1, 37, 63, 64, 300, 700, 1000, 4000}) {
+        if (quick() && n_past != 1 && n_past != 300) continue;  // compute-sanitizer time
         bad += run_rope_case<TypeParam>(c, n_past, 1, t, rng);
         ++cases;
       }
