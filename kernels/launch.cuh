@@ -46,6 +46,17 @@ int sm_count();
 // at least this much runs one block on each of its SMs: with room for two, the blocks of the
 // next launch (PDL, launched early) doubled up on some SMs while others idled.
 constexpr size_t kOneBlockPerSmSmem = size_t{116} * 1024;
+// The most dynamic shared memory a kernel needing `need` bytes is launched with (its
+// cudaFuncAttributeMaxDynamicSharedMemorySize) ...
+constexpr size_t one_block_per_sm_smem(size_t need) {
+  return need > kOneBlockPerSmSmem ? need : kOneBlockPerSmSmem;
+}
+// ... and what a launch of `grid` asks for: one_block_per_sm_smem(need) when the grid is no
+// larger than the SMs (one block on each), else `need`.
+inline size_t smem_for_grid(dim3 grid, size_t need) {
+  const int64_t blocks = static_cast<int64_t>(grid.x) * grid.y * grid.z;
+  return blocks <= sm_count() ? one_block_per_sm_smem(need) : need;
+}
 
 template <typename... KArgs, typename... Args>
 void launch_pdl_smem(const char* name, void (*kernel)(KArgs...), dim3 grid, dim3 block,

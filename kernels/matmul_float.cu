@@ -544,19 +544,18 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
                     cudaStream_t st) {
   using G = TbGeom<T, TM, TN>;
   auto* kernel = tinyblas_kernel<T, TM, TN, kVec>;
-  constexpr size_t kPadded = G::kSmem > kOneBlockPerSmSmem ? G::kSmem : kOneBlockPerSmSmem;
+  constexpr size_t kPadded = one_block_per_sm_smem(G::kSmem);
   static const bool attr_set = [kernel] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kPadded)));
     return true;
   }();
   (void)attr_set;
-  const int tok_blocks = (n_tok + G::kBN - 1) / G::kBN;
+  const dim3 grid(static_cast<unsigned>(blocks),
+                  static_cast<unsigned>((n_tok + G::kBN - 1) / G::kBN));
   // A grid no larger than the SMs runs one block an SM (launch.cuh).
-  const bool one_per_sm = static_cast<int64_t>(blocks) * tok_blocks <= sm_count();
-  launch_pdl_smem("exact_float_tinyblas", kernel,
-                  dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(tok_blocks)),
-                  dim3(kTbThreads), one_per_sm ? kPadded : G::kSmem, st, sg, cols, x, n_tok, acc);
+  launch_pdl_smem("exact_float_tinyblas", kernel, grid, dim3(kTbThreads),
+                  smem_for_grid(grid, G::kSmem), st, sg, cols, x, n_tok, acc);
 }
 
 // One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i]. 32 x 32 tiles

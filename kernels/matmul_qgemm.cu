@@ -258,7 +258,7 @@ void launch_kernel(bool pf, const Launch& l, const ActBuf& a, int n_tok, int gem
   const dim3 grid(static_cast<unsigned>(sg.blk_end[2]),
                   static_cast<unsigned>((n_tok + G::BT - 1) / G::BT));
   constexpr size_t kSmem = smem_bytes<T, FL, TT, RING, BR>();
-  constexpr size_t kPadded = kSmem > kOneBlockPerSmSmem ? kSmem : kOneBlockPerSmSmem;
+  constexpr size_t kPadded = one_block_per_sm_smem(kSmem);
   static const bool attr_set = [] {
     for (auto* k : {qgemm_kernel<T, FL, TT, true, RING, false, BR>,
                     qgemm_kernel<T, FL, TT, false, RING, false, BR>,
@@ -271,13 +271,12 @@ void launch_kernel(bool pf, const Launch& l, const ActBuf& a, int n_tok, int gem
   }();
   // A grid no larger than the SMs runs one block an SM (launch.cuh; H100, prompt tok/s: Q8_0
   // 16 tokens +12%, Q4_K_M 64 tokens +6%, the other lengths alike; v18).
-  const bool one_per_sm = static_cast<int64_t>(grid.x) * static_cast<int64_t>(grid.y) <= sm_count();
   (void)attr_set;
   auto* kernel = l.n > 1 ? (pf ? qgemm_kernel<T, FL, TT, true, RING, true, BR>
                                : qgemm_kernel<T, FL, TT, false, RING, true, BR>)
                          : (pf ? qgemm_kernel<T, FL, TT, true, RING, false, BR>
                                : qgemm_kernel<T, FL, TT, false, RING, false, BR>);
-  launch_pdl_smem("exact_qgemm_kernel", kernel, grid, dim3(kThreads), one_per_sm ? kPadded : kSmem,
+  launch_pdl_smem("exact_qgemm_kernel", kernel, grid, dim3(kThreads), smem_for_grid(grid, kSmem),
                   stream, sg, l.cols, static_cast<const int8_t*>(a.q),
                   static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), n_tok,
                   gemm_end, accumulate ? 1 : 0);
