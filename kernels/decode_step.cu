@@ -5,7 +5,11 @@
 // of this one has passed its griddep_wait(), so nothing can hold an SM that a block of this
 // one still needs). Every op of a layer is split over the blocks: block c takes rows
 // [R c / G, R (c + 1) / G) of each product (G blocks), and blocks [0, n_head * C) the attention
-// (C blocks a head in local mode, as ex_attn_decode_kernel's cluster; one in exchange mode).
+// (C blocks a head, in local mode: each computes all scores, no exchange between blocks). The
+// step runs while the keys fit local mode (DecodeStep::local_keys()); beyond, the engine takes
+// the launch-per-op step, whose attention blocks of a head are a hardware cluster that splits
+// the keys (one block a head here measured 747 / 583 / 404 tok/s at depth 1024 / 2048 / 4096
+// on the H100, 0.5B F16, against 1,044 at 512: perf-notes v19).
 //
 // Dependencies: after its share of op k, a block adds 1 to counter k (red.release.gpu, after a
 // barrier of the block); a block that needs op k's outputs spins until counter k reaches G
@@ -350,8 +354,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   issue_p(p.layers[0]);
   // n_past: the step's io, copied before the embedding kernel (which this launch follows)
   const int n_past = p.d_n_past[0];
-  const bool local = n_past + 1 <= p.layers[0].attn.local_keys;
-  const int C = local ? p.cv : 1;
+  if (n_past + 1 > p.layers[0].attn.local_keys) __trap();  // the engine's contract: local mode
+  const int C = p.cv;
   griddep_wait();  // the embedding of this step's token (m.x)
   // Wo and down: x[e0 + i] += the row's dot (the block's rows of x are in xres)
   const auto add_residual = [&](int i, float d) {
@@ -688,6 +692,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   st->smem_ = smem;
   auto* base = static_cast<uint8_t*>(m.device_mem);
   const auto finish = [&](auto& p, auto table) {
+    st->local_keys_ = table[0].attn.local_keys;
     const size_t bytes = table.size() * sizeof(table[0]);
     CUDA_CHECK(cudaMemcpy(base, table.data(), bytes, cudaMemcpyHostToDevice));
     p.layers = reinterpret_cast<decltype(p.layers)>(base);

@@ -85,6 +85,9 @@ class DecodeStep {
   static int trace_points();  // points a layer (17)
   int blocks() const { return blocks_; }
   size_t smem_bytes() const { return smem_; }
+  // The step may be launched while n_past + 1 <= local_keys() (the attention's local mode);
+  // it traps beyond.
+  int local_keys() const { return local_keys_; }
 
  private:
   DecodeStep() = default;
@@ -92,6 +95,7 @@ class DecodeStep {
   Impl* impl_ = nullptr;
   int blocks_ = 0;
   size_t smem_ = 0;
+  int local_keys_ = 0;
 };
 
 // WORKER_DECODE_STEP=0 in the environment turns the persistent decode step off (A/B

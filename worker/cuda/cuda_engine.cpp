@@ -333,7 +333,7 @@ class CudaEngine final : public Engine {
   void append_step_trace() const;
   void run_eval(std::span<const int32_t> tokens, bool all_logits,
                 const std::function<void()>* meanwhile);
-  void decode_body();
+  void decode_body(bool persistent);  // the step as the persistent kernel, or per op
   void decode_one(int32_t token);
   void trace(const char* name, int layer, const void* dev, int pos_off, int rows, int width,
              bool cache = false);
@@ -350,8 +350,10 @@ class CudaEngine final : public Engine {
   int32_t n_past_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  cudaGraph_t graph_ = nullptr;
+  cudaGraph_t graph_ = nullptr;  // the decode step one kernel per op
   cudaGraphExec_t graph_exec_ = nullptr;
+  cudaGraph_t step_graph_ = nullptr;  // ... and as the persistent kernel (step_)
+  cudaGraphExec_t step_graph_exec_ = nullptr;
 
   Arena weights_;
   std::map<const TensorInfo*, const void*> dev_ptr_;
@@ -468,6 +470,8 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
 CudaEngine::~CudaEngine() {
   if (graph_exec_) (void)cudaGraphExecDestroy(graph_exec_);
   if (graph_) (void)cudaGraphDestroy(graph_);
+  if (step_graph_exec_) (void)cudaGraphExecDestroy(step_graph_exec_);
+  if (step_graph_) (void)cudaGraphDestroy(step_graph_);
   if (cublas_) (void)cublasDestroy(cublas_);
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
@@ -825,10 +829,10 @@ void CudaEngine::append_step_trace() const {
   (void)std::fclose(f);
 }
 
-void CudaEngine::decode_body() {
+void CudaEngine::decode_body(bool persistent) {
   CUDA_CHECK(cudaMemcpyAsync(dec_.io, pin_io_.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
                              stream_));
-  if (opt_.exact && step_ && !sink_) {
+  if (persistent) {
     kern::embed(tok_embd_, dec_.io + 1, 1, dec_.x, stream_);
     step_->launch(stream_);
   } else if (opt_.exact) {
@@ -844,28 +848,33 @@ void CudaEngine::decode_one(int32_t token) {
   auto* io = static_cast<int32_t*>(pin_io_.data());
   io[0] = n_past_;
   io[1] = token;
+  // The persistent step while its attention's local mode holds the keys; beyond, one kernel per
+  // op (kernels/decode_step.cu says why). Each has its own graph, captured at its first use.
+  const bool persistent = opt_.exact && step_ && !sink_ && n_past_ + 1 <= step_->local_keys();
   if (!opt_.use_graph) {
-    decode_body();
+    decode_body(persistent);
   } else {
-    if (graph_exec_ == nullptr) {
+    cudaGraph_t& graph = persistent ? step_graph_ : graph_;
+    cudaGraphExec_t& exec = persistent ? step_graph_exec_ : graph_exec_;
+    if (exec == nullptr) {
       CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
       try {
-        decode_body();
+        decode_body(persistent);
       } catch (...) {
         cudaGraph_t g = nullptr;
         (void)cudaStreamEndCapture(stream_, &g);
         if (g) (void)cudaGraphDestroy(g);
         throw;
       }
-      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
-      CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
+      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     }
-    CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
+    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
   }
   // The pinned step buffer is reused by the next call; errors surface here (M0-W-1420).
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   d_last_ = dec_.logits;
-  if (!step_trace_path_.empty() && step_ && !sink_) append_step_trace();
+  if (!step_trace_path_.empty() && persistent) append_step_trace();
 }
 
 // eval(); `meanwhile` (eval_overlapped) runs once the last chunk's work is queued, before the

@@ -332,19 +332,65 @@ TEST(CudaEngine, ExactParityPerOpDecodeStep) {
   run_exact_parity(true, false);
 }
 
-// The persistent step's attention in exchange mode (the keys split over blocks, as beyond 768
-// keys; here forced from the first key with the test hook, which DecodeStep::plan reads): one
-// block a head, the softmax's maxima and sums through the scratch. Both caches.
+// Beyond the keys of its attention's local mode (DecodeStep::local_keys(): 768 with the FP16
+// cache, 384 with the FP32 one) the engine takes the launch-per-op step, whose attention splits
+// the keys over a cluster of blocks: a decode that crosses the boundary stays bit-identical with
+// the CPU reference, and the persistent step ran exactly the steps below it (its trace,
+// WORKER_DECODE_STEP_TRACE, has one record a persistent step). Both caches, two float models.
 // REQ: M0-W-1214 WRK-D1
-TEST(CudaEngine, ExactParityDecodeStepAttentionExchangeMode) {
+TEST(CudaEngine, DecodeCrossingThePersistentStepKeysStaysExact) {
   REQUIRE_GPU();
-  struct Restore {
-    ~Restore() { kern::exact::set_decode_local_keys_for_tests(-1); }
-  } restore;
-  kern::exact::set_decode_local_keys_for_tests(0);
-  const std::vector<std::string> only = {"qwen2-g7-f16.gguf", "llama-g2-bf16.gguf"};
-  run_exact_parity(false, true, only);
-  run_exact_parity(true, true, only);
+  constexpr int kBefore = 8, kSteps = 16;  // steps with the persistent kernel, steps in all
+  for (const bool kv_f32 : {false, true}) {
+    for (const char* name : {"qwen2-g7-f16.gguf", "llama-g2-bf16.gguf"}) {
+      SCOPED_TRACE(std::string(name) + (kv_f32 ? " kv f32" : " kv f16"));
+      const std::string path = generated_fixtures() + "/" + name;
+      ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
+      const int local = kv_f32 ? 384 : 768;
+      const fs::path trace =
+          fs::temp_directory_path() / ("decode_cross_trace_" + std::to_string(::getpid()) + ".bin");
+      fs::remove(trace);
+      auto model = load_model(path);
+      CpuEngineOptions copt;
+      copt.kv_f16 = !kv_f32;
+      auto cpu = make_cpu_engine(model, 1024, nullptr, copt);
+      CudaEngineOptions gopt;
+      gopt.kv_cache_f32 = kv_f32;
+      ::setenv("WORKER_DECODE_STEP_TRACE", trace.c_str(), 1);
+      auto gpu = make_cuda_engine(model, 1024, 0, gopt);
+      ::unsetenv("WORKER_DECODE_STEP_TRACE");
+      ASSERT_EQ(gpu->info().decode, "persistent");
+      // n_past after the prompt: local - kBefore; step i attends over n_past + i + 1 keys
+      const auto prompt = random_prompt(local - kBefore, model->config.vocab_size, 11);
+      cpu->eval(prompt, false);
+      gpu->eval(prompt, false);
+      size_t diff = 0;
+      std::string first;
+      for (int i = 0; i < kSteps; ++i) {
+        const auto& lc = cpu->logits();
+        const auto t = static_cast<int32_t>(std::max_element(lc.begin(), lc.end()) - lc.begin());
+        cpu->eval(std::span<const int32_t>(&t, 1));
+        gpu->eval(std::span<const int32_t>(&t, 1));
+        std::string f;
+        const size_t d = count_bit_differences(cpu->logits(), gpu->logits(), &f);
+        if (d > 0 && first.empty()) first = "step " + std::to_string(i) + ": " + f;
+        diff += d;
+      }
+      EXPECT_EQ(diff, 0u) << "first difference at " << first;
+      gpu.reset();
+      ASSERT_TRUE(fs::exists(trace));
+      std::vector<uint64_t> d(fs::file_size(trace) / sizeof(uint64_t));
+      std::FILE* f = std::fopen(trace.c_str(), "rb");
+      ASSERT_NE(f, nullptr);
+      ASSERT_EQ(std::fread(d.data(), sizeof(uint64_t), d.size(), f), d.size());
+      std::fclose(f);
+      fs::remove(trace);
+      ASSERT_GE(d.size(), 3u);
+      const size_t rec = 3 + (d[0] + 1) * d[1] * d[2];
+      EXPECT_EQ(d.size(), static_cast<size_t>(kBefore) * rec)
+          << "the persistent step runs the steps up to " << local << " keys, and only those";
+    }
+  }
 }
 
 // The persistent decode step's profile (WORKER_DECODE_STEP_TRACE, DecodeStep::enable_trace):
