@@ -35,7 +35,7 @@
 #include "gguf/ggml_types.h"
 #include "gguf/type_traits.h"
 #include "linear.cuh"
-#include "matvec.cuh"
+#include "weights.cuh"
 
 namespace {
 
@@ -262,7 +262,7 @@ void bench_act(Bench& b, Buffers& m) {
 }
 
 // One token: the entry points, and for each single product the kernel linear() picks
-// (matvec1_*) next to matmul's one-token path and the fast numerics' matvec.
+// (matvec1_*) next to matmul's one-token path.
 void bench_decode(Bench& b, Buffers& m, GgmlType t) {
   const std::string tn = tname(t);
   const double fl1 = 2.0;  // flops per weight element and token
@@ -282,8 +282,6 @@ void bench_decode(Bench& b, Buffers& m, GgmlType t) {
     b.time("matmul", tn, shape, 1, w.bytes(), fl, [&](cudaStream_t s) {
       ex::matmul(w.v, a, 1, ex::BatchOrder{1, 0}, m.y.get(), false, s);
     });
-    b.time("fast matvec", tn, shape, 1, w.bytes(), fl,
-           [&](cudaStream_t s) { kern::matvec(w.v, m.x.get(), m.y.get(), 1, false, s); });
   }
   if (fits(t, kE)) {
     const Weight wq(t, kQd, kE, 20), wk(t, kKd, kE, 21), wv(t, kKd, kE, 22);

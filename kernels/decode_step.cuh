@@ -25,7 +25,7 @@
 
 #include "act_round.cuh"
 #include "attention_exact.cuh"
-#include "matvec.cuh"  // WeightView
+#include "weights.cuh"  // WeightView
 
 namespace worker::kern::exact {
 

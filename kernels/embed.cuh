@@ -5,7 +5,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "matvec.cuh"
+#include "weights.cuh"
 
 namespace worker::kern {
 void embed(const WeightView& table, const int32_t* tokens, int n_tok, float* out,

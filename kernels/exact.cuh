@@ -23,8 +23,8 @@
 
 #include "act_round.cuh"
 #include "matmul.cuh"
-#include "matvec.cuh"  // WeightView
 #include "matvec1.cuh"
+#include "weights.cuh"  // WeightView
 
 namespace worker::kern::exact {
 

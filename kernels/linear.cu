@@ -1,5 +1,14 @@
 #include "linear.cuh"
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "common.cuh"
+#include "common/errors.h"
+#include "cuda_check.h"
+#include "launch.cuh"
 #include "swiglu.cuh"
 
 namespace worker::kern::exact {
@@ -108,42 +117,102 @@ void linear_rows(const WeightView& w, const ActBuf& a, int r0, int rows, int bat
 
 }  // namespace worker::kern::exact
 
+namespace worker::kern {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ T to_lowp(float f);
+template <>
+__device__ __forceinline__ __half to_lowp<__half>(float f) {
+  return __float2half_rn(f);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 to_lowp<__nv_bfloat16>(float f) {
+  return __float2bfloat16_rn(f);
+}
+
+template <typename T>
+__global__ void to_lowp_kernel(const float* __restrict__ x, T* __restrict__ out, size_t n) {
+  griddep_wait();
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) out[i] = to_lowp<T>(x[i]);
+}
+
+}  // namespace
+
+bool gemm_supported(uint32_t type) {
+  const auto t = static_cast<GgmlType>(type);
+  return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16;
+}
+
+void gemm_cublas(cublasHandle_t handle, const WeightView& w, const float* x, void* x_lowp, float* y,
+                 int n_tok, bool accumulate, cudaStream_t stream) {
+  const auto t = static_cast<GgmlType>(w.type);
+  if (!gemm_supported(w.type)) {
+    throw WorkerError(ErrorCode::Internal, "gemm_cublas: unsupported weight type " +
+                                               std::string(ggml_type_name(w.type)));
+  }
+  CUBLAS_CHECK(cublasSetStream(handle, stream));
+  const size_t n = static_cast<size_t>(n_tok) * static_cast<size_t>(w.cols);
+  const int m = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  // Row-major W [rows, cols] is column-major [cols, rows]; so y^T = op_T(W) * x^T with
+  // x [n_tok, cols] row-major = column-major [cols, n_tok].
+  auto gemm = [&](const void* b, cudaDataType_t ty, float bt) {
+    CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n_tok, k, &one, w.data, ty, k, b,
+                              ty, k, &bt, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+  };
+  if (t == GgmlType::F32) {
+    gemm(x, CUDA_R_32F, beta);
+    return;
+  }
+  // The activations are rounded to the weight type (what the CPU reference and
+  // llama.cpp do); products of 16-bit values are exact in the FP32 accumulation.
+  const unsigned blocks = static_cast<unsigned>((n + 255) / 256);
+  if (t == GgmlType::F16) {
+    auto* xh = static_cast<__half*>(x_lowp);
+    launch_pdl("to_lowp_kernel", to_lowp_kernel<__half>, dim3(blocks), dim3(256), stream, x, xh, n);
+    CUDA_CHECK_LAUNCH("to_lowp_kernel<half>");
+    gemm(xh, CUDA_R_16F, beta);
+  } else {
+    auto* xb = static_cast<__nv_bfloat16*>(x_lowp);
+    launch_pdl("to_lowp_kernel", to_lowp_kernel<__nv_bfloat16>, dim3(blocks), dim3(256), stream, x,
+               xb, n);
+    CUDA_CHECK_LAUNCH("to_lowp_kernel<bf16>");
+    gemm(xb, CUDA_R_16BF, beta);
+  }
+}
+
+}  // namespace worker::kern
+
 namespace worker::kern::fast {
 
 void linear(const Ctx& c, const WeightView& w, const float* x, int n, float* y, bool accumulate,
             cudaStream_t stream) {
   if (n >= c.gemm_min_tokens && gemm_supported(w.type)) {
     gemm_cublas(c.cublas, w, x, c.lowp, y, n, accumulate, stream);
-  } else if (exact::qgemm_takes(w.type, n, w.rows)) {
-    // quantized weights, many tokens: weights read in their blocks, no FP32 copy of any
-    // matrix (M0-W-1201)
-    exact::quantize_act(w.type, x, n, static_cast<int>(w.cols), c.act, stream);
-    exact::qgemm(w, c.act, n, exact::BatchOrder{n, 0}, y, accumulate, stream);
-  } else {
-    matvec(w, x, y, n, accumulate, stream);
+    return;
   }
+  // Otherwise the exact products (qgemm for quantized weights from its token count on): x
+  // rounded into the buffer afresh, whatever it held before.
+  exact::ActBuf a = c.act;
+  a.src = nullptr;
+  exact::linear(w, x, n, a, y, accumulate, stream);
 }
 
 void qkv(const Ctx& c, const WeightView& wq, const WeightView& wk, const WeightView& wv,
          const float* x, int n, float* q, float* k, float* v, cudaStream_t stream) {
-  if (n == 1) {
-    matvec_qkv(wq, wk, wv, x, q, k, v, stream);
-  } else {
-    linear(c, wq, x, n, q, false, stream);
-    linear(c, wk, x, n, k, false, stream);
-    linear(c, wv, x, n, v, false, stream);
-  }
+  linear(c, wq, x, n, q, false, stream);
+  linear(c, wk, x, n, k, false, stream);
+  linear(c, wv, x, n, v, false, stream);
 }
 
 void ffn(const Ctx& c, const WeightView& gate, const WeightView& up, const WeightView& down,
          const float* x, int n, float* g, float* u, float* y, cudaStream_t stream) {
-  if (n == 1) {
-    matvec_swiglu(gate, up, x, g, u, stream);
-  } else {
-    linear(c, gate, x, n, g, false, stream);
-    linear(c, up, x, n, u, false, stream);
-    swiglu(g, u, static_cast<size_t>(n) * static_cast<size_t>(gate.rows), stream);
-  }
+  linear(c, gate, x, n, g, false, stream);
+  linear(c, up, x, n, u, false, stream);
+  swiglu(g, u, static_cast<size_t>(n) * static_cast<size_t>(gate.rows), stream);
   linear(c, down, g, n, y, true, stream);
 }
 

@@ -10,8 +10,9 @@
 //   >= 32 tokens, quantized weight     qgemm                (matmul_qgemm.cu)
 //   otherwise                          matmul               (matmul_float.cu, matmul_quant.cu)
 //
-// The fast numerics (--numerics fast, namespace fast below) have the same three entry
-// points over cuBLAS and matvec.cuh's kernels.
+// The fast numerics (--numerics fast, namespace fast below) differ in prompt batches only:
+// cuBLAS for float weights from gemm_min_tokens tokens, the exact products otherwise; their
+// decode step and LM head are the exact ones.
 //
 // Inputs come with an ActBuf: the input rounded to the weight type's vec_dot_type. When
 // the buffer already holds x rounded that way (a fused norm, SwiGLU or attention wrote it)
@@ -49,8 +50,8 @@ void linear_rows(const WeightView& w, const ActBuf& a, int r0, int rows, int bat
 namespace worker::kern::fast {
 
 // What the fast products share: cuBLAS for float weights from gemm_min_tokens tokens on
-// (lowp: 16-bit staging of the input), the exact qgemm for quantized prompt batches (act:
-// its rounding buffer), matvec.cuh's kernels otherwise.
+// (lowp: 16-bit staging of the input), the exact products otherwise (act: their rounding
+// buffer).
 struct Ctx {
   cublasHandle_t cublas = nullptr;
   void* lowp = nullptr;

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 #include "act_round.cuh"
-#include "matvec.cuh"  // WeightView
+#include "weights.cuh"  // WeightView
 
 namespace worker::kern::exact {
 

@@ -28,7 +28,7 @@
 #include "exact_ops_math.cuh"
 #include "exact_qdecode_math.cuh"
 #include "gguf/ggml_types.h"
-#include "matvec.cuh"
+#include "weights.cuh"
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"
 #include "common/test_helpers.h"

@@ -30,7 +30,7 @@
 #include "exact.cuh"
 #include "exact_quant_math.cuh"
 #include "gguf/ggml_types.h"
-#include "matvec.cuh"
+#include "weights.cuh"
 // gpu_test_util.h's rel_err promotes floats to double on purpose (not used here)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wdouble-promotion"

@@ -20,11 +20,11 @@
 #include "engine/sampler.h"
 #include "gguf/ggml_types.h"
 #include "gpu_test_util.h"
-#include "matvec.cuh"
 #include "rmsnorm.cuh"
 #include "rope_qkv.cuh"
 #include "sampling.cuh"
 #include "swiglu.cuh"
+#include "weights.cuh"
 
 namespace worker {
 namespace {
@@ -124,138 +124,6 @@ struct Shape {
 
 std::string tname(GgmlType t) {
   return std::string(ggml_type_name(static_cast<uint32_t>(t)));
-}
-
-// REQ: M0-W-1201 M0-W-1430 M0-W-1431 M0-W-1810 WRK-D2
-TEST(KernelMatvec, AllTypesMatchDequantizedReference) {
-  REQUIRE_GPU();
-  std::mt19937 rng(1234);
-  const Shape shapes[] = {{1, 256, 1},
-                          {37, 512, 1},
-                          {130, 1024, 3},
-                          {64, 4864, 8},
-                          {96, 768, 13},
-                          {9, 2304, 2},
-                          {300, 4864, 1},
-                          {224, 768, 1},  // one token: split-row kernel
-                          // one token, quantized: 2 and 8 warps per row, and a row too long
-                          // for the shared-memory kernel (the per-row kernel takes it)
-                          {20, 3072, 1},
-                          {11, 9216, 1},
-                          {5, 12288, 1},
-                          // more rows than one wave of blocks: grid-stride rows
-                          {9000, 256, 1}};
-  for (GgmlType type : kAllTypes) {
-    for (const Shape& s : shapes) {
-      for (bool acc : {false, true}) {
-        auto w = random_rows(type, s.rows, s.cols, rng);
-        auto x = randn(static_cast<size_t>(s.n_tok * s.cols), rng);
-        auto y0 = randn(static_cast<size_t>(s.n_tok * s.rows), rng);
-        const auto wf = dequant_all(type, w, s.rows, s.cols);
-        const auto xr = rounded_rows(type, x, s.n_tok, s.cols);
-        std::vector<double> ref(y0.size());
-        for (int t = 0; t < s.n_tok; ++t)
-          for (int64_t r = 0; r < s.rows; ++r) {
-            double a = acc ? y0[t * s.rows + r] : 0.0;
-            for (int64_t j = 0; j < s.cols; ++j)
-              a += static_cast<double>(wf[r * s.cols + j]) * xr[t * s.cols + j];
-            ref[t * s.rows + r] = a;
-          }
-        DevArray<uint8_t> dw(w);
-        DevArray<float> dx(x), dy(y0.size());
-        if (acc) dy.upload(y0);
-        kern::WeightView v{dw.get(), static_cast<uint32_t>(type), s.rows, s.cols,
-                           ggml_row_bytes(type, s.cols)};
-        kern::matvec(v, dx.get(), dy.get(), s.n_tok, acc, nullptr);
-        const double e = rel_err(dy.download(), ref);
-        EXPECT_LT(e, 2e-6) << tname(type) << " rows=" << s.rows << " cols=" << s.cols
-                           << " n_tok=" << s.n_tok << " acc=" << acc;
-      }
-    }
-  }
-}
-
-// Float rows whose length is not a multiple of 8 (stories260K's FFN of 172) take the
-// scalar path.
-// REQ: M0-W-1430 M0-W-1810
-TEST(KernelMatvec, OddRowLengthFloatTypes) {
-  REQUIRE_GPU();
-  std::mt19937 rng(7);
-  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
-    for (int64_t cols : {4, 172, 100}) {
-      const int64_t rows = 65;
-      const int n_tok = 5;
-      auto w = random_rows(type, rows, cols, rng);
-      auto x = randn(static_cast<size_t>(n_tok * cols), rng);
-      const auto wf = dequant_all(type, w, rows, cols);
-      const auto xr = rounded_rows(type, x, n_tok, cols);
-      std::vector<double> ref(static_cast<size_t>(n_tok * rows));
-      for (int t = 0; t < n_tok; ++t)
-        for (int64_t r = 0; r < rows; ++r) {
-          double a = 0;
-          for (int64_t j = 0; j < cols; ++j)
-            a += static_cast<double>(wf[r * cols + j]) * xr[t * cols + j];
-          ref[t * rows + r] = a;
-        }
-      DevArray<uint8_t> dw(w);
-      DevArray<float> dx(x), dy(ref.size());
-      kern::WeightView v{dw.get(), static_cast<uint32_t>(type), rows, cols,
-                         ggml_row_bytes(type, cols)};
-      kern::matvec(v, dx.get(), dy.get(), n_tok, false, nullptr);
-      EXPECT_LT(rel_err(dy.download(), ref), 2e-6) << tname(type) << " cols=" << cols;
-    }
-  }
-}
-
-// The decode fusions (Q/K/V in one grid, gate+up+SwiGLU in one grid) against the
-// reference, for every type, and with mixed types (the unfused fallback).
-// REQ: M0-W-1430 M0-W-1810 WRK-D2
-TEST(KernelMatvec, FusedQkvAndSwigluDecode) {
-  REQUIRE_GPU();
-  std::mt19937 rng(77);
-  auto ref_mv = [](const std::vector<float>& wf, int64_t rows, int64_t cols,
-                   const std::vector<float>& x) {
-    // x here is already rounded for the weight type
-    std::vector<double> y(static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-      double a = 0;
-      for (int64_t j = 0; j < cols; ++j) a += static_cast<double>(wf[r * cols + j]) * x[j];
-      y[r] = a;
-    }
-    return y;
-  };
-  for (GgmlType type : kAllTypes) {
-    // other != type: Q/K/V of mixed types; Q4_0/Q5_0 + Q8_0 and Q4_K + Q6_K share one
-    // activation rounding and take the mixed one-launch kernel, the rest three matvecs
-    for (GgmlType other : {type, GgmlType::Q8_0, GgmlType::Q6_K}) {
-      const int64_t cols = 512, rq = 96, rk = 32, rf = 200;
-      auto x = randn(cols, rng);
-      auto wq = random_rows(type, rq, cols, rng), wk = random_rows(type, rk, cols, rng),
-           wv = random_rows(other, rk, cols, rng);
-      auto wg = random_rows(type, rf, cols, rng), wu = random_rows(other, rf, cols, rng);
-      const auto xt = rounded(type, x.data(), cols), xo = rounded(other, x.data(), cols);
-      const auto yq = ref_mv(dequant_all(type, wq, rq, cols), rq, cols, xt);
-      const auto yk = ref_mv(dequant_all(type, wk, rk, cols), rk, cols, xt);
-      const auto yv = ref_mv(dequant_all(other, wv, rk, cols), rk, cols, xo);
-      const auto yg = ref_mv(dequant_all(type, wg, rf, cols), rf, cols, xt);
-      const auto yu = ref_mv(dequant_all(other, wu, rf, cols), rf, cols, xo);
-      std::vector<double> ysw(static_cast<size_t>(rf));
-      for (int64_t i = 0; i < rf; ++i) ysw[i] = yg[i] / (1.0 + std::exp(-yg[i])) * yu[i];
-      DevArray<uint8_t> dq(wq), dk(wk), dv(wv), dg(wg), du(wu);
-      DevArray<float> dx(x), oq(rq), ok(rk), ov(rk), og(rf), ou(rf);
-      auto V = [&](const DevArray<uint8_t>& d, GgmlType t, int64_t rows) {
-        return kern::WeightView{d.get(), static_cast<uint32_t>(t), rows, cols,
-                                ggml_row_bytes(t, cols)};
-      };
-      kern::matvec_qkv(V(dq, type, rq), V(dk, type, rk), V(dv, other, rk), dx.get(), oq.get(),
-                       ok.get(), ov.get(), nullptr);
-      kern::matvec_swiglu(V(dg, type, rf), V(du, other, rf), dx.get(), og.get(), ou.get(), nullptr);
-      EXPECT_LT(rel_err(oq.download(), yq), 2e-6) << tname(type);
-      EXPECT_LT(rel_err(ok.download(), yk), 2e-6) << tname(type);
-      EXPECT_LT(rel_err(ov.download(), yv), 2e-6) << tname(other);
-      EXPECT_LT(rel_err(og.download(), ysw), 1e-5) << tname(type) << "/" << tname(other);
-    }
-  }
 }
 
 // REQ: M0-W-1430 M0-W-1031 WRK-D15

@@ -36,7 +36,6 @@
 #include "engine/sampler.h"
 #include "exact.cuh"
 #include "linear.cuh"
-#include "matvec.cuh"
 #include "rmsnorm.cuh"
 #include "rope_qkv.cuh"
 #include "sampling.cuh"
@@ -292,7 +291,7 @@ class CudaEngine final : public Engine {
     b.sm = ctx_->sm();
     b.cuda_runtime_version = ctx_->runtime_version();
     b.device_name = ctx_->props().name;
-    if (opt_.exact) b.decode = step_ ? "persistent" : "per_op";
+    b.decode = step_ ? "persistent" : "per_op";
     return b;
   }
   VramUsage vram() const override {
@@ -324,7 +323,6 @@ class CudaEngine final : public Engine {
   kern::VecView vec(const TensorInfo* t) const;
   void forward(Scratch& s, int n);
   void attention_fast(Scratch& s, size_t il, int n);
-  void final_logits(Scratch& s, int first_row, int rows);
   void setup_exact();
   void attention_exact(Scratch& s, size_t il, int n);
   void forward_exact(Scratch& s, int n, bool last_only);
@@ -362,7 +360,8 @@ class CudaEngine final : public Engine {
   std::vector<LayerDev> layers_;
   kern::RopeParams rope_;
 
-  // Exact mode (opt_.exact): F32 norm weights / biases and the RoPE table.
+  // The exact kernels' F32 norm weights / biases and the RoPE table (both numerics: the decode
+  // step and the LM head are exact in both).
   struct LayerVecs {
     const float *attn_norm = nullptr, *ffn_norm = nullptr, *bq = nullptr, *bk = nullptr,
                 *bv = nullptr;
@@ -439,13 +438,13 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_PEDANTIC_MATH));
 
   upload_weights();
-  if (opt_.exact) setup_exact();
+  setup_exact();
 
   const size_t KD = static_cast<size_t>(cfg_.n_head_kv * cfg_.head_dim);
   kv_layer_bytes_ = static_cast<size_t>(n_ctx_) * KD * (opt_.kv_cache_f32 ? 4 : 2);
   kv_ = DeviceBuffer(kv_bytes(cfg_, n_ctx_, opt_.kv_cache_f32), "KV cache");
   kv_base_ = static_cast<uint8_t*>(kv_.data());
-  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, opt_.exact), "decode scratch");
+  dec_.allocate(cfg_, 1, 1, exact_sizes(cfg_, 1, n_ctx_, true), "decode scratch");
   const int V = static_cast<int>(cfg_.vocab_size);
   const size_t sort_bytes = kern::sampling_sort_temp_bytes(V);
   samp_.buf = DeviceBuffer(SampleRegion::bytes(V, n_ctx_, sort_bytes), "sampling scratch");
@@ -454,7 +453,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
     SampleRegion::lay(L, V, n_ctx_, sort_bytes, &samp_);
   }
   kern::sampling_init(samp_.s, V, stream_);
-  if (opt_.exact) setup_decode_step();
+  setup_decode_step();
   pin_io_ = PinnedBuffer(sizeof(int32_t) * (static_cast<size_t>(opt_.max_batch) + 1));
   pin_sample_ =
       PinnedBuffer(sizeof(kern::SampleParams) + sizeof(int32_t) * static_cast<size_t>(n_ctx_));
@@ -573,7 +572,9 @@ bool CudaEngine::verify_residency() {
   return ok;
 }
 
-// The fast numerics' forward: cuBLAS / matvec.cuh products, FP32 or FP16 KV cache.
+// The fast numerics' forward of a prompt batch: cuBLAS products for float weights from
+// gemm_min_tokens tokens, the fast norms / RoPE / attention, FP32 or FP16 KV cache. (Decode
+// steps and the LM head run the exact kernels in both numerics.)
 void CudaEngine::forward(Scratch& s, int n) {
   const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
             F = static_cast<int>(cfg_.n_ff), KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
@@ -608,15 +609,6 @@ void CudaEngine::attention_fast(Scratch& s, size_t il, int n) {
                        opt_.kv_cache_f32, stream_);
   kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
                   rope_.head_dim, s.io, s.attn_part, stream_);
-}
-
-void CudaEngine::final_logits(Scratch& s, int first_row, int rows) {
-  const int E = static_cast<int>(cfg_.n_embd);
-  kern::rmsnorm(s.x + static_cast<size_t>(first_row) * E, out_norm_.data, out_norm_.type, s.xn,
-                rows, E, cfg_.norm_eps, stream_);
-  trace("result_norm", -1, s.xn, first_row, rows, E);
-  // The LM head always takes the matvec path: its rows are many, its batch small.
-  kern::matvec(output_, s.xn, s.logits, rows, false, stream_);
 }
 
 void CudaEngine::setup_exact() {
@@ -835,12 +827,9 @@ void CudaEngine::decode_body(bool persistent) {
   if (persistent) {
     kern::embed(tok_embd_, dec_.io + 1, 1, dec_.x, stream_);
     step_->launch(stream_);
-  } else if (opt_.exact) {
+  } else {
     forward_exact(dec_, 1, true);
     final_logits_exact(dec_, 0, 1, 1, nullptr);
-  } else {
-    forward(dec_, 1);
-    final_logits(dec_, 0, 1);
   }
 }
 
@@ -850,7 +839,9 @@ void CudaEngine::decode_one(int32_t token) {
   io[1] = token;
   // The persistent step while its attention's local mode holds the keys; beyond, one kernel per
   // op (kernels/decode_step.cu says why). Each has its own graph, captured at its first use.
-  const bool persistent = opt_.exact && step_ && !sink_ && n_past_ + 1 <= step_->local_keys();
+  // Both numerics: the fast one differs in prompt batches only (its decode kernels were slower
+  // than these on every type; perf-notes v20).
+  const bool persistent = step_ && !sink_ && n_past_ + 1 <= step_->local_keys();
   if (!opt_.use_graph) {
     decode_body(persistent);
   } else {
@@ -925,27 +916,14 @@ void CudaEngine::run_eval(std::span<const int32_t> tokens, bool all_logits,
     if (opt_.exact) {
       // Earlier chunks' last-layer FFN outputs are never read: only their KV entries are.
       forward_exact(batch_, m, !all_logits);
-      if (all_logits) {
-        final_logits_exact(batch_, 0, m, batch_.logit_rows,
-                           all_host_.data() + static_cast<size_t>(off) * V);
-      } else if (off + m == n) {
-        final_logits_exact(batch_, m - 1, 1, 1, nullptr);
-      }
     } else {
       forward(batch_, m);
-      if (all_logits) {
-        for (int r = 0; r < m; r += batch_.logit_rows) {
-          const int rows = std::min(batch_.logit_rows, m - r);
-          final_logits(batch_, r, rows);
-          CUDA_CHECK(cudaMemcpyAsync(all_host_.data() + (static_cast<size_t>(off) + r) * V,
-                                     batch_.logits, sizeof(float) * V * static_cast<size_t>(rows),
-                                     cudaMemcpyDeviceToHost, stream_));
-          d_last_ = batch_.logits + static_cast<size_t>(rows - 1) * V;
-        }
-      } else if (off + m == n) {
-        final_logits(batch_, m - 1, 1);
-        d_last_ = batch_.logits;
-      }
+    }
+    if (all_logits) {
+      final_logits_exact(batch_, 0, m, batch_.logit_rows,
+                         all_host_.data() + static_cast<size_t>(off) * V);
+    } else if (off + m == n) {
+      final_logits_exact(batch_, m - 1, 1, 1, nullptr);
     }
     if (meanwhile != nullptr && off + m == n) {
       try {
@@ -1031,10 +1009,10 @@ VramUsage cuda_engine_vram_estimate(const Model& model, int32_t ctx_size,
   const bool ex = options.exact;
   u.weights = weights_bytes(model.weights);
   u.kv_cache = kv_bytes(c, n_ctx, options.kv_cache_f32);
-  u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, ex)) +
+  u.scratch = Scratch::bytes(c, 1, 1, exact_sizes(c, 1, n_ctx, true)) +
               Scratch::bytes(c, B, std::min(B, kLogitRows), exact_sizes(c, B, n_ctx, ex)) +
               SampleRegion::bytes(V, n_ctx, kern::sampling_sort_temp_bytes(V)) +
-              (ex ? align_up(exact_vector_bytes(model.weights, c, n_ctx)) : 0);
+              align_up(exact_vector_bytes(model.weights, c, n_ctx));
   return u;
 }
 

@@ -22,11 +22,12 @@ struct CudaEngineOptions {
   // Exact numerics (the default): every op computes bit for bit the floats of the CPU
   // reference (and so of llama.cpp's CPU backend) with the kernels of kernels/exact.cuh: the
   // CPU reference with kv_f16 for the FP16 cache, without for kv_cache_f32. Logits and greedy
-  // continuations equal the CPU backend's. false: the fast kernels (cuBLAS prefill, other
-  // summation orders), whose logits differ from the reference in the last bits (bounds in
-  // worker/cuda/tests/cuda_engine_test.cpp).
+  // continuations equal the CPU backend's. false: prompt batches through the fast kernels
+  // (cuBLAS products, other summation orders), whose logits differ from the reference in the
+  // last bits (bounds in worker/cuda/tests/cuda_engine_test.cpp); decode steps and the LM head
+  // stay exact.
   bool exact = true;
-  // Exact numerics: the decode step as one persistent kernel (kernels/decode_step.cuh) where
+  // Both numerics: the decode step as one persistent kernel (kernels/decode_step.cuh) where
   // the model qualifies (float weights of one type; BackendInfo::decode says which ran), the
   // same bits as one kernel per op (false, or WORKER_DECODE_STEP=0 in the environment).
   bool decode_step = true;

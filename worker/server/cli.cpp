@@ -52,7 +52,7 @@ options:
   --worker-id UUID           worker id (default: a generated UUID v4)
   --backend cuda|cpu         inference backend (default cuda; no fallback)
   --numerics exact|fast      cuda: exact = the CPU reference's logits bit for bit (default),
-                             fast = other summation orders, FP16 KV cache
+                             fast = other summation orders in prompt batches
   --kv-cache f16|f32         KV cache element type (default f16, both backends; with exact
                              numerics cpu and cuda then give the same logits bit for bit)
   --ctx-size N               KV cache context size (default: the model's, capped at 32768)

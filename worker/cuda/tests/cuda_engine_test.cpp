@@ -471,6 +471,47 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
   }
 }
 
+// --numerics fast differs from exact in prompt batches only: its decode steps (and LM head)
+// are the exact kernels. Token by token (every eval a decode step), a fast engine's logits
+// equal an exact engine's bit for bit, for a float model (the persistent step in both) and a
+// quantized one (per op); after one 17-token prompt batch (cuBLAS in fast mode for F16) the
+// logits differ.
+// REQ: M0-W-1201 WRK-D2
+TEST(CudaEngine, FastNumericsDecodeStepsAreTheExactOnes) {
+  REQUIRE_GPU();
+  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf"}) {
+    const std::string path = generated_fixtures() + "/" + name;
+    ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
+    SCOPED_TRACE(name);
+    auto model = load_model(path);
+    CudaEngineOptions fo;
+    fo.exact = false;
+    auto fast = make_cuda_engine(model, 256, 0, fo);
+    auto exact = make_cuda_engine(model, 256, 0, CudaEngineOptions{});
+    EXPECT_EQ(fast->info().numerics, "fast");
+    EXPECT_EQ(fast->info().decode, exact->info().decode);
+    const auto toks = random_prompt(24, model->config.vocab_size, 11);
+    for (size_t i = 0; i < toks.size(); ++i) {
+      fast->eval(std::span<const int32_t>(&toks[i], 1));
+      exact->eval(std::span<const int32_t>(&toks[i], 1));
+      const auto a = fast->logits(), b = exact->logits();
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << "decode step " << i << ": fast and exact logits differ";
+    }
+    if (std::string(name).find("f16") != std::string::npos) {
+      fast->reset();
+      exact->reset();
+      const std::vector<int32_t> prompt(toks.begin(), toks.begin() + 17);
+      fast->eval(prompt, false);
+      exact->eval(prompt, false);
+      const auto a = fast->logits(), b = exact->logits();
+      EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << "a 17-token F16 prompt batch takes cuBLAS in fast mode: its logits should differ";
+    }
+  }
+}
+
 // The fast kernels (CudaEngineOptions::exact = false) against the CPU reference on every
 // generated fixture (all weight types, qwen2 and llama): per-position log-softmax over the
 // whole vocabulary for a prefill (cuBLAS) and for every decode step, and greedy 64-token
