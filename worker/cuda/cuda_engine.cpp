@@ -356,7 +356,6 @@ class CudaEngine final : public Engine {
   Arena weights_;
   std::map<const TensorInfo*, const void*> dev_ptr_;
   kern::WeightView tok_embd_, output_;
-  kern::VecView out_norm_;
   std::vector<LayerDev> layers_;
   kern::RopeParams rope_;
 
@@ -508,7 +507,6 @@ void CudaEngine::upload_weights() {
 
   tok_embd_ = view(model_->weights.token_embd);
   output_ = view(model_->weights.output);
-  out_norm_ = vec(model_->weights.output_norm);
   for (const auto& l : model_->weights.layers) {
     LayerDev d;
     d.wq = view(l.wq);
