@@ -288,6 +288,50 @@ def ratio(a, b):
     return f"{a / b:.2f}" if a and b else "-"
 
 
+# Issue 14's acceptance on this run's numbers: (criterion, row, measured, target, status), status
+# "met", "missed" or "not measured" (a llama.cpp ratio without llama-bench in the run). The
+# per-type targets apply to the rows of those types; the HTTP ones to every exact row.
+def acceptance(doc):
+    out = []
+
+    def add(what, r, value, target, ok, shown):
+        status = "not measured" if value is None else ("met" if ok(value) else "missed")
+        out.append({"criterion": what, "type": r["type"], "numerics": r["numerics"],
+                    "measured": None if value is None else round(value, 4), "target": target,
+                    "status": status, "shown": "-" if value is None else shown(value)})
+
+    def rat(a, b):
+        return a / b if a and b else None
+
+    for r in doc["rows"]:
+        t, num = r["type"], r["numerics"]
+        dec = rat(r["decode_tok_s"], r["llamacpp_decode_tok_s"])
+        pr = rat(r["prompt512_tok_s"], r["llamacpp_prompt512_tok_s"])
+        if num == "exact" and t in ("F16", "Q8_0", "Q4_K_M"):
+            add("decode >= 2.0x llama.cpp", r, dec, ">= 2.00x", lambda v: v >= 2.0,
+                lambda v: f"{v:.2f}x")
+        if num == "exact" and t == "F16":
+            add("prompt 512 >= 45k tok/s", r, r["prompt512_tok_s"], ">= 45,000",
+                lambda v: v >= 45000, lambda v: f"{v:,.0f}")
+        if num == "exact" and t == "Q8_0":
+            add("prompt 512 >= 1.0x llama.cpp", r, pr, ">= 1.00x", lambda v: v >= 1.0,
+                lambda v: f"{v:.2f}x")
+        if (num == "exact" and t == "Q4_K_M") or (num == "fast" and t == "F16"):
+            add("prompt 512 >= 2.0x llama.cpp", r, pr, ">= 2.00x", lambda v: v >= 2.0,
+                lambda v: f"{v:.2f}x")
+        if num != "exact":
+            continue
+        add("HTTP TTFT 32-token prompt p50 <= 3 ms", r, r["http_ttft32_p50_ms"], "<= 3.00 ms",
+            lambda v: v <= 3.0, lambda v: f"{v:.2f} ms")
+        itl = rat(r["http_itl_p99_ms"], r["http_itl_p50_ms"])
+        add("inter-token p99 <= 1.2x p50", r, itl, "<= 1.20x", lambda v: v <= 1.2,
+            lambda v: f"{v:.2f}x")
+        near = rat(r["http_decode_tok_s"], r["decode_tok_s"])
+        add("HTTP decode within 5% of the engine", r, near, ">= 0.95x", lambda v: v >= 0.95,
+            lambda v: f"{v:.3f}x")
+    return out
+
+
 def write_markdown(doc, path, smoke):
     L = []
     L.append(f"# Benchmark {doc['date']}" + (" (smoke run: small counts, not figures)" if smoke else ""))
@@ -303,6 +347,20 @@ def write_markdown(doc, path, smoke):
              f"between consecutive `token` events (events the server writes together arrive "
              f"together), HTTP decode = tokens after the first / first-to-last token time.")
     L.append("")
+    acc = doc.get("acceptance") or []
+    if acc:
+        met = sum(1 for x in acc if x["status"] == "met")
+        L.append(f"Issue 14's targets on this run: {met} of {len(acc)} met "
+                 f"({sum(1 for x in acc if x['status'] == 'missed')} missed, "
+                 f"{sum(1 for x in acc if x['status'] == 'not measured')} not measured).")
+        L.append("")
+        L.append("| target | type | numerics | measured | wanted | |")
+        L.append("|" + "---|" * 6)
+        for x in acc:
+            mark = {"met": "met", "missed": "**missed**", "not measured": "not measured"}[x["status"]]
+            L.append(f"| {x['criterion']} | {x['type']} | {x['numerics']} | {x['shown']} "
+                     f"| {x['target']} | {mark} |")
+        L.append("")
     L.append("| type | numerics | decode tok/s | % of floor | llama.cpp decode | ratio | prompt 512 tok/s "
              "| llama.cpp prompt | ratio | TTFT 32 p50/p95 ms | TTFT 512 p50/p95 ms | ITL p50/p99 ms "
              "| HTTP decode tok/s | load to ready ms | logits hash |")
@@ -463,6 +521,7 @@ def main():
            "driver": dev["driver"], "cuda_runtime": cuda_runtime, "bandwidth_gbs": bw,
            "llamacpp_source": lc_source, "settings": settings, "smoke": a.smoke, "rows": rows}
     validate(doc, len(a.model) * len(numerics))
+    doc["acceptance"] = acceptance(doc)
     jpath, mpath = out / f"bench-{a.date}.json", out / f"bench-{a.date}.md"
     jpath.write_text(json.dumps(doc, indent=1) + "\n")
     write_markdown(doc, mpath, a.smoke)

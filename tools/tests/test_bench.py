@@ -59,6 +59,27 @@ class BenchSmokeTest(unittest.TestCase):
             self.assertIsNone(row["llamacpp_decode_tok_s"])
             self.assertEqual(row["prompt_tokens"], {"32": 8, "512": 32})  # calibrated exactly
             self.assertIn("| F32 | exact |", md[0].read_text())
+            # issue 14's targets judged on the row's own numbers (the HTTP ones apply to every
+            # exact row; the per-type ones to F16 / Q8_0 / Q4_K_M only)
+            acc = {x["criterion"]: x for x in doc["acceptance"]}
+            self.assertEqual(set(acc), {"HTTP TTFT 32-token prompt p50 <= 3 ms",
+                                        "inter-token p99 <= 1.2x p50",
+                                        "HTTP decode within 5% of the engine"})
+            ttft = acc["HTTP TTFT 32-token prompt p50 <= 3 ms"]
+            self.assertEqual(ttft["status"], "met" if row["http_ttft32_p50_ms"] <= 3.0 else "missed")
+            itl = acc["inter-token p99 <= 1.2x p50"]
+            if row["http_itl_p50_ms"] > 0:
+                self.assertAlmostEqual(itl["measured"],
+                                       row["http_itl_p99_ms"] / row["http_itl_p50_ms"], places=3)
+                self.assertEqual(itl["status"], "met" if itl["measured"] <= 1.2 else "missed")
+            else:  # no ratio of a zero median
+                self.assertEqual(itl["status"], "not measured")
+            near = acc["HTTP decode within 5% of the engine"]
+            self.assertEqual(near["status"],
+                             "met" if row["http_decode_tok_s"] >= 0.95 * row["decode_tok_s"] else "missed")
+            self.assertIn(f"Issue 14's targets on this run: "
+                          f"{sum(x['status'] == 'met' for x in acc.values())} of 3 met",
+                          md[0].read_text())
             # The logits hash is a property of the model and the arithmetic: a second engine
             # run gives the same one.
             again = subprocess.run(
