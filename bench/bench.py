@@ -284,8 +284,14 @@ def fmt(x, nd=0):
     return f"{x:,.{nd}f}"
 
 
+def quotient(a, b):
+    """a / b, or None when either is missing (or b is 0)."""
+    return a / b if a and b else None
+
+
 def ratio(a, b):
-    return f"{a / b:.2f}" if a and b else "-"
+    q = quotient(a, b)
+    return f"{q:.2f}" if q is not None else "-"
 
 
 # Issue 14's acceptance on this run's numbers: (criterion, row, measured, target, status), status
@@ -300,13 +306,10 @@ def acceptance(doc):
                     "measured": None if value is None else round(value, 4), "target": target,
                     "status": status, "shown": "-" if value is None else shown(value)})
 
-    def rat(a, b):
-        return a / b if a and b else None
-
     for r in doc["rows"]:
         t, num = r["type"], r["numerics"]
-        dec = rat(r["decode_tok_s"], r["llamacpp_decode_tok_s"])
-        pr = rat(r["prompt512_tok_s"], r["llamacpp_prompt512_tok_s"])
+        dec = quotient(r["decode_tok_s"], r["llamacpp_decode_tok_s"])
+        pr = quotient(r["prompt512_tok_s"], r["llamacpp_prompt512_tok_s"])
         if num == "exact" and t in ("F16", "Q8_0", "Q4_K_M"):
             add("decode >= 2.0x llama.cpp", r, dec, ">= 2.00x", lambda v: v >= 2.0,
                 lambda v: f"{v:.2f}x")
@@ -323,10 +326,10 @@ def acceptance(doc):
             continue
         add("HTTP TTFT 32-token prompt p50 <= 3 ms", r, r["http_ttft32_p50_ms"], "<= 3.00 ms",
             lambda v: v <= 3.0, lambda v: f"{v:.2f} ms")
-        itl = rat(r["http_itl_p99_ms"], r["http_itl_p50_ms"])
+        itl = quotient(r["http_itl_p99_ms"], r["http_itl_p50_ms"])
         add("inter-token p99 <= 1.2x p50", r, itl, "<= 1.20x", lambda v: v <= 1.2,
             lambda v: f"{v:.2f}x")
-        near = rat(r["http_decode_tok_s"], r["decode_tok_s"])
+        near = quotient(r["http_decode_tok_s"], r["decode_tok_s"])
         add("HTTP decode within 5% of the engine", r, near, ">= 0.95x", lambda v: v >= 0.95,
             lambda v: f"{v:.3f}x")
     return out
