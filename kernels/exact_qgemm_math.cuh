@@ -35,9 +35,12 @@ namespace worker::kern::exact::qg {
 
 using qm::Flavor;
 
-// qgemm with the kernel variant chosen: prefetch 1 = the next step's global loads are issued
-// before this step's chains run (Stage registers), 0 = loaded after the barrier, -1 = the
-// default per tile (what qgemm() runs). The GPU tests check and time both.
+// qgemm with the kernel variant chosen: the dp4a tiles with prefetch 1 = the next step's
+// global loads are issued before this step's chains run (Stage registers), 0 = loaded after
+// the barrier; kVariantMma = the tensor-core tile (matmul_qgemm.cu's mma0: Q8_0 / Q5_0 / Q4_0
+// lanes, widths a multiple of 128, 8-byte aligned rows; throws for other weights); -1 = the
+// default per launch (what qgemm() runs). The GPU tests check them against each other.
+constexpr int kVariantMma = 2;
 void qgemm_variant(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order,
                    float* y, bool accumulate, cudaStream_t stream, int prefetch);
 

@@ -40,7 +40,8 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
 }  // namespace detail
 
 // Prompt batches of quantized weights (matmul_qgemm.cu): the same bits as matmul(), tiled
-// for throughput (many tokens share each weight block; integer block dots with dp4a).
+// for throughput (many tokens share each weight block; integer block dots with dp4a, or for
+// big Q8_0 / Q5_0 / Q4_0-lane batches the lane integers from the tensor cores).
 // qgemm_takes() says when it applies (quantized type, n_tok large enough to pay off for a
 // launch of `rows` weight rows); linear() then calls qgemm instead of matmul.
 bool qgemm_takes(uint32_t weight_type, int n_tok, int64_t rows);

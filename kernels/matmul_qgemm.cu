@@ -26,11 +26,15 @@
 // chains; Q0Lanes: the thread's two chains added, then xor 2, 1): lane 0 gets (t0 + t2) +
 // (t1 + t3) with t_i = v_i + v_(i+4), hsum_float_8's tree, since a + b == b + a bit for bit.
 //
-// Work split: a CTA (256 threads) owns BR weight rows (32; 16 for the smallest token tile of
-// small grids at <= 32 tokens) x BT tokens of one weight (up to three weights of one type and
-// width share a launch: Q / K / V, gate and up, CTA columns picking theirs); per step of 256
-// elements the CTA unpacks the rows' weights (each weight block read once per tile) and copies the
-// tokens' activation quants into shared memory, then each thread steps its chains, which stay
+// Big batches of Q0Lanes weights (kMmaMinTokens tokens and grids that fill their waves) take
+// the tensor-core tile instead (mma0 below: the lane integers from mma.m16n8k16 with a
+// block-diagonal activation operand, the same chains and combine).
+//
+// Work split (the dp4a tiles): a CTA (256 threads) owns BR weight rows (32; 16 for the smallest
+// token tile of small grids at <= 32 tokens) x BT tokens of one weight (up to three weights of one
+// type and width share a launch: Q / K / V, gate and up, CTA columns picking theirs); per step of
+// 256 elements the CTA unpacks the rows' weights (each weight block read once per tile) and copies
+// the tokens' activation quants into shared memory, then each thread steps its chains, which stay
 // in registers for the whole row (the next step's global loads are issued into registers
 // before this step's chains run, and written to shared memory after the next barrier; for
 // batches of up to kRingMaxTokens, the weights' raw bytes instead come kRing - 1 steps ahead
@@ -40,6 +44,8 @@
 // per SM. The result tile goes through shared memory to coalesced stores. The file is compiled with
 // -fmad=false: every fma is explicit. Weights are read before griddep_wait() (never written by a
 // kernel); activations and y after. No atomics.
+#include <cuda_fp16.h>
+
 #include <string>
 
 #include "common.cuh"
@@ -225,6 +231,323 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR, RING>())
   }
 }
 
+// ---- Q0Lanes on the tensor cores (big prompt batches: mma_fills, kMmaMinTokens) ----
+//
+// The reference's lane integer (4 int8 products, elements 4L..4L+3 of a block) is exact in any
+// order, so an mma may form it when each of its outputs sums exactly one lane. mma.m16n8k16
+// (f16 operands, f32 accumulation, C = 0): A = 16 weight rows x 16 elements (half a block,
+// natural layout, ldmatrix), B = 16 elements x 8 columns where column n = (token n / 4 of a
+// pair, lane n % 4) holds that token's 4 elements of lane n % 4 and zeros elsewhere (B is
+// block-diagonal: each thread's B word is the pair's activation word at its lane, masked). Every
+// product and partial sum is an integer below 2^17 (int8 values are exact in f16): the f32
+// result is exactly float(lane integer), the reference's int -> float conversion included.
+// Thread (g, t) of a warp (g = lane / 4, t = lane % 4) gets, per 16-row group, token pair and
+// half-block h, rows g and g + 8 of token t / 2, lanes 4h + 2(t % 2) and 4h + 2(t % 2) + 1:
+// over both halves 4 of the 8 lane chains of two (row, token) outputs, which it steps with
+// acc = fma(d_w * d_a, lane, acc) block after block (one scale product per output and block).
+// The combine is hsum_float_8's tree: the thread's own v_L + v_(L+4), then its partner's (xor
+// 1) a_(L^2), then the two sums. Weights and activations are converted to f16 once per CTA
+// (0x6400 | byte gives 1024 + byte; minus 1024 + the type's offset: exact).
+//
+// CTA: 256 threads, kMR weight rows x kMT tokens (warps 2 x 4, each 32 rows x 8 tokens); steps
+// of 128 elements (four blocks). The raw bytes of a step (weights, activation quants and scales)
+// come kRawRing - 1 steps ahead through a ring of shared-memory stages (8- and 16-byte cp.async;
+// rows 8-byte aligned: the row length a multiple of 128); each step the CTA converts the next
+// step's raw bytes into one of two f16 stages while its mma run on the other. One barrier a
+// step.
+namespace mma0 {
+constexpr int kWP = 4;         // token pairs a warp
+constexpr int kMR = 64;        // weight rows a CTA
+constexpr int kMT = 8 * kWP;   // tokens a CTA
+constexpr int kKB = 4;         // blocks a step
+constexpr int kKS = 32 * kKB;  // elements a step
+constexpr int kWS =
+    kKS + 8;  // halves a weight row of an f16 stage (ldmatrix's 8 rows: 8 bank quads)
+constexpr int kXS = kKS + 16;  // halves a token row (a B load's two tokens: distinct banks)
+constexpr int kRawRing = 4;
+
+struct F16Stage {
+  alignas(16) uint16_t w[kMR * kWS];  // f16 weights, element order
+  alignas(16) uint16_t x[kMT * kXS];  // f16 activation quants
+  float dw[kMR * kKB];                // [row][block] d_w
+  float da[kMT * kKB];                // [token][block] d_a
+};
+template <GgmlType T>
+__host__ __device__ constexpr int raw_row() {  // bytes of a weight row's step
+  return kKB * TypeTraits<T>::kBlockBytes;
+}
+template <GgmlType T>
+struct RawStage {
+  alignas(16) uint8_t w[kMR * raw_row<T>() + 16];  // + what sw_words may read past the end
+  alignas(16) int8_t x[kMT * kKS];
+  alignas(16) float d[kMT * kKB];
+};
+template <GgmlType T>
+struct Smem {
+  RawStage<T> raw[kRawRing];
+  union {
+    F16Stage st[2];
+    float out[kMT * (kMR + 1)];  // the result tile [token][row], after the last step
+  };
+};
+
+// The raw bytes of step `step` into `r` (pieces outside the matrix / batch zero-filled).
+template <GgmlType T>
+__device__ __forceinline__ void issue_w(int tid, int step, const uint8_t* __restrict__ w, int rows,
+                                        size_t row_bytes, int row0, RawStage<T>& r) {
+  constexpr int kPR = raw_row<T>() / 8;  // 8-byte pieces a row
+  for (int n = tid; n < kMR * kPR; n += kThreads) {
+    const int rr = n / kPR, q = n % kPR;
+    const bool in = row0 + rr < rows;
+    const uint8_t* src = w + static_cast<size_t>(in ? row0 + rr : 0) * row_bytes +
+                         static_cast<size_t>(step) * raw_row<T>() + 8 * q;
+    cp_async8(r.w + rr * raw_row<T>() + 8 * q, src, in ? 8 : 0);
+  }
+}
+template <GgmlType T>
+__device__ __forceinline__ void issue_a(int tid, int step, const int8_t* __restrict__ aq,
+                                        const float* __restrict__ ad, int cols, int nb, int tok0,
+                                        int n_tok, RawStage<T>& r) {
+  for (int n = tid; n < kMT * kKS / 16; n += kThreads) {  // 16-byte pieces
+    const int t = n >> 3;
+    const bool in = tok0 + t < n_tok;
+    cp_async16(r.x + 16 * n,
+               aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (n & 7),
+               in ? 16 : 0);
+  }
+  if (tid < kMT) {
+    const bool tin = tok0 + tid < n_tok;
+    cp_async16(r.d + kKB * tid, ad + static_cast<size_t>(tin ? tok0 + tid : 0) * nb + kKB * step,
+               tin ? 16 : 0);
+  }
+}
+
+// Unsigned bytes u (value = u - off) as two f16x2 words, exactly: (0x6400 | u) - (1024 + off).
+__device__ __forceinline__ void bytes_to_f16(uint32_t u, uint32_t bias2, uint32_t& lo,
+                                             uint32_t& hi) {
+  const uint32_t l = __byte_perm(u, 0x64646464u, 0x4140), h = __byte_perm(u, 0x64646464u, 0x4342);
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(lo) : "r"(l), "r"(bias2));
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(h), "r"(bias2));
+}
+
+// A raw stage into an f16 stage: weight units (row, block, half) tid and tid + kThreads,
+// activation piece tid (token tid / 8, 16 quants), the scales.
+template <GgmlType T>
+__device__ __forceinline__ void convert(int tid, const RawStage<T>& r, F16Stage& s) {
+  constexpr int BB = TypeTraits<T>::kBlockBytes;
+  constexpr uint32_t off = T == GgmlType::Q8_0 ? 128 : (T == GgmlType::Q4_0 ? 8 : 16);
+  constexpr uint32_t bias2 = (0x6400u | off) * 0x10001u;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    const int u = tid + k * kThreads;
+    const int rr = u >> 3, blk = (u >> 1) & 3, hf = u & 1;
+    uint32_t q[4], qh = 0;
+    if constexpr (T == GgmlType::Q8_0) {
+      qg::sw_words<4>(r.w, rr * raw_row<T>() + blk * BB + 2 + 16 * hf, q);
+    } else if constexpr (T == GgmlType::Q4_0) {
+      qg::sw_words<4>(r.w, rr * raw_row<T>() + blk * BB + 2, q);
+    } else {
+      uint32_t h5[5];
+      qg::sw_words<5>(r.w, rr * raw_row<T>() + blk * BB + 2, h5);
+      qh = h5[0];
+      for (int i = 0; i < 4; ++i) q[i] = h5[1 + i];
+    }
+    uint32_t v[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      uint32_t x;
+      if constexpr (T == GgmlType::Q8_0) {
+        x = q[i] ^ 0x80808080u;
+      } else {
+        x = (hf != 0 ? q[i] >> 4 : q[i]) & 0x0F0F0F0Fu;  // elements 16 hf + 4i ..
+        if constexpr (T == GgmlType::Q5_0) {
+          const uint32_t h = (qh >> (16 * hf + 4 * i)) & 0xFu;
+          x |= ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+        }
+      }
+      bytes_to_f16(x, bias2, v[2 * i], v[2 * i + 1]);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(s.w + rr * kWS + 32 * blk + 16 * hf);
+    dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+    if (hf == 0) {
+      const int o = rr * raw_row<T>() + blk * BB;  // even
+      const uint32_t d = (qg::sw32(r.w + (o & ~3)) >> (8 * (o & 2))) & 0xFFFFu;
+      s.dw[rr * kKB + blk] = __half2float(__ushort_as_half(static_cast<unsigned short>(d)));
+    }
+  }
+  for (int n = tid; n < kMT * kKS / 16; n += kThreads) {  // activations: 16 quants of a token
+    constexpr uint32_t abias2 = 0x6480u * 0x10001u;       // 1024 + 128
+    const uint4 a = *reinterpret_cast<const uint4*>(r.x + 16 * n);
+    uint32_t v[8];
+    bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
+    bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
+    bytes_to_f16(a.z ^ 0x80808080u, abias2, v[4], v[5]);
+    bytes_to_f16(a.w ^ 0x80808080u, abias2, v[6], v[7]);
+    uint4* dst = reinterpret_cast<uint4*>(s.x + (n >> 3) * kXS + 16 * (n & 7));
+    dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  }
+  if (tid < kMT * kKB) s.da[tid] = r.d[tid];  // both [token][block]
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&a)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void mma_lanes(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                          float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%10, %10, %10, %10};"
+      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+}
+
+// acc[r][p][4h + 2j + k]: row g + 8j of row group r, token 2p + t / 2 of the warp's tokens,
+// lane 4h + 2(t % 2) + k.
+struct MAcc {
+  float v[2][kWP][8];
+};
+
+// The chain steps of block b of an f16 stage.
+__device__ __forceinline__ void compute_block(int tid, const F16Stage& s, int b, MAcc& acc) {
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 2 * kWP;
+  const uint32_t m0 = (t >> 1) == (g & 3) ? 0xFFFFFFFFu : 0u;
+  const uint32_t m1 = 2 + (t >> 1) == (g & 3) ? 0xFFFFFFFFu : 0u;
+  float dw[2][2], da[kWP];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dw[r][0] = s.dw[(rb + 16 * r + g) * kKB + b];
+    dw[r][1] = s.dw[(rb + 16 * r + g + 8) * kKB + b];
+  }
+#pragma unroll
+  for (int p = 0; p < kWP; ++p) da[p] = s.da[(tb + 2 * p + (t >> 1)) * kKB + b];
+  float sc[2][kWP][2];  // the scale products d_w * d_a of the thread's outputs
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int p = 0; p < kWP; ++p) {
+      sc[r][p][0] = dw[r][0] * da[p];
+      sc[r][p][1] = dw[r][1] * da[p];
+    }
+  const uint32_t abase =
+      static_cast<uint32_t>(__cvta_generic_to_shared(s.w)) +
+      2u * static_cast<uint32_t>((rb + (lane & 7) + 8 * ((lane >> 3) & 1)) * kWS + 8 * (lane >> 4) +
+                                 32 * b);
+  const uint32_t* xw = reinterpret_cast<const uint32_t*>(s.x) + (tb + (g >> 2)) * (kXS / 2) +
+                       2 * (g & 3) + (t & 1) + 16 * b;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t a[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) ldmatrix_x4(abase + 2u * (16 * r * kWS + 16 * h), a[r]);
+#pragma unroll
+    for (int p = 0; p < kWP; ++p) {
+      const uint32_t v = xw[2 * p * (kXS / 2) + 8 * h];
+      const uint32_t b0 = v & m0, b1 = v & m1;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float d[4];
+        mma_lanes(a[r], b0, b1, d);
+        const float s0 = sc[r][p][0], s1 = sc[r][p][1];
+        float* c = acc.v[r][p] + 4 * h;
+        c[0] = qm::fma_(s0, d[0], c[0]);
+        c[1] = qm::fma_(s0, d[1], c[1]);
+        c[2] = qm::fma_(s1, d[2], c[2]);
+        c[3] = qm::fma_(s1, d[3], c[3]);
+      }
+    }
+  }
+}
+
+template <GgmlType T, bool MULTI>
+__global__ void __launch_bounds__(kThreads, 2)
+    qmma_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
+                const float* __restrict__ ad, int n_tok, int accumulate) {
+  extern __shared__ __align__(16) unsigned char qmma_smem[];
+  auto& sm = *reinterpret_cast<Smem<T>*>(qmma_smem);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int bx = static_cast<int>(blockIdx.x);
+  const int seg = seg_of<MULTI>(sg, bx);
+  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
+  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
+  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR;
+  const int tok0 = static_cast<int>(blockIdx.y) * kMT;
+  const int nb = cols / 32;
+  const int steps = nb / kKB;  // the launch guarantees nb % kKB == 0
+
+  MAcc acc;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int p = 0; p < kWP; ++p)
+#pragma unroll
+      for (int k = 0; k < 8; ++k) acc.v[r][p][k] = 0.0f;
+
+  for (int k = 0; k < kRawRing - 1; ++k)  // weights: no kernel writes them
+    if (k < steps) issue_w<T>(tid, k, w, rows, sg.row_bytes, row0, sm.raw[k]);
+  griddep_wait();  // activations (and y) come from earlier kernels
+  for (int k = 0; k < kRawRing - 1; ++k) {
+    if (k < steps) issue_a<T>(tid, k, aq, ad, cols, nb, tok0, n_tok, sm.raw[k]);
+    cp_async_commit();
+  }
+  cp_async_wait<kRawRing - 2>();
+  __syncthreads();
+  convert<T>(tid, sm.raw[0], sm.st[0]);
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<kRawRing - 3>();  // this thread's copies of step + 1 have landed
+    __syncthreads();  // everyone's; f16 stage step & 1 is converted; stage (step + 1) & 1 and raw
+                      // slot (step - 1) % kRawRing are free
+    const int next = step + kRawRing - 1;
+    if (next < steps) {
+      RawStage<T>& r = sm.raw[next % kRawRing];
+      issue_w<T>(tid, next, w, rows, sg.row_bytes, row0, r);
+      issue_a<T>(tid, next, aq, ad, cols, nb, tok0, n_tok, r);
+    }
+    cp_async_commit();
+    if (step + 1 < steps) convert<T>(tid, sm.raw[(step + 1) % kRawRing], sm.st[(step + 1) & 1]);
+    const F16Stage& s = sm.st[step & 1];
+#pragma unroll 1
+    for (int b = 0; b < kKB; ++b) compute_block(tid, s, b, acc);
+  }
+  __syncthreads();  // the out tile shares the f16 stages
+
+  // combine (hsum_float_8's tree) into the out tile
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 2 * kWP;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int p = 0; p < kWP; ++p) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float* c = acc.v[r][p];
+        const float alo = c[2 * j] + c[4 + 2 * j];          // v_L + v_(L+4)
+        const float ahi = c[2 * j + 1] + c[4 + 2 * j + 1];  // v_(L+1) + v_(L+5)
+        const float blo = alo + __shfl_xor_sync(0xffffffffu, alo, 1);
+        const float bhi = ahi + __shfl_xor_sync(0xffffffffu, ahi, 1);
+        if ((t & 1) == 0)
+          sm.out[(tb + 2 * p + (t >> 1)) * (kMR + 1) + rb + 16 * r + 8 * j + g] = blo + bhi;
+      }
+    }
+  }
+  __syncthreads();
+  const int sy = seg_of<MULTI>(sg, bx);
+  float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
+  for (int k = tid; k < kMT * kMR; k += kThreads) {
+    const int tt = k / kMR, r = k % kMR;
+    if (tok0 + tt < n_tok && row0 + r < rows) {
+      float* o = y + static_cast<size_t>(tok0 + tt) * static_cast<size_t>(rows) + (row0 + r);
+      const float v = sm.out[tt * (kMR + 1) + r];
+      *o = accumulate ? *o + v : v;
+    }
+  }
+}
+
+}  // namespace mma0
+
 // Whether a tile prefetches the next step into registers by default (PF): where the Stage
 // registers fit beside the chains without dropping below 2 CTAs per SM.
 template <GgmlType T, Flavor FL, int TT>
@@ -363,6 +686,41 @@ void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int 
   }
 }
 
+// When the tensor-core tile (mma0) takes a Q0Lanes launch by default: batches of
+// kMmaMinTokens tokens or more whose CTAs fill their waves (at least 3/4 of the last wave's
+// slots, two CTAs an SM). Its CTAs are long (a 896-wide row is 7 steps of ~2.5 us), so it wins
+// only on big, evenly filled grids. H100, kernel_bench us, dp4a tile -> tensor-core tile at
+// 512 tokens: Q8_0 4864 x 896 144.5 -> 129.0, 896 x 4864 168.1 -> 132.9, 896 x 896 33.2 ->
+// 25.8, gate + up 280.0 -> 249.1 (Q5_0 alike); but Q / K / V (1,152 rows: 288 CTAs, 1.09 waves)
+// 40.3 -> 43.6 and 128 x 896 (32 CTAs) 11.4 -> 17.7. Whole prompts (decode_bench, tok/s): Q8_0
+// 512 tokens 33.2k -> 37.1k, 256 tokens 29.6k -> 28.0k, 128 tokens 23.6k -> 18.0k.
+constexpr int kMmaMinTokens = 512;
+bool mma_fills(int64_t ctas) {
+  const int64_t slots = 2 * static_cast<int64_t>(sm_count());
+  const int64_t waves = (ctas + slots - 1) / slots;
+  return 4 * ctas >= 3 * waves * slots;
+}
+
+template <GgmlType T>
+void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cudaStream_t stream) {
+  const QSegs sg = l.segs(mma0::kMR);
+  const dim3 grid(static_cast<unsigned>(sg.blk_end[2]),
+                  static_cast<unsigned>((n_tok + mma0::kMT - 1) / mma0::kMT));
+  constexpr size_t kSmem = sizeof(mma0::Smem<T>);
+  static const bool attr_set = [] {
+    for (auto* k : {mma0::qmma_kernel<T, true>, mma0::qmma_kernel<T, false>}) {
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmem)));
+    }
+    return true;
+  }();
+  (void)attr_set;
+  auto* kernel = l.n > 1 ? mma0::qmma_kernel<T, true> : mma0::qmma_kernel<T, false>;
+  launch_pdl_smem("exact_qmma_kernel", kernel, grid, dim3(kThreads), kSmem, stream, sg, l.cols,
+                  static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d), n_tok,
+                  accumulate ? 1 : 0);
+}
+
 bool is_quant(uint32_t t) {
   return quantized(dot_family_of(t));
 }
@@ -437,6 +795,19 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
                                 : T == GgmlType::Q4_K             ? Flavor::Q4KLanes
                                                                   : Flavor::Q6K;
       constexpr Flavor kRep = T == GgmlType::Q4_0 ? Flavor::Q4_0Rep : Flavor::Q4KRep;
+      if constexpr (kLanes == Flavor::Q0Lanes) {
+        // the tensor-core tile: Q0Lanes weights whose width is a multiple of its step and whose
+        // rows are 8-byte aligned (its cp.async pieces)
+        const bool mma_ok = !rep && w0.cols % mma0::kKS == 0 && ring_rows;
+        if (mma_ok && prefetch == qg::kVariantMma)
+          return launch_mma<T>(l, a, n_tok, accumulate, stream);
+        if (mma_ok && prefetch < 0 && n_tok >= kMmaMinTokens &&
+            mma_fills(static_cast<int64_t>(l.tiles(mma0::kMR)) *
+                      ((n_tok + mma0::kMT - 1) / mma0::kMT)))
+          return launch_mma<T>(l, a, n_tok, accumulate, stream);
+      }
+      if (prefetch == qg::kVariantMma)
+        throw WorkerError(ErrorCode::Internal, "qgemm: no tensor-core tile for this weight");
       if constexpr (Tr::kRepack) {
         if (rep)
           return launch_tt<T, kRep>(l, ring_rows, a, n_tok, gemm_end, accumulate, stream, prefetch);

@@ -657,6 +657,86 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
   for (const float v : y1.download()) ASSERT_TRUE(std::isnan(v));
 }
 
+// The tensor-core tile (qg::kVariantMma, the default for big Q8_0 / Q5_0 / Q4_0-lane prompt
+// batches) on its own, on shapes the default does not give it too (partial row and token
+// tiles, one token, widths from one step): bitwise equal to the dp4a tile over the whole
+// output (NaN-poisoned) and to the CPU reference on checked rows, accumulate alternating;
+// weights it cannot take (a width that is not a multiple of its 128-element step, K-quants,
+// repacked Q4_0) are refused with an error.
+// REQ: M0-W-1430 M0-W-1201 WRK-D15
+TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
+  REQUIRE_GPU();
+  struct Shape {
+    GgmlType type;
+    int rows, cols;
+  };
+  const std::vector<Shape> shapes =
+      quick() ? std::vector<Shape>{{GgmlType::Q8_0, 130, 256}, {GgmlType::Q5_0, 70, 896}}
+              : std::vector<Shape>{{GgmlType::Q8_0, 130, 256},  {GgmlType::Q8_0, 4864, 896},
+                                   {GgmlType::Q8_0, 896, 4864}, {GgmlType::Q8_0, 64, 128},
+                                   {GgmlType::Q5_0, 1000, 896}, {GgmlType::Q5_0, 70, 1024},
+                                   {GgmlType::Q4_0, 130, 896},  {GgmlType::Q4_0, 1001, 384}};
+  const std::vector<int> toks =
+      quick() ? std::vector<int>{1, 33} : std::vector<int>{1, 17, 64, 530};
+  uint64_t seed = 31337;
+  int case_no = 0;
+  for (const Shape& sh : shapes) {
+    const auto w = random_weights(sh.type, sh.rows, sh.cols, ++seed);
+    DevArray<uint8_t> dw(w);
+    const kern::WeightView wv = view_of(sh.type, dw, sh.rows, sh.cols);
+    for (const int n_tok : toks) {
+      const bool accumulate = (case_no++ % 2) == 1;
+      HostActs acts = make_acts(sh.type, n_tok, sh.cols, ++seed);
+      DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols));
+      const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols);
+      upload_acts(acts, a);
+      std::vector<float> y0(static_cast<size_t>(n_tok) * sh.rows, NAN);
+      if (accumulate) {
+        XorShift rng(seed);
+        for (float& v : y0) v = rng.uniform(-4.0f, 4.0f);
+      }
+      DevArray<float> dm(y0.size()), dd(y0.size());
+      if (accumulate) {
+        dm.upload(y0);
+        dd.upload(y0);
+      }
+      const BatchOrder order{n_tok, 0};
+      qg::qgemm_variant(wv, a, n_tok, order, dm.get(), accumulate, nullptr, qg::kVariantMma);
+      qg::qgemm_variant(wv, a, n_tok, order, dd.get(), accumulate, nullptr, 0);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      const auto got = dm.download();
+      const std::string what = type_str(sh.type) + " rows " + std::to_string(sh.rows) + " cols " +
+                               std::to_string(sh.cols) + " n_tok " + std::to_string(n_tok) +
+                               (accumulate ? " accumulate" : "");
+      ASSERT_EQ(count_mismatch(got, dd.download(), sh.rows, n_tok, all_rows(sh.rows),
+                               what + " tensor cores vs dp4a"),
+                0u)
+          << what;
+      const auto which = checked_rows(sh.rows, sh.cols, n_tok, 2'000'000);
+      std::vector<float> ref = y0;
+      cpu_rows(sh.type, w, sh.rows, sh.cols, acts, order, which, accumulate, ref);
+      ASSERT_EQ(count_mismatch(got, ref, sh.rows, n_tok, which, what + " tensor cores vs cpu"), 0u)
+          << what;
+    }
+  }
+  // refused: a width that is not a multiple of 128, a K-quant, a repacked Q4_0 (rows % 8 == 0)
+  const struct {
+    GgmlType type;
+    int rows, cols;
+  } refused[] = {{GgmlType::Q8_0, 64, 160}, {GgmlType::Q4_K, 64, 256}, {GgmlType::Q4_0, 64, 256}};
+  for (const auto& r : refused) {
+    DevArray<uint8_t> dw(random_weights(r.type, r.rows, r.cols, ++seed));
+    const kern::WeightView wv = view_of(r.type, dw, r.rows, r.cols);
+    DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(4, r.cols));
+    const ActBuf a = kern::exact::act_buffer_at(buf.get(), 4, r.cols);
+    DevArray<float> y(static_cast<size_t>(4) * r.rows);
+    EXPECT_THROW(
+        qg::qgemm_variant(wv, a, 4, BatchOrder{4, 0}, y.get(), false, nullptr, qg::kVariantMma),
+        WorkerError)
+        << type_str(r.type) << " cols " << r.cols;
+  }
+}
+
 // REQ: WRK-D15
 TEST(ExactQgemmGpu, TakesAndRejects) {
   const auto takes = [](GgmlType t, int n_tok, int64_t rows) {
