@@ -296,13 +296,16 @@ template <GgmlType T>
 __device__ __forceinline__ void issue_w(int tid, int step, const uint8_t* __restrict__ w, int rows,
                                         size_t row_bytes, int row0, RawStage<T>& r) {
   constexpr int kPR = raw_row<T>() / 8;  // 8-byte pieces a row
-  for (int n = tid; n < kMR * kPR; n += kThreads) {
-    const int rr = n / kPR, q = n % kPR;
-    const bool in = row0 + rr < rows;
-    const uint8_t* src = w + static_cast<size_t>(in ? row0 + rr : 0) * row_bytes +
-                         static_cast<size_t>(step) * raw_row<T>() + 8 * q;
-    cp_async8(r.w + rr * raw_row<T>() + 8 * q, src, in ? 8 : 0);
-  }
+  // thread tid: row tid / 4, pieces tid % 4 + 4 j (the row's address computed once; a loop over
+  // n = tid + kThreads i with n / kPR and n % kPR per piece measured 3-7% slower end to end)
+  static_assert(kMR * 4 == kThreads, "four threads a row");
+  const int rr = tid >> 2;
+  const bool in = row0 + rr < rows;
+  const uint8_t* src = w + static_cast<size_t>(in ? row0 + rr : 0) * row_bytes +
+                       static_cast<size_t>(step) * raw_row<T>();
+  uint8_t* dst = r.w + rr * raw_row<T>();
+#pragma unroll
+  for (int q = tid & 3; q < kPR; q += 4) cp_async8(dst + 8 * q, src + 8 * q, in ? 8 : 0);
 }
 template <GgmlType T>
 __device__ __forceinline__ void issue_a(int tid, int step, const int8_t* __restrict__ aq,
@@ -689,11 +692,12 @@ void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int 
 // When the tensor-core tile (mma0) takes a Q0Lanes launch by default: batches of
 // kMmaMinTokens tokens or more whose CTAs fill their waves (at least 3/4 of the last wave's
 // slots, two CTAs an SM). Its CTAs are long (a 896-wide row is 7 steps of ~2.5 us), so it wins
-// only on big, evenly filled grids. H100, kernel_bench us, dp4a tile -> tensor-core tile at
-// 512 tokens: Q8_0 4864 x 896 144.5 -> 129.0, 896 x 4864 168.1 -> 132.9, 896 x 896 33.2 ->
-// 25.8, gate + up 280.0 -> 249.1 (Q5_0 alike); but Q / K / V (1,152 rows: 288 CTAs, 1.09 waves)
-// 40.3 -> 43.6 and 128 x 896 (32 CTAs) 11.4 -> 17.7. Whole prompts (decode_bench, tok/s): Q8_0
-// 512 tokens 33.2k -> 37.1k, 256 tokens 29.6k -> 28.0k, 128 tokens 23.6k -> 18.0k.
+// only on big, evenly filled grids. H100, kernel_bench us at 512 tokens, dp4a tile -> tensor-core
+// tile: Q8_0 4864 x 896 144.5 -> 124.3, 896 x 4864 168.1 -> 131.0, 896 x 896 33.2 -> 25.6, gate
+// + up 280.0 -> 232.5 (Q5_0 149.0 -> 119.2, 170.5 -> 123.2, 34.5 -> 24.6, 287.7 -> 224.1); but
+// an earlier build had Q / K / V (1,152 rows: 288 CTAs, 1.09 waves) 40.3 -> 43.6 and 128 x 896
+// (32 CTAs) 11.4 -> 17.7, and whole Q8_0 prompts (decode_bench, tok/s) of 256 tokens 29.6k ->
+// 28.0k and 128 tokens 23.6k -> 18.0k.
 constexpr int kMmaMinTokens = 512;
 bool mma_fills(int64_t ctas) {
   const int64_t slots = 2 * static_cast<int64_t>(sm_count());
