@@ -261,8 +261,8 @@ constexpr int kMR = 64;        // weight rows a CTA
 constexpr int kMT = 8 * kWP;   // tokens a CTA
 constexpr int kKB = 4;         // blocks a step
 constexpr int kKS = 32 * kKB;  // elements a step
-constexpr int kWS =
-    kKS + 8;  // halves a weight row of an f16 stage (ldmatrix's 8 rows: 8 bank quads)
+// halves a weight row of an f16 stage (272 bytes: ldmatrix's 8 rows hit 8 distinct bank quads)
+constexpr int kWS = kKS + 8;
 constexpr int kXS = kKS + 16;  // halves a token row (a B load's two tokens: distinct banks)
 constexpr int kRawRing = 4;
 
