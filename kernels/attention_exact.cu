@@ -200,7 +200,9 @@ struct TileRows {
 };
 __device__ __forceinline__ TileRows tile_rows(const Tiles& tl, int group, int nc) {
   const int bx = static_cast<int>(blockIdx.x);
-  const int tile = bx / (tl.n_kv * tl.n_hc), rem = bx % (tl.n_kv * tl.n_hc);
+  // The last tokens' tiles first: they see the most keys (causal), so the longest blocks start
+  // in the first wave instead of finishing the launch alone.
+  const int tile = tl.n_tiles - 1 - bx / (tl.n_kv * tl.n_hc), rem = bx % (tl.n_kv * tl.n_hc);
   TileRows r;
   r.g = rem / tl.n_hc;
   const int hc = rem % tl.n_hc;
@@ -235,11 +237,14 @@ __global__ void __launch_bounds__(kScoreThreads)
   }
   griddep_wait();
   const int base = d_n_past[0] + t0 + tr.tc0;  // n_att of row token tt = base + tt + 1
-  for (int i = threadIdx.x; i < R * hd; i += kScoreThreads) {
-    const int r = i / hd, e = i % hd;
-    const int t = t0 + tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
-    qs[i] = KV::query(q[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + e]);
-  }
+  for_each_batched<kScoreThreads>(
+      R * hd,
+      [&](int i) {
+        const int r = i / hd, e = i % hd;
+        const int t = t0 + tr.tc0 + r / tr.hn, h = tr.h0 + r % tr.hn;
+        return q[static_cast<size_t>(t) * n_head * hd + static_cast<size_t>(h) * hd + e];
+      },
+      [&](int i, float v) { qs[i] = KV::query(v); });
   __syncthreads();
   const typename KV::T* kbase = k_cache + static_cast<size_t>(tr.g) * hd;
   const int n_att_max = base + tr.tn;
@@ -405,7 +410,9 @@ __global__ void __launch_bounds__(32 * kSoftmaxWarps)
 // kKqvKeys keys at a time) 4. The chains are then combined through shared memory. ROWS 16 for
 // long batches, 4 for short ones (more blocks).
 constexpr int kKqvThreads = 256;
-constexpr int kKqvKeys = 256;  // keys per staged chunk (a multiple of 64)
+constexpr int kKqvKeys = 256;  // keys per staged chunk (a multiple of 64): one a thread
+static_assert(kKqvKeys == kKqvThreads, "the chunk's weights: one key a thread");
+constexpr int kKqvAhead = 4;  // V rows in flight a thread (keys ahead of its FMAs)
 
 template <int LANES, int ROWS>
 struct KqvGeom {
@@ -438,6 +445,36 @@ __device__ __forceinline__ void load_v4(const typename KV::T* __restrict__ p, in
   }
 #pragma unroll
   for (int k = 0; k < 4; ++k) v[k] = d + k < hd ? KV::load(p[k]) : 0.0f;
+}
+
+// Key j's FMAs into every row's chains (p: the row weights of key j, kKqvKeys apart; v: its V
+// elements). Rows whose token sees j (j <= base: all) take v * p; beyond, a row runs FMAs of
+// zeros up to its padded length (tinyBLAS: n_att rounded up to 16; vec_dot: len_max) and none
+// after.
+template <int LANES, int ROWS>
+__device__ __forceinline__ void kqv_key(const float* p, int j, int base, int len_max,
+                                        const int (&row_att)[ROWS], const float (&v)[4],
+                                        float (&acc)[ROWS][4]) {
+  if (j <= base) {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const float pr = p[r * kKqvKeys];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(v[k], pr, acc[r][k]);
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+      const int na = row_att[r];
+      const int len = LANES == 64 ? len_max : ((na + 15) & ~15);
+      if (j < len) {
+        const bool in = j < na;
+        const float pr = in ? p[r * kKqvKeys] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(in ? v[k] : 0.0f, pr, acc[r][k]);
+      }
+    }
+  }
 }
 
 template <class KV, int LANES, int ROWS>
@@ -477,43 +514,38 @@ __global__ void __launch_bounds__(kKqvThreads)
     for (int c0 = 0; c0 < len_max; c0 += kKqvKeys) {
       __syncthreads();  // row tables written; the previous chunk's / combine's readers done
       const int c1 = min(c0 + kKqvKeys, len_max), ncol = c1 - c0;
-      for (int i = threadIdx.x; i < ROWS * ncol; i += kKqvThreads) {
-        const int r = i / ncol, jj = i % ncol;
-        sm[r * kKqvKeys + jj] = c0 + jj < row_att[r] ? scratch[row_off[r] + c0 + jj] : 0.0f;
+      {  // the chunk's weights: thread jj takes key c0 + jj of every row, loads before stores
+        const int jj = static_cast<int>(threadIdx.x);
+        float pv[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+          pv[r] = jj < ncol && c0 + jj < row_att[r] ? scratch[row_off[r] + c0 + jj] : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) sm[r * kKqvKeys + jj] = pv[r];
       }
       __syncthreads();
-      // V rows one key ahead in registers: the next load flies during this key's FMAs.
-      float vn[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-      if (c0 + l < min(c1, n_att_max)) {
-        load_v4<KV>(vbase + static_cast<size_t>(c0 + l) * kv_dim + d, d, hd, vn);
+      // V rows kKqvAhead keys ahead in registers (zeros at keys >= n_att_max): the loads fly
+      // during the FMAs of the keys before. ncol is a multiple of LANES: every lane runs n_it.
+      const int vend = min(c1, n_att_max), n_it = ncol / LANES;
+      float vr[kKqvAhead][4];
+#pragma unroll
+      for (int u = 0; u < kKqvAhead; ++u) {
+        const int j = c0 + l + u * LANES;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) vr[u][k] = 0.0f;
+        if (j < vend) load_v4<KV>(vbase + static_cast<size_t>(j) * kv_dim + d, d, hd, vr[u]);
       }
-      for (int j = c0 + l; j < c1; j += LANES) {
-        float v[4];
+      for (int i0 = 0; i0 < n_it; i0 += kKqvAhead) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = vn[k], vn[k] = 0.0f;
-        if (j + LANES < min(c1, n_att_max)) {
-          load_v4<KV>(vbase + static_cast<size_t>(j + LANES) * kv_dim + d, d, hd, vn);
-        }
-        const float* p = sm + (j - c0);
-        if (j <= base) {
+        for (int u = 0; u < kKqvAhead; ++u) {
+          if (i0 + u >= n_it) break;
+          const int j = c0 + l + (i0 + u) * LANES, jn = j + kKqvAhead * LANES;
+          float v[4];
 #pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            const float pr = p[r * kKqvKeys];
-#pragma unroll
-            for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(v[k], pr, acc[r][k]);
-          }
-        } else {
-#pragma unroll
-          for (int r = 0; r < ROWS; ++r) {
-            const int na = row_att[r];
-            const int len = LANES == 64 ? len_max : ((na + 15) & ~15);
-            if (j < len) {
-              const bool in = j < na;
-              const float pr = in ? p[r * kKqvKeys] : 0.0f;
-#pragma unroll
-              for (int k = 0; k < 4; ++k) acc[r][k] = fmaf(in ? v[k] : 0.0f, pr, acc[r][k]);
-            }
-          }
+          for (int k = 0; k < 4; ++k) v[k] = vr[u][k], vr[u][k] = 0.0f;
+          if (jn < vend) load_v4<KV>(vbase + static_cast<size_t>(jn) * kv_dim + d, d, hd, vr[u]);
+          kqv_key<LANES, ROWS>(sm + (j - c0), j, base, len_max, row_att, v, acc);
         }
       }
     }

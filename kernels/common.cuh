@@ -60,6 +60,28 @@ __device__ __forceinline__ void cp_async_wait_all() {
   cp_async_wait<0>();
 }
 
+// f(i, ld(i)) for i = tid, tid + NT, ... < n in that order (NT threads a block), 8 loads a
+// thread at a time, all issued before the first is used: a loop of load-then-store waits one
+// memory round trip an element.
+template <int NT, class Ld, class F>
+__device__ __forceinline__ void for_each_batched(int n, Ld&& ld, F&& f) {
+  constexpr int kBatch = 8;
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int i0 = 0; i0 < n; i0 += kBatch * NT) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * NT + tid;
+      v[u] = i < n ? ld(i) : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * NT + tid;
+      if (i < n) f(i, v[u]);
+    }
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

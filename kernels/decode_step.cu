@@ -192,31 +192,10 @@ __device__ __forceinline__ size_t rows_bytes(size_t rb, int r0, int r1) {
   return r1 > r0 ? static_cast<size_t>(r1 - r0) * rb : 0;
 }
 
-// f(i, ld(i)) for i = tid, tid + kThreads, ... < n in that order, kLdBatch loads a thread at a
-// time, all issued before the first is used (a loop of load-then-store waits one memory round
-// trip an element).
-constexpr int kLdBatch = 8;
-template <class Ld, class F>
-__device__ __forceinline__ void for_each_batched(int n, Ld&& ld, F&& f) {
-  const int tid = static_cast<int>(threadIdx.x);
-  for (int i0 = 0; i0 < n; i0 += kLdBatch * kThreads) {
-    float v[kLdBatch];
-#pragma unroll
-    for (int u = 0; u < kLdBatch; ++u) {
-      const int i = i0 + u * kThreads + tid;
-      v[u] = i < n ? ld(i) : 0.0f;
-    }
-#pragma unroll
-    for (int u = 0; u < kLdBatch; ++u) {
-      const int i = i0 + u * kThreads + tid;
-      if (i < n) f(i, v[u]);
-    }
-  }
-}
-// ... of n floats other blocks wrote (through L2).
+// for_each_batched (common.cuh) over n floats other blocks wrote (through L2).
 template <class F>
 __device__ __forceinline__ void for_each_l2(const float* src, int n, F&& f) {
-  for_each_batched(
+  for_each_batched<kThreads>(
       n, [src](int i) { return __ldcg(src + i); }, f);
 }
 
@@ -245,7 +224,7 @@ __device__ void norm_act(float* xs, const float* x, const float* w, int n, float
   }
   const float scale = math::rms_scale(mean, eps);
   __syncthreads();  // thread 0's fallback reads xs
-  for_each_batched(
+  for_each_batched<kThreads>(
       n, [w](int i) { return __ldg(w + i); },
       [&](int i, float wi) { xs[i] = math::act_round(act_type_of(T), (xs[i] * scale) * wi); });
   __syncthreads();

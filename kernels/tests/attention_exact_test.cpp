@@ -511,6 +511,22 @@ TYPED_TEST(AttentionExactGpu, AttentionMatchesCpu) {
   EXPECT_EQ(cases, quick() ? 108u : 225u);
 }
 
+// Long batches (256 tokens and more: the KQV kernel's 16-row tiles, keys staged in several
+// chunks, the tiles launched last token first), with and without a cached past.
+// REQ: M0-W-1201 WRK-D15
+TYPED_TEST(AttentionExactGpu, LongBatchesMatchCpu) {
+  REQUIRE_GPU();
+  std::mt19937 rng(27);
+  size_t bad = 0;
+  bad += run_attention_case<TypeParam>(AttnCase{64, 7, 300, 0, 320}, rng);
+  bad += run_attention_case<TypeParam>(AttnCase{64, 7, 257, 230, 512}, rng);
+  if (!quick()) {
+    bad += run_attention_case<TypeParam>(AttnCase{128, 2, 256, 37, 320}, rng);
+    bad += run_attention_case<TypeParam>(AttnCase{80, 1, 260, 5, 320}, rng);
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
 // A head size with leftovers in vec_dot's tail (80 = 64 + 16), and long contexts: n_ctx 32768
 // splits a 64-token batch into chunks of scratch; decode steps at n_past 20000 (2000 under
 // WORKER_KERNEL_TEST_QUICK).
