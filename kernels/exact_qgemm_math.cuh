@@ -280,6 +280,14 @@ EXQ_HD uint32_t sw32(const uint8_t* p) {
   return v;
 #endif
 }
+// The 16-bit little-endian value at an even offset o of the stage (a block's d).
+EXQ_HD uint32_t sw16(const uint8_t* stage, int o) {
+  return (sw32(stage + (o & ~3)) >> (8 * (o & 2))) & 0xFFFFu;
+}
+// Q5_0's fifth bits h (bit k: element 4i + k of a word's four) as bit 4 of each byte.
+EXQ_HD uint32_t q5_high_bits(uint32_t h) {
+  return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+}
 // N little-endian words at an even offset o of the stage (2 mod 4 or 0 mod 4): aligned word
 // loads, then a funnel shift by 16 bits where o is 2 mod 4.
 template <int N>
@@ -308,7 +316,7 @@ EXQ_HD void fetch_w_ring(int tid, int step, const uint8_t* stage, int rows, int 
     st.wok = has_row<BR>(r) && row0 + r < rows && step * kUnits + u < nb;
     if (st.wok) {
       const int o = bb * u;  // even
-      st.w[0] = (sw32(row + (o & ~3)) >> (8 * (o & 2))) & 0xFFFFu;
+      st.w[0] = sw16(row, o);
       sw_words<Stage<T, FL, TT, BR>::kW - 1>(row, o + 2, st.w + 1);
     }
   } else {  // Q4_K
@@ -379,10 +387,7 @@ EXQ_HD void commit_w(int r, int u, const Stage<T, FL, TT, BR>& st, Smem<FL, TT, 
         const uint32_t qh = st.w[1];
         for (int i = 0; i < 8; ++i) {
           const uint32_t nib = (i < 4 ? st.w[2 + i] : (st.w[2 + i - 4] >> 4)) & 0x0F0F0F0Fu;
-          const uint32_t h = (qh >> (4 * i)) & 0xFu;  // fifth bits of elements 4i..4i+3
-          const uint32_t hb =
-              ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
-          v[i] = sub16_bytes(nib | hb);
+          v[i] = sub16_bytes(nib | q5_high_bits((qh >> (4 * i)) & 0xFu));  // elements 4i..4i+3
         }
       }
     }

@@ -364,8 +364,7 @@ __device__ __forceinline__ void convert(int tid, const RawStage<T>& r, F16Stage&
       } else {
         x = (hf != 0 ? q[i] >> 4 : q[i]) & 0x0F0F0F0Fu;  // elements 16 hf + 4i ..
         if constexpr (T == GgmlType::Q5_0) {
-          const uint32_t h = (qh >> (16 * hf + 4 * i)) & 0xFu;
-          x |= ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+          x |= qg::q5_high_bits((qh >> (16 * hf + 4 * i)) & 0xFu);
         }
       }
       bytes_to_f16(x, bias2, v[2 * i], v[2 * i + 1]);
@@ -374,8 +373,7 @@ __device__ __forceinline__ void convert(int tid, const RawStage<T>& r, F16Stage&
     dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
     dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
     if (hf == 0) {
-      const int o = rr * raw_row<T>() + blk * BB;  // even
-      const uint32_t d = (qg::sw32(r.w + (o & ~3)) >> (8 * (o & 2))) & 0xFFFFu;
+      const uint32_t d = qg::sw16(r.w, rr * raw_row<T>() + blk * BB);
       s.dw[rr * kKB + blk] = __half2float(__ushort_as_half(static_cast<unsigned short>(d)));
     }
   }
