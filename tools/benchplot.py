@@ -3,8 +3,8 @@
 (reports/bench-<date>.json, schema 1, written by the bench driver), and the report page
 reports/bench-<date>.md that links them.
 
-  benchplot.py                      every reports/bench-*.json -> reports/bench-<date>/*.svg
-                                    + its reports/bench-<date>.md
+  benchplot.py                      every reports/bench-*.json -> reports/<its name>/*.svg
+                                    + reports/<its name>.md (bench-<date>[-tag])
   benchplot.py FILE.json [--out-dir DIR] [--md FILE.md]
 
 Plots: decode tok/s per weight type and numerics against llama.cpp and the bandwidth floor;
@@ -390,8 +390,11 @@ def write_report(json_path: Path, out_dir: Path | None = None, md_path: Path | N
         raise SystemExit(f"benchplot: {json_path}: no rows")
     date = d.get("date") or re.sub(r"^bench-|\.json$", "", json_path.name)
     d["date"] = date
-    out_dir = out_dir or json_path.parent / f"bench-{date}"
-    md_path = md_path or json_path.parent / f"bench-{date}.md"
+    # Named after the JSON file (bench-<date>.json -> bench-<date>/ and bench-<date>.md), so
+    # that two runs of one date (bench-<date>-h200.json) keep their own plots and page.
+    stem = json_path.name[:-5] if json_path.name.endswith(".json") else json_path.stem
+    out_dir = out_dir or json_path.parent / stem
+    md_path = md_path or json_path.parent / f"{stem}.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     written, notes = [], {}
     for name, _, fn in PLOTS:

@@ -134,6 +134,20 @@ class BenchPlotTest(unittest.TestCase):
                 self.assertEqual([c for _, c in rp], sorted(c for _, c in rp))
 
     # REQ: WRK-D25
+    def test_a_second_run_of_the_same_date_keeps_its_own_plots_and_page(self):
+        first = (self.plots / "decode.svg").read_text()
+        other = synthetic_bench()
+        other["rows"][0]["decode_tok_s"] = 4321.0
+        tagged = self.tmp / "bench-2026-11-26-h200.json"
+        tagged.write_text(json.dumps(other))
+        self.assertEqual(benchplot.main([str(tagged)]), 0)
+        self.assertEqual((self.plots / "decode.svg").read_text(), first)
+        bars = marks(self.tmp / "bench-2026-11-26-h200" / "decode.svg", "bar")
+        self.assertIn(4321.0, {float(b["data-value"]) for b in bars})
+        md = (self.tmp / "bench-2026-11-26-h200.md").read_text()
+        self.assertIn("](bench-2026-11-26-h200/decode.svg)", md)
+
+    # REQ: WRK-D25
     def test_bad_schema_is_refused(self):
         bad = self.tmp / "bench-bad.json"
         bad.write_text(json.dumps({"schema": 2, "rows": []}))
