@@ -71,9 +71,10 @@ constexpr int kRopeThreads = 64;
 // Tokens a block (threadIdx.y): one (token, head) a block was ~9,000 blocks of one round trip
 // each for a 512-token prompt (13.4 us a layer on the H200).
 constexpr int kRopeTokens = 4;
+constexpr int kRopeBlock = kRopeThreads * kRopeTokens;
 
 template <class KV>
-__global__ void __launch_bounds__(kRopeThreads* kRopeTokens)
+__global__ void __launch_bounds__(kRopeBlock)
     ex_bias_rope_store_kernel(float* __restrict__ q, const float* __restrict__ k,
                               const float* __restrict__ v, const float* __restrict__ bq,
                               const float* __restrict__ bk, const float* __restrict__ bv,
