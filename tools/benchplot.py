@@ -392,9 +392,8 @@ def write_report(json_path: Path, out_dir: Path | None = None, md_path: Path | N
     d["date"] = date
     # Named after the JSON file (bench-<date>.json -> bench-<date>/ and bench-<date>.md), so
     # that two runs of one date (bench-<date>-h200.json) keep their own plots and page.
-    stem = json_path.name[:-5] if json_path.name.endswith(".json") else json_path.stem
-    out_dir = out_dir or json_path.parent / stem
-    md_path = md_path or json_path.parent / f"{stem}.md"
+    out_dir = out_dir or json_path.parent / json_path.stem
+    md_path = md_path or json_path.parent / f"{json_path.stem}.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     written, notes = [], {}
     for name, _, fn in PLOTS:
