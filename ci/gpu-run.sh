@@ -76,7 +76,7 @@ if [ $sanitize = 1 ] && command -v compute-sanitizer > /dev/null; then
     # racecheck instruments shared memory and is slow: the kernels that use shared
     # memory (reductions, attention merge, sampling), at the quick sizes.
     filter="*"
-    [ $tool = racecheck ] && filter="KernelAttention.*:KernelRmsnorm.*:KernelSampling.*:KernelRope.*:KernelSwiglu.*:KernelMatvec.AllTypesMatchDequantizedReference"
+    [ $tool = racecheck ] && filter="KernelAttention.*:KernelSampling.*"
     if [ $tool = racecheck ]; then export WORKER_KERNEL_TEST_QUICK=1; else unset WORKER_KERNEL_TEST_QUICK; fi
     timeout ${SANITIZER_TIMEOUT:-600} compute-sanitizer --tool $tool --error-exitcode 3 \
       "$bin/kernel_tests" --gtest_filter="$filter" > "$results/sanitizer-$tool.log" 2>&1

@@ -18,7 +18,7 @@ namespace worker::kern {
 // softmaxes in a fixed order. `partial` must hold attention_partial_floats() floats.
 // q, out: [n_tok][n_head][head_dim] FP32; caches: [n_ctx][n_head_kv][head_dim].
 size_t attention_partial_floats(int n_tok, int n_head, int head_dim);
-// kv_f32: the caches hold FP32 instead of FP16 (see rope_qkv.cuh).
+// kv_f32: the caches hold FP32 instead of FP16 (exact::bias_rope_store writes either).
 void attention(const float* q, const void* k_cache, const void* v_cache, bool kv_f32, float* out,
                int n_tok, int n_head, int n_head_kv, int head_dim, const int32_t* d_n_past,
                float* partial, cudaStream_t stream);

@@ -8,8 +8,8 @@
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
+#include "exact.cuh"
 #include "launch.cuh"
-#include "swiglu.cuh"
 
 namespace worker::kern::exact {
 
@@ -212,7 +212,7 @@ void ffn(const Ctx& c, const WeightView& gate, const WeightView& up, const Weigh
          const float* x, int n, float* g, float* u, float* y, cudaStream_t stream) {
   linear(c, gate, x, n, g, false, stream);
   linear(c, up, x, n, u, false, stream);
-  swiglu(g, u, static_cast<size_t>(n) * static_cast<size_t>(gate.rows), stream);
+  exact::swiglu(g, u, n, static_cast<int>(gate.rows), stream);  // the exact kernel
   linear(c, down, g, n, y, true, stream);
 }
 

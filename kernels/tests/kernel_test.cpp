@@ -20,10 +20,7 @@
 #include "engine/sampler.h"
 #include "gguf/ggml_types.h"
 #include "gpu_test_util.h"
-#include "rmsnorm.cuh"
-#include "rope_qkv.cuh"
 #include "sampling.cuh"
-#include "swiglu.cuh"
 #include "weights.cuh"
 
 namespace worker {
@@ -196,120 +193,6 @@ TEST(KernelEmbed, AllTypesGatherDequantizedRows) {
   }
 }
 
-// REQ: M0-W-1430 M0-W-1810
-TEST(KernelRmsnorm, MatchesReference) {
-  REQUIRE_GPU();
-  std::mt19937 rng(11);
-  for (int n : {64, 896, 4096, 100}) {
-    for (GgmlType wt : {GgmlType::F32, GgmlType::F16}) {
-      const int rows = 7;
-      auto x = randn(static_cast<size_t>(rows * n), rng, 3.0f);
-      auto w = randn(static_cast<size_t>(n), rng);
-      std::vector<uint8_t> wbytes;
-      std::vector<float> wq(w);
-      if (wt == GgmlType::F32) {
-        wbytes.resize(4 * n);
-        std::memcpy(wbytes.data(), w.data(), wbytes.size());
-      } else {
-        wbytes.resize(2 * n);
-        for (int i = 0; i < n; ++i) {
-          const uint16_t h = fp32_to_fp16(w[i]);
-          wq[i] = fp16_to_fp32(h);
-          std::memcpy(wbytes.data() + 2 * i, &h, 2);
-        }
-      }
-      std::vector<double> ref(x.size());
-      for (int r = 0; r < rows; ++r) {
-        double ss = 0;
-        for (int i = 0; i < n; ++i) ss += static_cast<double>(x[r * n + i]) * x[r * n + i];
-        const double sc = 1.0 / std::sqrt(ss / n + 1e-6);
-        for (int i = 0; i < n; ++i) ref[r * n + i] = x[r * n + i] * sc * wq[i];
-      }
-      DevArray<float> dx(x), dy(x.size());
-      DevArray<uint8_t> dw(wbytes);
-      kern::rmsnorm(dx.get(), dw.get(), static_cast<uint32_t>(wt), dy.get(), rows, n, 1e-6f,
-                    nullptr);
-      EXPECT_LT(rel_err(dy.download(), ref), 1e-6) << "n=" << n;
-    }
-  }
-}
-
-// REQ: M0-W-1430 M0-W-1810 WRK-D1
-TEST(KernelRope, BothOrderingsBiasAndCacheStore) {
-  REQUIRE_GPU();
-  std::mt19937 rng(21);
-  struct C {
-    int nh, nkv, hd, nrot, n_tok, n_past;
-    bool neox;
-    bool bias;
-  };
-  const C cases[] = {{14, 2, 64, 64, 5, 0, true, true},
-                     {8, 4, 8, 8, 3, 17, false, false},
-                     {4, 4, 128, 64, 2, 1000, false, true},
-                     {6, 2, 32, 32, 9, 5, true, false}};
-  for (const C& c : cases) {
-    kern::RopeParams p{c.nh,   c.nkv,    c.hd,
-                       c.nrot, 10000.0f, std::pow(10000.0f, -2.0f / static_cast<float>(c.nrot)),
-                       c.neox};
-    const int qd = c.nh * c.hd, kd = c.nkv * c.hd, n_ctx = c.n_past + c.n_tok + 3;
-    auto q = randn(static_cast<size_t>(c.n_tok * qd), rng);
-    auto k = randn(static_cast<size_t>(c.n_tok * kd), rng);
-    auto v = randn(static_cast<size_t>(c.n_tok * kd), rng);
-    auto bq = randn(qd, rng), bk = randn(kd, rng), bv = randn(kd, rng);
-    // reference (double angles)
-    std::vector<double> rq(q.size()), rk(k.size()), rv(v.size());
-    auto rot = [&](const float* in, const float* b, double* out, int nheads, int pos) {
-      for (int h = 0; h < nheads; ++h) {
-        std::vector<double> x(c.hd);
-        for (int d = 0; d < c.hd; ++d) x[d] = in[h * c.hd + d] + (c.bias ? b[h * c.hd + d] : 0.0f);
-        float thf = static_cast<float>(pos);  // ggml's float recurrence for the angles
-        for (int i = 0; i < c.nrot / 2; ++i, thf *= p.theta_scale) {
-          const double th = thf;
-          const int i0 = c.neox ? i : 2 * i, i1 = c.neox ? i + c.nrot / 2 : 2 * i + 1;
-          const double x0 = x[i0], x1 = x[i1];
-          x[i0] = x0 * std::cos(th) - x1 * std::sin(th);
-          x[i1] = x0 * std::sin(th) + x1 * std::cos(th);
-        }
-        for (int d = 0; d < c.hd; ++d) out[h * c.hd + d] = x[d];
-      }
-    };
-    for (int t = 0; t < c.n_tok; ++t) {
-      rot(q.data() + t * qd, bq.data(), rq.data() + t * qd, c.nh, c.n_past + t);
-      rot(k.data() + t * kd, bk.data(), rk.data() + t * kd, c.nkv, c.n_past + t);
-      for (int i = 0; i < kd; ++i) rv[t * kd + i] = v[t * kd + i] + (c.bias ? bv[i] : 0.0f);
-    }
-    DevArray<float> dq(q), dk(k), dv(v), dbq(bq), dbk(bk), dbv(bv);
-    DevArray<int32_t> npast(std::vector<int32_t>{c.n_past});
-    DevArray<__half> kc(static_cast<size_t>(n_ctx * kd)), vc(static_cast<size_t>(n_ctx * kd));
-    DevArray<float> kc32(static_cast<size_t>(n_ctx * kd)), vc32(static_cast<size_t>(n_ctx * kd));
-    DevArray<float> dk2(k), dv2(v), dq2(q);
-    kern::VecView Bq{c.bias ? dbq.get() : nullptr, 0}, Bk{c.bias ? dbk.get() : nullptr, 0},
-        Bv{c.bias ? dbv.get() : nullptr, 0};
-    kern::qkv_rope_store(dq.get(), dk.get(), dv.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(),
-                         kc.get(), vc.get(), false, nullptr);
-    kern::qkv_rope_store(dq2.get(), dk2.get(), dv2.get(), Bq, Bk, Bv, p, c.n_tok, npast.get(),
-                         kc32.get(), vc32.get(), true, nullptr);
-    EXPECT_LT(rel_err(dq.download(), rq), 1e-5);
-    {
-      const auto k32 = kc32.download(), v32 = vc32.download();
-      std::vector<float> gk(k32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd,
-                            k32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
-      std::vector<float> gv(v32.begin() + static_cast<ptrdiff_t>(c.n_past) * kd,
-                            v32.begin() + static_cast<ptrdiff_t>(c.n_past + c.n_tok) * kd);
-      EXPECT_LT(rel_err(gk, rk), 1e-5);  // FP32 cache
-      EXPECT_LT(rel_err(gv, rv), 1e-6);
-    }
-    const auto hk = kc.download(), hv = vc.download();
-    std::vector<float> gk(k.size()), gv(v.size());
-    for (size_t i = 0; i < k.size(); ++i) {
-      gk[i] = __half2float(hk[static_cast<size_t>(c.n_past) * kd + i]);
-      gv[i] = __half2float(hv[static_cast<size_t>(c.n_past) * kd + i]);
-    }
-    EXPECT_LT(rel_err(gk, rk), 1e-3);  // FP16 cache
-    EXPECT_LT(rel_err(gv, rv), 1e-3);
-  }
-}
-
 // REQ: M0-W-1430 M0-W-1431 M0-W-1810 M0-W-1031 WRK-D15
 TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
   REQUIRE_GPU();
@@ -388,25 +271,6 @@ TEST(KernelAttention, CausalGqaOverFp16CacheMatchesReference) {
     const auto again = out.download();
     EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4))
         << "attention not reproducible";
-  }
-}
-
-// REQ: M0-W-1430 M0-W-1810
-TEST(KernelSwiglu, SiluTimesUpAndResidualAdd) {
-  REQUIRE_GPU();
-  std::mt19937 rng(41);
-  for (size_t n : {size_t{1}, size_t{172}, size_t{4864 * 3}}) {
-    auto g = randn(n, rng, 4.0f), u = randn(n, rng), y = randn(n, rng);
-    std::vector<double> ref(n), radd(n);
-    for (size_t i = 0; i < n; ++i) {
-      ref[i] = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
-      radd[i] = static_cast<double>(y[i]) + u[i];
-    }
-    DevArray<float> dg(g), du(u), dy(y);
-    kern::swiglu(dg.get(), du.get(), n, nullptr);
-    kern::add_inplace(dy.get(), du.get(), n, nullptr);
-    EXPECT_LT(rel_err(dg.download(), ref), 1e-6);
-    EXPECT_LT(rel_err(dy.download(), radd), 1e-7);
   }
 }
 

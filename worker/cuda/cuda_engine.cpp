@@ -36,10 +36,7 @@
 #include "engine/sampler.h"
 #include "exact.cuh"
 #include "linear.cuh"
-#include "rmsnorm.cuh"
-#include "rope_qkv.cuh"
 #include "sampling.cuh"
-#include "swiglu.cuh"
 
 namespace worker {
 namespace {
@@ -258,7 +255,6 @@ size_t kv_bytes(const ModelConfig& c, int32_t n_ctx, bool f32) {
 
 struct LayerDev {
   kern::WeightView wq, wk, wv, wo, gate, up, down;
-  kern::VecView attn_norm, ffn_norm, bq, bk, bv;
 };
 
 class Event {
@@ -320,7 +316,6 @@ class CudaEngine final : public Engine {
  private:
   void upload_weights();
   kern::WeightView view(const TensorInfo* t) const;
-  kern::VecView vec(const TensorInfo* t) const;
   void forward(Scratch& s, int n);
   void attention_fast(Scratch& s, size_t il, int n);
   void setup_exact();
@@ -357,7 +352,6 @@ class CudaEngine final : public Engine {
   std::map<const TensorInfo*, const void*> dev_ptr_;
   kern::WeightView tok_embd_, output_;
   std::vector<LayerDev> layers_;
-  kern::RopeParams rope_;
 
   // The exact kernels' F32 norm weights / biases and the RoPE table (both numerics: the decode
   // step and the LM head are exact in both).
@@ -516,20 +510,8 @@ void CudaEngine::upload_weights() {
     d.gate = view(l.w_gate);
     d.up = view(l.w_up);
     d.down = view(l.w_down);
-    d.attn_norm = vec(l.attn_norm);
-    d.ffn_norm = vec(l.ffn_norm);
-    d.bq = vec(l.bq);
-    d.bk = vec(l.bk);
-    d.bv = vec(l.bv);
     layers_.push_back(d);
   }
-  rope_.n_head = static_cast<int>(cfg_.n_head);
-  rope_.n_head_kv = static_cast<int>(cfg_.n_head_kv);
-  rope_.head_dim = static_cast<int>(cfg_.head_dim);
-  rope_.n_rot = static_cast<int>(cfg_.n_rot);
-  rope_.base = cfg_.rope_base;
-  rope_.neox = cfg_.rope_neox;
-  rope_.theta_scale = rope_theta_scale(cfg_.rope_base, cfg_.n_rot);
 }
 
 kern::WeightView CudaEngine::view(const TensorInfo* t) const {
@@ -540,20 +522,6 @@ kern::WeightView CudaEngine::view(const TensorInfo* t) const {
   w.cols = t->row_len();
   w.row_bytes = t->row_bytes();
   return w;
-}
-
-kern::VecView CudaEngine::vec(const TensorInfo* t) const {
-  kern::VecView v;
-  if (t == nullptr) return v;
-  const auto ty = t->type;
-  if (dot_family_of(ty) != DotFamily::Float) {
-    throw WorkerError(ErrorCode::ModelLoadFailed,
-                      "cuda backend: vector tensor " + t->name + " has type " +
-                          std::string(ggml_type_name(t->type_raw)) + " (F32/F16/BF16 expected)");
-  }
-  v.data = dev_ptr_.at(t);
-  v.type = static_cast<uint32_t>(ty);
-  return v;
 }
 
 bool CudaEngine::verify_residency() {
@@ -571,9 +539,12 @@ bool CudaEngine::verify_residency() {
 }
 
 // The fast numerics' forward of a prompt batch: cuBLAS products for float weights from
-// gemm_min_tokens tokens, the fast norms / RoPE / attention, FP32 or FP16 KV cache. (Decode
-// steps and the LM head run the exact kernels in both numerics.)
+// gemm_min_tokens tokens and the flash-attention kernel (FP16 cache; kernels/attention.cuh);
+// the norms, SwiGLU and bias + RoPE + KV store are the exact kernels (one family of
+// element-wise kernels for both numerics). Decode steps and the LM head run the exact kernels
+// in both numerics.
 void CudaEngine::forward(Scratch& s, int n) {
+  namespace ex = kern::exact;
   const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
             F = static_cast<int>(cfg_.n_ff), KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
   const float eps = cfg_.norm_eps;
@@ -581,8 +552,9 @@ void CudaEngine::forward(Scratch& s, int n) {
   kern::embed(tok_embd_, s.io + 1, n, s.x, stream_);
   for (size_t il = 0; il < layers_.size(); ++il) {
     const LayerDev& L = layers_[il];
+    const LayerVecs& V = xvec_[il];
     const int li = static_cast<int>(il);
-    kern::rmsnorm(s.x, L.attn_norm.data, L.attn_norm.type, s.xn, n, E, eps, stream_);
+    ex::rmsnorm(s.x, V.attn_norm, s.xn, n, E, eps, stream_);
     trace("attn_norm", li, s.xn, 0, n, E);
     kern::fast::qkv(c, L.wq, L.wk, L.wv, s.xn, n, s.q, s.k, s.v, stream_);
     attention_fast(s, il, n);
@@ -592,7 +564,7 @@ void CudaEngine::forward(Scratch& s, int n) {
     trace("attn_out", li, s.att, 0, n, QD);
     kern::fast::linear(c, L.wo, s.att, n, s.x, true, stream_);  // x += Wo att
     trace("ffn_inp", li, s.x, 0, n, E);
-    kern::rmsnorm(s.x, L.ffn_norm.data, L.ffn_norm.type, s.xn, n, E, eps, stream_);
+    ex::rmsnorm(s.x, V.ffn_norm, s.xn, n, E, eps, stream_);
     trace("ffn_norm", li, s.xn, 0, n, E);
     kern::fast::ffn(c, L.gate, L.up, L.down, s.xn, n, s.g, s.u, s.x, stream_);
     trace("ffn_act", li, s.g, 0, n, F);
@@ -600,13 +572,20 @@ void CudaEngine::forward(Scratch& s, int n) {
   }
 }
 
-// Bias, RoPE and KV store of layer il, then attention (out: s.att).
+// Bias, RoPE and KV store of layer il (the exact kernel), then the fast attention (out: s.att).
 void CudaEngine::attention_fast(Scratch& s, size_t il, int n) {
-  const LayerDev& L = layers_[il];
-  kern::qkv_rope_store(s.q, s.k, s.v, L.bq, L.bk, L.bv, rope_, n, s.io, kc(il), vc(il),
-                       opt_.kv_cache_f32, stream_);
-  kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, rope_.n_head, rope_.n_head_kv,
-                  rope_.head_dim, s.io, s.attn_part, stream_);
+  namespace ex = kern::exact;
+  const LayerVecs& V = xvec_[il];
+  const ex::QkvIn x{s.q, s.k, s.v, V.bq, V.bk, V.bv};
+  if (opt_.kv_cache_f32) {
+    ex::bias_rope_store(x, shape_, rope_table_, n, s.io, static_cast<float*>(kc(il)),
+                        static_cast<float*>(vc(il)), stream_);
+  } else {
+    ex::bias_rope_store(x, shape_, rope_table_, n, s.io, static_cast<uint16_t*>(kc(il)),
+                        static_cast<uint16_t*>(vc(il)), stream_);
+  }
+  kern::attention(s.q, kc(il), vc(il), opt_.kv_cache_f32, s.att, n, shape_.n_head, shape_.n_head_kv,
+                  shape_.head_dim, s.io, s.attn_part, stream_);
 }
 
 void CudaEngine::setup_exact() {
@@ -625,7 +604,7 @@ void CudaEngine::setup_exact() {
     at[t] = reinterpret_cast<const float*>(base + off);
     off += align_up(static_cast<size_t>(t->n_elements()) * sizeof(float));
   }
-  rope_table(n_ctx_, static_cast<int>(cfg_.n_rot), rope_.theta_scale,
+  rope_table(n_ctx_, static_cast<int>(cfg_.n_rot), rope_theta_scale(cfg_.rope_base, cfg_.n_rot),
              reinterpret_cast<float*>(host.data() + off));
   rope_table_ = reinterpret_cast<const float*>(base + off);
   CUDA_CHECK(cudaMemcpy(exact_vecs_.data(), host.data(), host.size(), cudaMemcpyHostToDevice));

@@ -22,10 +22,10 @@ struct CudaEngineOptions {
   // Exact numerics (the default): every op computes bit for bit the floats of the CPU
   // reference (and so of llama.cpp's CPU backend) with the kernels of kernels/exact.cuh: the
   // CPU reference with kv_f16 for the FP16 cache, without for kv_cache_f32. Logits and greedy
-  // continuations equal the CPU backend's. false: prompt batches through the fast kernels
-  // (cuBLAS products, other summation orders), whose logits differ from the reference in the
-  // last bits (bounds in worker/cuda/tests/cuda_engine_test.cpp); decode steps and the LM head
-  // stay exact.
+  // continuations equal the CPU backend's. false: prompt batches take cuBLAS products of float
+  // weights and the flash-attention kernel (other summation orders), whose logits differ from
+  // the reference in the last bits (bounds in worker/cuda/tests/cuda_engine_test.cpp); their
+  // norms, SwiGLU and RoPE, the decode steps and the LM head are the exact kernels.
   bool exact = true;
   // Both numerics: the decode step as one persistent kernel (kernels/decode_step.cuh) where
   // the model qualifies (float weights of one type; BackendInfo::decode says which ran), the
