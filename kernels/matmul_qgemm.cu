@@ -234,43 +234,48 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR, RING>())
 // ---- Q0Lanes on the tensor cores (big prompt batches: mma_fills, kMmaMinTokens) ----
 //
 // The reference's lane integer (4 int8 products, elements 4L..4L+3 of a block) is exact in any
-// order, so an mma may form it when each of its outputs sums exactly one lane. mma.m16n8k16
-// (f16 operands, f32 accumulation, C = 0): A = 16 weight rows x 16 elements (half a block,
-// natural layout, ldmatrix), B = 16 elements x 8 columns where column n = (token n / 4 of a
-// pair, lane n % 4) holds that token's 4 elements of lane n % 4 and zeros elsewhere (B is
-// block-diagonal: each thread's B word is the pair's activation word at its lane, masked). Every
-// product and partial sum is an integer below 2^17 (int8 values are exact in f16): the f32
-// result is exactly float(lane integer), the reference's int -> float conversion included.
-// Thread (g, t) of a warp (g = lane / 4, t = lane % 4) gets, per 16-row group, token pair and
-// half-block h, rows g and g + 8 of token t / 2, lanes 4h + 2(t % 2) and 4h + 2(t % 2) + 1:
-// over both halves 4 of the 8 lane chains of two (row, token) outputs, which it steps with
-// acc = fma(d_w * d_a, lane, acc) block after block (one scale product per output and block).
-// The combine is hsum_float_8's tree: the thread's own v_L + v_(L+4), then its partner's (xor
-// 1) a_(L^2), then the two sums. Weights and activations are converted to f16 once per CTA
-// (0x6400 | byte gives 1024 + byte; minus 1024 + the type's offset: exact).
+// order, so an mma may form it when each of its outputs sums exactly one lane. mma.m16n8k8
+// (f16 operands, f32 accumulation, C = 0) over slice s of a block (elements 8s..8s+7: lanes 2s
+// and 2s + 1): A = 16 weight rows x 8 elements (natural layout, ldmatrix), B = 8 elements x 8
+// columns where column n = (token n / 2 of a quad, lane 2s + n % 2) holds that token's 4
+// elements of the lane and zeros elsewhere (B is block-diagonal: each thread's B word is the
+// token's activation word, masked). Every product and partial sum is an integer below 2^17
+// (int8 values are exact in f16): the f32 result is exactly float(lane integer), the
+// reference's int -> float conversion included. Thread (g, t) of a warp (g = lane / 4, t =
+// lane % 4) gets, per 16-row group, token quad and slice, rows g and g + 8 of token t of the
+// quad, lanes 2s and 2s + 1: over a block's four slices all 8 lane chains of its two (row,
+// token) outputs, which it steps with acc = fma(d_w * d_a, lane, acc) block after block (one
+// scale product per output and block) and combines with hsum_float_8 in the thread. Weights
+// and activations are converted to f16 once per CTA (0x6400 | byte gives 1024 + byte; minus
+// 1024 + the type's offset: exact); a block's activation words are stored with the four
+// slices of a thread's B word adjacent (one 16-byte load a token quad and block).
 //
 // CTA: 256 threads, kMR weight rows x kMT tokens (warps 2 x 4, each 32 rows x 8 tokens); steps
 // of 128 elements (four blocks). The raw bytes of a step (weights, activation quants and scales)
 // come kRawRing - 1 steps ahead through a ring of shared-memory stages (8- and 16-byte cp.async;
 // rows 8-byte aligned: the row length a multiple of 128); each step the CTA converts the next
 // step's raw bytes into one of two f16 stages while its mma run on the other. One barrier a
-// step.
+// step. (The previous form, mma.m16n8k16 with a column per (token of a pair, lane of a half
+// block), left each output's 8 chains split over two threads: a shuffle to combine them, the
+// scale products twice, two masks and a load per token pair and half block.)
 namespace mma0 {
-constexpr int kWP = 4;         // token pairs a warp
+constexpr int kWQ = 2;         // token quads a warp
 constexpr int kMR = 64;        // weight rows a CTA
-constexpr int kMT = 8 * kWP;   // tokens a CTA
+constexpr int kMT = 16 * kWQ;  // tokens a CTA (4 warp columns of 4 kWQ tokens)
 constexpr int kKB = 4;         // blocks a step
 constexpr int kKS = 32 * kKB;  // elements a step
 // halves a weight row of an f16 stage (272 bytes: ldmatrix's 8 rows hit 8 distinct bank quads)
 constexpr int kWS = kKS + 8;
-constexpr int kXS = kKS + 16;  // halves a token row (a B load's two tokens: distinct banks)
+constexpr int kXS =
+    kKS + 16;  // halves a token row (the B loads of a warp's tokens: distinct banks)
 constexpr int kRawRing = 4;
 
 struct F16Stage {
   alignas(16) uint16_t w[kMR * kWS];  // f16 weights, element order
-  alignas(16) uint16_t x[kMT * kXS];  // f16 activation quants
-  float dw[kMR * kKB];                // [row][block] d_w
-  float da[kMT * kKB];                // [token][block] d_a
+  // f16 activation quants; in each block's 16 words, word 4s + t (elements 8s + 2t, + 1) at 4t + s
+  alignas(16) uint16_t x[kMT * kXS];
+  float dw[kMR * kKB];  // [row][block] d_w
+  float da[kMT * kKB];  // [token][block] d_a
 };
 template <GgmlType T>
 __host__ __device__ constexpr int raw_row() {  // bytes of a weight row's step
@@ -377,17 +382,23 @@ __device__ __forceinline__ void convert(int tid, const RawStage<T>& r, F16Stage&
       s.dw[rr * kKB + blk] = __half2float(__ushort_as_half(static_cast<unsigned short>(d)));
     }
   }
-  for (int n = tid; n < kMT * kKS / 16; n += kThreads) {  // activations: 16 quants of a token
-    constexpr uint32_t abias2 = 0x6480u * 0x10001u;       // 1024 + 128
-    const uint4 a = *reinterpret_cast<const uint4*>(r.x + 16 * n);
-    uint32_t v[8];
-    bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
-    bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
-    bytes_to_f16(a.z ^ 0x80808080u, abias2, v[4], v[5]);
-    bytes_to_f16(a.w ^ 0x80808080u, abias2, v[6], v[7]);
-    uint4* dst = reinterpret_cast<uint4*>(s.x + (n >> 3) * kXS + 16 * (n & 7));
-    dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-    dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  if (tid < kMT * kKB) {  // activations: one block (32 quants) of a token a thread
+    constexpr uint32_t abias2 = 0x6480u * 0x10001u;  // 1024 + 128
+    const int tok = tid / kKB, blk = tid % kKB;
+    const uint4* src = reinterpret_cast<const uint4*>(r.x + tok * kKS + 32 * blk);
+    const uint4 a0 = src[0], a1 = src[1];
+    uint32_t v[16];  // word w: elements 2w, 2w + 1
+    bytes_to_f16(a0.x ^ 0x80808080u, abias2, v[0], v[1]);
+    bytes_to_f16(a0.y ^ 0x80808080u, abias2, v[2], v[3]);
+    bytes_to_f16(a0.z ^ 0x80808080u, abias2, v[4], v[5]);
+    bytes_to_f16(a0.w ^ 0x80808080u, abias2, v[6], v[7]);
+    bytes_to_f16(a1.x ^ 0x80808080u, abias2, v[8], v[9]);
+    bytes_to_f16(a1.y ^ 0x80808080u, abias2, v[10], v[11]);
+    bytes_to_f16(a1.z ^ 0x80808080u, abias2, v[12], v[13]);
+    bytes_to_f16(a1.w ^ 0x80808080u, abias2, v[14], v[15]);
+    uint4* dst = reinterpret_cast<uint4*>(s.x + tok * kXS + 32 * blk);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) dst[t] = make_uint4(v[t], v[t + 4], v[t + 8], v[t + 12]);
   }
   if (tid < kMT * kKB) s.da[tid] = r.d[tid];  // both [token][block]
 }
@@ -397,67 +408,79 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&a)[4]) {
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void mma_lanes(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                          float (&d)[4]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%10, %10, %10, %10};"
+__device__ __forceinline__ void mma_lanes(uint32_t a0, uint32_t a1, uint32_t b, float (&d)[4]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%7, %7, %7, %7};"
       : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
+      : "r"(a0), "r"(a1), "r"(b), "f"(0.0f));
 }
 
-// acc[r][p][4h + 2j + k]: row g + 8j of row group r, token 2p + t / 2 of the warp's tokens,
-// lane 4h + 2(t % 2) + k.
+// acc[r][p][j][L]: row g + 8j of row group r, token 4p + t of the warp's tokens, lane L.
 struct MAcc {
-  float v[2][kWP][8];
+  float v[2][kWQ][2][8];
 };
 
 // The chain steps of block b of an f16 stage.
 __device__ __forceinline__ void compute_block(int tid, const F16Stage& s, int b, MAcc& acc) {
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 2 * kWP;
-  const uint32_t m0 = (t >> 1) == (g & 3) ? 0xFFFFFFFFu : 0u;
-  const uint32_t m1 = 2 + (t >> 1) == (g & 3) ? 0xFFFFFFFFu : 0u;
-  float dw[2][2], da[kWP];
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 4 * kWQ;
+  // B[k][n] of a slice is nonzero where k / 4 == n % 2: thread (g, t) holds k = 2t, 2t + 1 of
+  // column g.
+  const uint32_t m = (t >> 1) == (g & 1) ? 0xFFFFFFFFu : 0u;
+  float dw[2][2], da[kWQ];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     dw[r][0] = s.dw[(rb + 16 * r + g) * kKB + b];
     dw[r][1] = s.dw[(rb + 16 * r + g + 8) * kKB + b];
   }
 #pragma unroll
-  for (int p = 0; p < kWP; ++p) da[p] = s.da[(tb + 2 * p + (t >> 1)) * kKB + b];
-  float sc[2][kWP][2];  // the scale products d_w * d_a of the thread's outputs
+  for (int p = 0; p < kWQ; ++p) da[p] = s.da[(tb + 4 * p + t) * kKB + b];
+  float sc[2][kWQ][2];  // the scale products d_w * d_a of the thread's outputs
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int p = 0; p < kWP; ++p) {
+    for (int p = 0; p < kWQ; ++p) {
       sc[r][p][0] = dw[r][0] * da[p];
       sc[r][p][1] = dw[r][1] * da[p];
     }
+  // The B words of column g (token 4p + g / 2) for the block's four slices: one 16-byte load.
+  uint32_t bw[kWQ][4];
+#pragma unroll
+  for (int p = 0; p < kWQ; ++p) {
+    const uint4 w =
+        *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(s.x) +
+                                        (tb + 4 * p + (g >> 1)) * (kXS / 2) + 16 * b + 4 * t);
+    bw[p][0] = w.x & m;
+    bw[p][1] = w.y & m;
+    bw[p][2] = w.z & m;
+    bw[p][3] = w.w & m;
+  }
   const uint32_t abase =
       static_cast<uint32_t>(__cvta_generic_to_shared(s.w)) +
       2u * static_cast<uint32_t>((rb + (lane & 7) + 8 * ((lane >> 3) & 1)) * kWS + 8 * (lane >> 4) +
                                  32 * b);
-  const uint32_t* xw = reinterpret_cast<const uint32_t*>(s.x) + (tb + (g >> 2)) * (kXS / 2) +
-                       2 * (g & 3) + (t & 1) + 16 * b;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    uint32_t a[2][4];
+    uint32_t a[2][4];  // rows 0-7 / 8-15 of slice 2h, then of slice 2h + 1
 #pragma unroll
     for (int r = 0; r < 2; ++r) ldmatrix_x4(abase + 2u * (16 * r * kWS + 16 * h), a[r]);
 #pragma unroll
-    for (int p = 0; p < kWP; ++p) {
-      const uint32_t v = xw[2 * p * (kXS / 2) + 8 * h];
-      const uint32_t b0 = v & m0, b1 = v & m1;
+    for (int k = 0; k < 2; ++k) {
+      const int sl = 2 * h + k;
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float d[4];
-        mma_lanes(a[r], b0, b1, d);
-        const float s0 = sc[r][p][0], s1 = sc[r][p][1];
-        float* c = acc.v[r][p] + 4 * h;
-        c[0] = qm::fma_(s0, d[0], c[0]);
-        c[1] = qm::fma_(s0, d[1], c[1]);
-        c[2] = qm::fma_(s1, d[2], c[2]);
-        c[3] = qm::fma_(s1, d[3], c[3]);
+      for (int p = 0; p < kWQ; ++p) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float d[4];
+          mma_lanes(a[r][2 * k], a[r][2 * k + 1], bw[p][sl], d);
+          float* c0 = acc.v[r][p][0];
+          float* c1 = acc.v[r][p][1];
+          const float s0 = sc[r][p][0], s1 = sc[r][p][1];
+          c0[2 * sl] = qm::fma_(s0, d[0], c0[2 * sl]);
+          c0[2 * sl + 1] = qm::fma_(s0, d[1], c0[2 * sl + 1]);
+          c1[2 * sl] = qm::fma_(s1, d[2], c1[2 * sl]);
+          c1[2 * sl + 1] = qm::fma_(s1, d[3], c1[2 * sl + 1]);
+        }
       }
     }
   }
@@ -483,9 +506,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int p = 0; p < kWP; ++p)
+    for (int p = 0; p < kWQ; ++p)
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc.v[r][p][k] = 0.0f;
+      for (int j = 0; j < 2; ++j)
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc.v[r][p][j][k] = 0.0f;
 
   for (int k = 0; k < kRawRing - 1; ++k)  // weights: no kernel writes them
     if (k < steps) issue_w<T>(tid, k, w, rows, sg.row_bytes, row0, sm.raw[k]);
@@ -515,22 +540,16 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   __syncthreads();  // the out tile shares the f16 stages
 
-  // combine (hsum_float_8's tree) into the out tile
+  // combine (hsum_float_8, in the thread) into the out tile
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 2 * kWP;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 4 * kWQ;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
-    for (int p = 0; p < kWP; ++p) {
+    for (int p = 0; p < kWQ; ++p) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const float* c = acc.v[r][p];
-        const float alo = c[2 * j] + c[4 + 2 * j];          // v_L + v_(L+4)
-        const float ahi = c[2 * j + 1] + c[4 + 2 * j + 1];  // v_(L+1) + v_(L+5)
-        const float blo = alo + __shfl_xor_sync(0xffffffffu, alo, 1);
-        const float bhi = ahi + __shfl_xor_sync(0xffffffffu, ahi, 1);
-        if ((t & 1) == 0)
-          sm.out[(tb + 2 * p + (t >> 1)) * (kMR + 1) + rb + 16 * r + 8 * j + g] = blo + bhi;
+        sm.out[(tb + 4 * p + t) * (kMR + 1) + rb + 16 * r + 8 * j + g] = qm::hsum8(acc.v[r][p][j]);
       }
     }
   }
