@@ -34,19 +34,43 @@ JobEvent make_error_event(ErrorCode code, const std::string& message) {
            {"retriable", error_retriable(code)}}};
 }
 
+namespace {
+std::atomic<int64_t> g_event_spin_us{0};
+}
+
+void EventChannel::set_spin(std::chrono::microseconds spin) {
+  g_event_spin_us.store(std::max<int64_t>(0, spin.count()));
+}
+std::chrono::microseconds EventChannel::spin() {
+  return std::chrono::microseconds(g_event_spin_us.load());
+}
+
 void EventChannel::push(JobEvent ev) {
   {
     std::lock_guard lock(mu_);
     q_.push_back(std::move(ev));
+    pushed_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
 std::optional<JobEvent> EventChannel::pop(std::chrono::milliseconds timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  const auto deadline = now + timeout;
+  const auto sp = spin();
+  if (sp.count() > 0 && now - last_taken_ < kSpinWindow) {
+    const auto until = std::min(deadline, now + sp);
+    while (pushed_.load(std::memory_order_acquire) == taken_ && Clock::now() < until) {
+      std::this_thread::yield();
+    }
+  }
   std::unique_lock lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !q_.empty(); })) return std::nullopt;
+  if (!cv_.wait_until(lock, deadline, [&] { return !q_.empty(); })) return std::nullopt;
   JobEvent ev = std::move(q_.front());
   q_.pop_front();
+  ++taken_;
+  last_taken_ = Clock::now();
   return ev;
 }
 
@@ -54,6 +78,10 @@ std::vector<JobEvent> EventChannel::drain() {
   std::lock_guard lock(mu_);
   std::vector<JobEvent> out(std::make_move_iterator(q_.begin()), std::make_move_iterator(q_.end()));
   q_.clear();
+  if (!out.empty()) {
+    taken_ += out.size();
+    last_taken_ = std::chrono::steady_clock::now();
+  }
   return out;
 }
 

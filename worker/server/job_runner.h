@@ -33,19 +33,32 @@ struct JobEvent {
 };
 
 // Unbounded per-job queue (a job's events are bounded by max_tokens + 2); push never blocks
-// the inference thread.
+// the inference thread. One consumer at a time (the stream's connection thread).
 class EventChannel {
  public:
   void push(JobEvent ev);
-  // Waits up to `timeout` for the next event.
+  // Waits up to `timeout` for the next event. While a stream is flowing (an event taken within
+  // the last kSpinWindow), the consumer first polls for up to spin() before it sleeps on the
+  // condition variable: a sleeping thread's wake-up now and then took ~0.5 ms on the GPU host,
+  // which showed as a late token event followed by an early one in the inter-token times.
   std::optional<JobEvent> pop(std::chrono::milliseconds timeout);
   // Everything available now (possibly nothing), without waiting.
   std::vector<JobEvent> drain();
+
+  // The poll before sleeping, for every channel of the process (0 at start: never poll; the
+  // worker sets it for the CUDA backend, whose tokens come every millisecond or so while the
+  // inference thread mostly waits for the GPU; on the CPU backend the cores compute tokens).
+  static void set_spin(std::chrono::microseconds spin);
+  static std::chrono::microseconds spin();
+  static constexpr std::chrono::milliseconds kSpinWindow{5};
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<JobEvent> q_;
+  std::atomic<uint64_t> pushed_{0};
+  uint64_t taken_ = 0;  // written by the consumer under mu_, read by it while polling
+  std::chrono::steady_clock::time_point last_taken_{};  // the consumer's
 };
 
 enum class CancelReason : int { None = 0, Request, Disconnect, Timeout, Shutdown };

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -306,6 +307,24 @@ int worker_main(int argc, char** argv) {
   receipt_ctx->tokenizer_kind = tok->kind();
   receipt_ctx->n_ctx = engine->n_ctx();
   receipt_ctx->worker_build = build_info::kCommit;
+
+  // The streams' connection threads poll for the next token event before sleeping on the CUDA
+  // backend (EventChannel::set_spin); WORKER_EVENT_SPIN_US (microseconds, 0 = never) overrides.
+  {
+    int64_t spin_us = info.backend == "cuda" ? 2000 : 0;
+    if (const char* e = std::getenv("WORKER_EVENT_SPIN_US"); e != nullptr) {
+      char* end = nullptr;
+      const long long v = std::strtoll(e, &end, 10);
+      if (end != e && *end == '\0' && v >= 0 && v <= 1000000) {
+        spin_us = v;
+      } else {
+        log::warn("event_spin_ignored", {{"WORKER_EVENT_SPIN_US", std::string(e)},
+                                         {"reason", "not an integer in 0 .. 1000000"}});
+      }
+    }
+    EventChannel::set_spin(std::chrono::microseconds(spin_us));
+    log::info("event_spin", {{"microseconds", spin_us}});
+  }
 
   JobRunner runner(
       *engine, *tok,

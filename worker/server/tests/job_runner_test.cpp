@@ -354,5 +354,54 @@ TEST_F(ServerJobRunner, FailedResidencyCheckMarksTheWorkerDegraded) {
   EXPECT_TRUE(r->degraded());
 }
 
+// The event channel with the consumer's poll before sleeping (the CUDA backend's setting): a
+// producer pushing in bursts and pauses loses nothing and reorders nothing, whether the
+// consumer takes an event by pop() or drain(); a pop() with nothing coming still waits out its
+// timeout and returns (the poll is bounded), with the poll on and off.
+// REQ: WRK-D9 M0-W-1311
+TEST(EventChannelTest, PollBeforeSleepKeepsEveryEventInOrderAndTheTimeout) {
+  for (const auto spin : {std::chrono::microseconds(2000), std::chrono::microseconds(0)}) {
+    EventChannel::set_spin(spin);
+    EXPECT_EQ(EventChannel::spin(), spin);
+    EventChannel ch;
+    constexpr int kN = 300;
+    std::thread producer([&] {
+      for (int i = 0; i < kN; ++i) {
+        ch.push({JobEvent::Kind::Token, {{"i", i}}});
+        if (i % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        if (i % 50 == 49) std::this_thread::sleep_for(std::chrono::milliseconds(8));  // > window
+      }
+    });
+    int next = 0;
+    bool ok = true;
+    while (ok && next < kN) {
+      auto ev = ch.pop(std::chrono::milliseconds(2000));
+      if (!ev) {
+        ADD_FAILURE() << "pop timed out at event " << next;
+        break;
+      }
+      ok = ev->data["i"] == next;
+      EXPECT_TRUE(ok) << "popped " << ev->data["i"] << ", expected " << next;
+      ++next;
+      if (next % 2 == 0) {
+        for (auto& e : ch.drain()) {
+          ok = ok && e.data["i"] == next;
+          EXPECT_TRUE(ok) << "drained " << e.data["i"] << ", expected " << next;
+          ++next;
+        }
+      }
+    }
+    producer.join();
+    EXPECT_EQ(next, kN);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_FALSE(ch.pop(std::chrono::milliseconds(30)).has_value());  // an event was just taken
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    EXPECT_GE(waited, std::chrono::milliseconds(30));
+    EXPECT_LT(waited, std::chrono::seconds(2));
+    EXPECT_TRUE(ch.drain().empty());
+  }
+  EventChannel::set_spin(std::chrono::microseconds(0));
+}
+
 }  // namespace
 }  // namespace worker::server
