@@ -94,19 +94,7 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Block-wide sum; every thread gets the result. `sh` holds >= 32 floats. The order of
-// additions depends only on blockDim, so it is reproducible.
-__device__ __forceinline__ float block_sum(float v, float* sh) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int nw = (blockDim.x + kWarp - 1) / kWarp;
-  v = warp_sum(v);
-  __syncthreads();  // sh may still be read by a previous call
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  float r = lane < nw ? sh[lane] : 0.0f;
-  return warp_sum(r);
-}
-
+// Block-wide max; every thread gets the result. `sh` holds >= 32 floats.
 __device__ __forceinline__ float block_max(float v, float* sh) {
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int nw = (blockDim.x + kWarp - 1) / kWarp;
