@@ -55,7 +55,6 @@ void EventChannel::push(JobEvent ev) {
 }
 
 std::optional<JobEvent> EventChannel::pop(std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
   const auto now = Clock::now();
   const auto deadline = now + timeout;
   const auto sp = spin();
@@ -80,7 +79,7 @@ std::vector<JobEvent> EventChannel::drain() {
   q_.clear();
   if (!out.empty()) {
     taken_ += out.size();
-    last_taken_ = std::chrono::steady_clock::now();
+    last_taken_ = Clock::now();
   }
   return out;
 }
