@@ -323,7 +323,6 @@ int worker_main(int argc, char** argv) {
       }
     }
     EventChannel::set_spin(std::chrono::microseconds(spin_us));
-    log::info("event_spin", {{"microseconds", spin_us}});
   }
 
   JobRunner runner(
