@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The stream's event poll (worker/server/job_runner.h, EventChannel::set_spin; on by default on
+the CUDA backend, WORKER_EVENT_SPIN_US sets it): with the poll on, a real /execute stream still
+carries `started`, every token in order and one `end`, the same text as with the poll off; an
+invalid value is refused with a warning line and the worker still serves. Runs the real binary
+of the build (WORKER_BINARY_DIR) on the committed haiku model (cpu backend, which polls only
+when the variable asks)."""
+
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import unittest
+from pathlib import Path
+
+ROOT = Path(os.environ.get("WORKER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
+BUILD = Path(os.environ.get("WORKER_BINARY_DIR", ROOT / "build"))
+WORKER = BUILD / "worker/server/worker-orcd"
+MODEL = ROOT / "fixtures/haiku/haiku-qwen2.gguf"
+NOT_BUILT = f"not run: {WORKER} not built (run from ctest after the build)"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Worker:
+    def __init__(self, spin: str):
+        self.port = free_port()
+        env = dict(os.environ, WORKER_EVENT_SPIN_US=spin)
+        self.proc = subprocess.Popen(
+            [str(WORKER), "--model", str(MODEL), "--backend", "cpu", "--port", str(self.port),
+             "--bind", "127.0.0.1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                c.request("GET", "/health")
+                r = c.getresponse()
+                body = json.loads(r.read())
+                c.close()
+                if r.status == 200 and body.get("status") == "healthy":
+                    return
+            except OSError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise AssertionError("worker-orcd not healthy within 60 s")
+
+    def execute(self, job_id: str):
+        """(event names in order, token events' data) of one greedy /execute stream."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        body = json.dumps({"job_id": job_id, "prompt": "a haiku about the sea", "max_tokens": 24,
+                           "temperature": 0})
+        c.request("POST", "/execute", body=body, headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise AssertionError(f"/execute answered {r.status}")
+        names, tokens, event = [], [], None
+        for raw in r.read().decode("utf-8").split("\n"):
+            if raw.startswith("event:"):
+                event = raw[6:].strip()
+            elif raw.startswith("data:") and event is not None:
+                names.append(event)
+                if event == "token":
+                    tokens.append(json.loads(raw[5:].strip()))
+                event = None
+        c.close()
+        return names, tokens
+
+    def stop(self) -> bytes:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return err
+
+
+def json_lines(err: bytes):
+    out = []
+    for line in err.decode("utf-8", "replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+@unittest.skipUnless(WORKER.exists() and MODEL.exists(), NOT_BUILT)
+class EventSpinTest(unittest.TestCase):
+    # REQ: M0-W-1310 M0-W-1311
+    def test_poll_on_streams_every_token_in_order_as_with_it_off(self):
+        texts = {}
+        for spin in ("2000", "0"):
+            w = Worker(spin)
+            try:
+                for k in range(2):  # the second stream starts inside the poll's window
+                    names, tokens = w.execute(f"spin-{spin}-{k}")
+                    self.assertEqual(names[0], "started", names)
+                    self.assertEqual(names[-1], "end", names)
+                    self.assertEqual(names.count("end"), 1, names)
+                    self.assertEqual(set(names[1:-1]), {"token"}, names)
+                    self.assertEqual([t["i"] for t in tokens], list(range(len(tokens))))
+                    self.assertGreater(len(tokens), 0)
+                    texts.setdefault(spin, []).append("".join(t["t"] for t in tokens))
+            finally:
+                err = w.stop()
+            self.assertFalse([e for e in json_lines(err) if e.get("event") == "event_spin_ignored"])
+        self.assertEqual(texts["2000"], texts["0"])  # greedy: the same text, poll or not
+        self.assertEqual(texts["2000"][0], texts["2000"][1])
+
+    # REQ: M0-W-1900
+    def test_an_invalid_value_is_refused_with_a_warning(self):
+        w = Worker("2ms")
+        try:
+            names, _ = w.execute("spin-invalid")
+            self.assertEqual(names[-1], "end", names)
+        finally:
+            err = w.stop()
+        warned = [e for e in json_lines(err) if e.get("event") == "event_spin_ignored"]
+        self.assertEqual(len(warned), 1, err[-2000:])
+        self.assertEqual(warned[0]["WORKER_EVENT_SPIN_US"], "2ms")
+        self.assertEqual(warned[0]["level"], "warn")
+
+
+if __name__ == "__main__":
+    unittest.main()
