@@ -266,8 +266,7 @@ constexpr int kKB = 4;         // blocks a step
 constexpr int kKS = 32 * kKB;  // elements a step
 // halves a weight row of an f16 stage (272 bytes: ldmatrix's 8 rows hit 8 distinct bank quads)
 constexpr int kWS = kKS + 8;
-constexpr int kXS =
-    kKS + 16;  // halves a token row (the B loads of a warp's tokens: distinct banks)
+constexpr int kXS = kKS + 16;  // halves a token row (a warp's B loads: distinct banks)
 constexpr int kRawRing = 4;
 
 struct F16Stage {
