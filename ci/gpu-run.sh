@@ -34,6 +34,11 @@ log="$results/gpu-run.log"
 : > "$log"
 say() { echo "$*" | tee -a "$log"; }
 export WORKER_SOURCE_DIR="$root"
+# ../shared does not travel to the GPU machine: ci/gpu-carry.sh copies its fixtures into .carry.
+if [ -z "${WORKER_SHARED_FIXTURES:-}" ] && [ ! -d "$root/../shared/fixtures" ] &&
+  [ -d "$root/.carry/shared-fixtures" ]; then
+  export WORKER_SHARED_FIXTURES="$root/.carry/shared-fixtures"
+fi
 export WORKER_GENERATED_FIXTURES=${WORKER_GENERATED_FIXTURES:-$root/fixtures/generated}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$results/device.txt" 2>&1 || true

@@ -1,0 +1,61 @@
+#!/bin/bash
+# On the GPU machine, one call: a same-call A/B of this working tree against the commit
+# ci/gpu-carry.sh --prev packed into .carry/prev.tar.gz. Builds both (Release, sm_90a, in
+# parallel), generates the 0.5B-shaped models, then runs decode_bench prev / new / new / prev
+# on them and prints one line per (build, model, numerics): decode tok/s, prompt tok/s, logits
+# hash. The trees are built in /tmp/ab-new and /tmp/ab-prev and kept while the machine stays
+# warm (a second call rebuilds only what changed; prev again when another commit was packed).
+#   ci/gpu-ab.sh [--numerics exact|fast|both] [--prefill N] [--decode N] [--models f16,q8_0,q4_k_m]
+#                [--targets "decode_bench ..."] (extra build targets of the new tree, e.g. tests)
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --numerics) numerics=$2; shift ;;
+    --prefill) prefill=$2; shift ;;
+    --decode) decode=$2; shift ;;
+    --models) models=$2; shift ;;
+    --targets) extra=$2; shift ;;
+    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T]" >&2; exit 2 ;;
+  esac
+  shift
+done
+cd "$root"
+[ -f .carry/prev.tar.gz ] || { echo "gpu-ab: .carry/prev.tar.gz missing (ci/gpu-carry.sh --prev COMMIT)" >&2; exit 2; }
+export WORKER_GENERATED_FIXTURES=${WORKER_GENERATED_FIXTURES:-/tmp/ab-fixtures}
+if [ -z "${WORKER_SHARED_FIXTURES:-}" ]; then
+  if [ -d "$root/../shared/fixtures" ]; then export WORKER_SHARED_FIXTURES=$root/../shared/fixtures
+  else export WORKER_SHARED_FIXTURES=$root/.carry/shared-fixtures; fi
+fi
+t0=$(date +%s)
+say() { echo "[gpu-ab +$(( $(date +%s) - t0 ))s] $*"; }
+say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1); new $(cat .carry/commit 2>/dev/null || echo '?') (+ working tree), prev $(cat .carry/prev-commit 2>/dev/null || echo '?')"
+# generate_all.sh wants numpy in /usr/bin/python3; the copy that uses another python lives in
+# the repo (its root is found from its own path).
+py=/usr/bin/python3; $py -c 'import numpy' 2>/dev/null || py=$(command -v python3)
+sed "s|^py=/usr/bin/python3|py=$py|" fixtures/generate_all.sh > fixtures/.generate_gpu.sh
+(sh fixtures/.generate_gpu.sh --big > /tmp/ab-gen.log 2>&1; echo "rc $?" >> /tmp/ab-gen.log) &
+want=$(cat .carry/prev-commit 2>/dev/null || echo unknown)
+if [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.built 2>/dev/null)" != "$want" ]; then
+  rm -rf /tmp/ab-prev && mkdir -p /tmp/ab-prev/.carry && tar xzf .carry/prev.tar.gz -C /tmp/ab-prev &&
+    cp .carry/deps.tar.gz /tmp/ab-prev/.carry/ && echo "$want" > /tmp/ab-prev/.built
+  (/tmp/ab-prev/ci/gpu-build.sh /tmp/ab-prev/build decode_bench > /tmp/ab-prev.log 2>&1; echo "rc $?" >> /tmp/ab-prev.log) &
+fi
+ci/gpu-build.sh /tmp/ab-new decode_bench $extra > /tmp/ab-new.log 2>&1; echo "rc $?" >> /tmp/ab-new.log
+wait
+rm -f fixtures/.generate_gpu.sh
+for f in /tmp/ab-new.log /tmp/ab-prev.log /tmp/ab-gen.log; do
+  [ -f $f ] || continue
+  if [ "$(tail -n1 $f)" != "rc 0" ]; then say "FAILED: $f"; grep -E 'error|FAILED|missing' $f | head -20; exit 1; fi
+done
+say "built and generated"
+export LD_LIBRARY_PATH=$(ci/gpu-build.sh --libdir)
+args=()
+for m in ${models//,/ }; do args+=(--model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf"); done
+for b in prev new new prev; do
+  d=/tmp/ab-$b/bench/decode_bench; [ $b = prev ] && d=/tmp/ab-prev/build/bench/decode_bench
+  "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps 3 --numerics "$numerics" \
+    --graph on 2>&1 | awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $4, $8, $11}'
+done
+say "done"
