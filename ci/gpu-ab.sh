@@ -55,7 +55,10 @@ args=()
 for m in ${models//,/ }; do args+=(--model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf"); done
 for b in prev new new prev; do
   d=/tmp/ab-$b/bench/decode_bench; [ $b = prev ] && d=/tmp/ab-prev/build/bench/decode_bench
-  "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps 3 --numerics "$numerics" \
-    --graph on 2>&1 | awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $4, $8, $11}'
+  if ! "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps 3 --numerics "$numerics" \
+    --graph on > /tmp/ab-run.log 2>&1; then
+    say "FAILED: $b's decode_bench:"; tail -5 /tmp/ab-run.log; exit 1
+  fi
+  awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $4, $8, $11}' /tmp/ab-run.log
 done
 say "done"
