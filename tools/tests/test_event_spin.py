@@ -10,23 +10,11 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import unittest
-from pathlib import Path
 
-ROOT = Path(os.environ.get("WORKER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-BUILD = Path(os.environ.get("WORKER_BINARY_DIR", ROOT / "build"))
-WORKER = BUILD / "worker/server/worker-orcd"
-MODEL = ROOT / "fixtures/haiku/haiku-qwen2.gguf"
-NOT_BUILT = f"not run: {WORKER} not built (run from ctest after the build)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from worker_paths import HAIKU as MODEL, NOT_BUILT, WORKER, free_port
 
 
 class Worker:

@@ -9,7 +9,6 @@ import os
 import pty
 import select
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -17,18 +16,10 @@ import unittest
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(os.environ.get("WORKER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-BUILD = Path(os.environ.get("WORKER_BINARY_DIR", ROOT / "build"))
-WORKER = BUILD / "worker/server/worker-orcd"
+from worker_paths import NOT_BUILT, ROOT, WORKER, free_port
+
 SHARED = Path(os.environ.get("WORKER_SHARED_FIXTURES", ROOT.parent / "shared/fixtures"))
 MODEL = SHARED / "stories260K.gguf"
-NOT_BUILT = f"not run: {WORKER} not built (run from ctest after the build)"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_in_pty(argv, timeout=120):

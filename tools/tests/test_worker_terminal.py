@@ -11,18 +11,13 @@ import pty
 import re
 import select
 import signal
-import socket
 import subprocess
 import time
 import unittest
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(os.environ.get("WORKER_SOURCE_DIR", Path(__file__).resolve().parents[2]))
-BUILD = Path(os.environ.get("WORKER_BINARY_DIR", ROOT / "build"))
-WORKER = BUILD / "worker/server/worker-orcd"
-MODEL = ROOT / "fixtures/haiku/haiku-qwen2.gguf"
-NOT_BUILT = f"not run: {WORKER} not built (run from ctest after the build)"
+from worker_paths import BUILD, HAIKU as MODEL, NOT_BUILT, ROOT, WORKER, free_port
 
 # The JSON lines of a load + SIGTERM, as the worker has always written them (D14, M0-W-1900):
 # event and the field names of each line, in order.
@@ -43,12 +38,6 @@ EXPECTED = [
     ("shutdown", ["reason", "signal"]),
     ("shutdown_complete", ["duration_ms"]),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def check_json_lines(test: unittest.TestCase, lines: list[str]) -> None:
