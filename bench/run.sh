@@ -69,13 +69,8 @@ if [ $smoke = 1 ]; then
   shared=${WORKER_SHARED_FIXTURES:-$root/../shared/fixtures}
   models=(F32="$shared/stories260K.gguf")
 else
-  # generate_all.sh wants numpy; use whichever python3 has it (as ci/gpu-run.sh does).
-  py=/usr/bin/python3
-  $py -c 'import numpy' 2>/dev/null || py=$(command -v python3)
   say "generating the 0.5B-shaped models (skipped when up to date)"
-  sed "s|^py=/usr/bin/python3|py=$py|" "$root/fixtures/generate_all.sh" > "$root/fixtures/.generate_bench.sh"
-  WORKER_GENERATED_FIXTURES=$gen sh "$root/fixtures/.generate_bench.sh" --big
-  rm -f "$root/fixtures/.generate_bench.sh"
+  WORKER_GENERATED_FIXTURES=$gen sh "$root/fixtures/generate_all.sh" --big
   models=(F16="$gen/qwen2-0.5b-f16.gguf" Q8_0="$gen/qwen2-0.5b-q8_0.gguf" Q4_K_M="$gen/qwen2-0.5b-q4_k_m.gguf")
   say "models ready"
 fi

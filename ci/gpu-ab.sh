@@ -31,11 +31,7 @@ fi
 t0=$(date +%s)
 say() { echo "[gpu-ab +$(( $(date +%s) - t0 ))s] $*"; }
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1); new $(cat .carry/commit 2>/dev/null || echo '?') (+ working tree), prev $(cat .carry/prev-commit 2>/dev/null || echo '?')"
-# generate_all.sh wants numpy in /usr/bin/python3; the copy that uses another python lives in
-# the repo (its root is found from its own path).
-py=/usr/bin/python3; $py -c 'import numpy' 2>/dev/null || py=$(command -v python3)
-sed "s|^py=/usr/bin/python3|py=$py|" fixtures/generate_all.sh > fixtures/.generate_gpu.sh
-(sh fixtures/.generate_gpu.sh --big > /tmp/ab-gen.log 2>&1; echo "rc $?" >> /tmp/ab-gen.log) &
+(sh fixtures/generate_all.sh --big > /tmp/ab-gen.log 2>&1; echo "rc $?" >> /tmp/ab-gen.log) &
 want=$(cat .carry/prev-commit 2>/dev/null || echo unknown)
 if [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.built 2>/dev/null)" != "$want" ]; then
   rm -rf /tmp/ab-prev && mkdir -p /tmp/ab-prev/.carry && tar xzf .carry/prev.tar.gz -C /tmp/ab-prev &&
@@ -44,7 +40,6 @@ if [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.buil
 fi
 ci/gpu-build.sh /tmp/ab-new decode_bench $extra > /tmp/ab-new.log 2>&1; echo "rc $?" >> /tmp/ab-new.log
 wait
-rm -f fixtures/.generate_gpu.sh
 for f in /tmp/ab-new.log /tmp/ab-prev.log /tmp/ab-gen.log; do
   [ -f $f ] || continue
   if [ "$(tail -n1 $f)" != "rc 0" ]; then say "FAILED: $f"; grep -E 'error|FAILED|missing' $f | head -20; exit 1; fi

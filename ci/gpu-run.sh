@@ -47,14 +47,9 @@ say "device: $(cat "$results/device.txt")"
 # The 0.5B-shaped fixtures (--big) are needed by the engine's VRAM acceptance test and the
 # benchmark; generate_all.sh skips files already made by the same generator.
 if [ $gen = 1 ] && ! ls "$WORKER_GENERATED_FIXTURES"/qwen2-0.5b-q4_k_m.gguf "$WORKER_GENERATED_FIXTURES"/llama-g1-f32.gguf > /dev/null 2>&1; then
-  # generate_all.sh wants numpy in /usr/bin/python3; use whichever python has it.
-  py=/usr/bin/python3
-  $py -c 'import numpy' 2>/dev/null || py=$(command -v python3)
-  sed "s|^py=/usr/bin/python3|py=$py|" "$root/fixtures/generate_all.sh" > "$root/fixtures/.generate_gpu.sh"
   t0=$(date +%s)
-  sh "$root/fixtures/.generate_gpu.sh" >> "$log" 2>&1 || say "fixture generation FAILED"
-  sh "$root/fixtures/.generate_gpu.sh" --big >> "$log" 2>&1 || say "big fixture generation FAILED"
-  rm -f "$root/fixtures/.generate_gpu.sh"
+  sh "$root/fixtures/generate_all.sh" >> "$log" 2>&1 || say "fixture generation FAILED"
+  sh "$root/fixtures/generate_all.sh" --big >> "$log" 2>&1 || say "big fixture generation FAILED"
   say "fixtures generated in $(( $(date +%s) - t0 )) s"
 fi
 
