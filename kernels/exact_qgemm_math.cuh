@@ -284,9 +284,11 @@ EXQ_HD uint32_t sw32(const uint8_t* p) {
 EXQ_HD uint32_t sw16(const uint8_t* stage, int o) {
   return (sw32(stage + (o & ~3)) >> (8 * (o & 2))) & 0xFFFFu;
 }
-// Q5_0's fifth bits h (bit k: element 4i + k of a word's four) as bit 4 of each byte.
+// Q5_0's fifth bits h (h < 16; bit k: element 4i + k of a word's four) as bit 4 of each byte:
+// h << 4 | h << 11 | h << 18 | h << 25 (four copies 7 bits apart, none overlapping: the product
+// is their OR) keeps bit k of copy k, which lands on bit 8k + 4.
 EXQ_HD uint32_t q5_high_bits(uint32_t h) {
-  return ((h & 1u) << 4) | ((h & 2u) << 11) | ((h & 4u) << 18) | ((h & 8u) << 25);
+  return (h * 0x02040810u) & 0x10101010u;
 }
 // N little-endian words at an even offset o of the stage (2 mod 4 or 0 mod 4): aligned word
 // loads, then a funnel shift by 16 bits where o is 2 mod 4.
