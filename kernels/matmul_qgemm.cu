@@ -321,18 +321,23 @@ __device__ __forceinline__ void issue_w(int tid, int step, const uint8_t* __rest
   const uint8_t* src = w + static_cast<size_t>(in ? row0 + rr : 0) * row_bytes +
                        static_cast<size_t>(step) * raw_row<T>();
   uint8_t* dst = r.w + rr * raw_row<T>();
+  const int q0 = tid & 3;  // pieces q0 + 4 j: constant offsets from one source and one target
 #pragma unroll
-  for (int q = tid & 3; q < kPR; q += 4) cp_async8(dst + 8 * q, src + 8 * q, in ? 8 : 0);
+  for (int j = 0; j < kPR / 4; ++j)
+    cp_async8(dst + 8 * q0 + 32 * j, src + 8 * q0 + 32 * j, in ? 8 : 0);
+  if (q0 < kPR % 4)
+    cp_async8(dst + 8 * q0 + 8 * (kPR - kPR % 4), src + 8 * q0 + 8 * (kPR - kPR % 4), in ? 8 : 0);
 }
 template <GgmlType T>
 __device__ __forceinline__ void issue_a(int tid, int step, const int8_t* __restrict__ aq,
                                         const float* __restrict__ ad, int cols, int nb, int tok0,
                                         int n_tok, RawStage<T>& r) {
-  for (int n = tid; n < kMT * kKS / 16; n += kThreads) {  // 16-byte pieces
-    const int t = n >> 3;
+  static_assert(kMT * kKS / 16 == kThreads, "one 16-byte piece a thread");
+  {
+    const int t = tid >> 3;
     const bool in = tok0 + t < n_tok;
-    cp_async16(r.x + 16 * n,
-               aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (n & 7),
+    cp_async16(r.x + 16 * tid,
+               aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (tid & 7),
                in ? 16 : 0);
   }
   if (tid < kMT) {
@@ -571,12 +576,23 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   const int sy = seg_of<MULTI>(sg, bx);
   float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
-  for (int k = tid2; k < kMT * kMR; k += kThreads) {
-    const int tt = k / kMR, r = k % kMR;
-    if (tok0 + tt < n_tok && row0 + r < rows) {
-      float* o = y + static_cast<size_t>(tok0 + tt) * static_cast<size_t>(rows) + (row0 + r);
-      const float v = sm.out[tt * (kMR + 1) + r];
-      *o = accumulate ? *o + v : v;
+  // four rows of a token a thread and round: 16-byte stores where the rows allow them
+  const bool vec = rows % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+#pragma unroll
+  for (int i = 0; i < kMT * kMR / (4 * kThreads); ++i) {
+    const int k = tid2 + i * kThreads, tt = k / (kMR / 4), r = 4 * (k % (kMR / 4));
+    if (tok0 + tt >= n_tok) continue;
+    const float* src = sm.out + tt * (kMR + 1) + r;
+    float* o = y + static_cast<size_t>(tok0 + tt) * static_cast<size_t>(rows) + (row0 + r);
+    if (vec && row0 + r < rows) {  // rows % 4 == 0: all four rows are in
+      float4 v = make_float4(src[0], src[1], src[2], src[3]);
+      if (accumulate) {
+        const float4 old = *reinterpret_cast<const float4*>(o);
+        v = make_float4(old.x + v.x, old.y + v.y, old.z + v.z, old.w + v.w);
+      }
+      *reinterpret_cast<float4*>(o) = v;
+    } else if (!vec) {
+      for (int j = 0; j < 4 && row0 + r + j < rows; ++j) o[j] = accumulate ? o[j] + src[j] : src[j];
     }
   }
 }

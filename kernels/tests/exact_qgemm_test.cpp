@@ -671,7 +671,9 @@ TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
     int rows, cols;
   };
   const std::vector<Shape> shapes =
-      quick() ? std::vector<Shape>{{GgmlType::Q8_0, 130, 256}, {GgmlType::Q5_0, 70, 896}}
+      quick() ? std::vector<Shape>{{GgmlType::Q8_0, 130, 256},
+                                   {GgmlType::Q8_0, 64, 128},
+                                   {GgmlType::Q5_0, 70, 896}}
               : std::vector<Shape>{{GgmlType::Q8_0, 130, 256},  {GgmlType::Q8_0, 4864, 896},
                                    {GgmlType::Q8_0, 896, 4864}, {GgmlType::Q8_0, 64, 128},
                                    {GgmlType::Q5_0, 1000, 896}, {GgmlType::Q5_0, 70, 1024},
