@@ -248,7 +248,9 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR, RING>())
 // scale product per output and block) and combines with hsum_float_8 in the thread. Weights
 // and activations are converted to f16 once per CTA (0x6400 | byte gives 1024 + byte; minus
 // 1024 + the type's offset: exact); a block's activation words are stored with the four
-// slices of a thread's B word adjacent (one 16-byte load a token quad and block).
+// slices of a thread's B word adjacent (one 16-byte load a token quad and block). The threads
+// whose B words are the zeros of the block-diagonal operand load them from a zero region laid
+// out like the activations (no mask instruction), 16 banks away from the real words.
 //
 // CTA: 256 threads, kMR weight rows x kMT tokens (warps 2 x 4, each 32 rows x 8 tokens); steps
 // of 128 elements (four blocks). The raw bytes of a step (weights, activation quants and scales)
@@ -267,7 +269,7 @@ constexpr int kKS = 32 * kKB;  // elements a step
 // halves a weight row of an f16 stage (272 bytes: ldmatrix's 8 rows hit 8 distinct bank quads)
 constexpr int kWS = kKS + 8;
 constexpr int kXS = kKS + 16;  // halves a token row (a warp's B loads: distinct banks)
-constexpr int kRawRing = 4;
+constexpr int kRawRing = 3;
 
 // The thread index passed through an empty volatile asm, so that the compiler cannot prove it
 // unchanged: the per-step copy and conversion addresses are recomputed from it each step
@@ -306,7 +308,20 @@ struct Smem {
     F16Stage st[2];
     float out[kMT * (kMR + 1)];  // the result tile [token][row], after the last step
   };
+  // Zeros laid out as an f16 stage's activations (+ 128 bytes to place them): the B words of
+  // the threads whose column takes none of their k (compute_block) come from here.
+  alignas(128) uint8_t zx[kMT * kXS * 2 + 128];
 };
+static_assert(sizeof(F16Stage) % 128 == 0, "both stages' activations at one offset mod 128");
+
+// The zeros' base: 64 bytes (16 banks) away from the stages' activations mod 128, so that a
+// quarter warp's zero words and real words (same offsets) fall in different banks.
+template <GgmlType T>
+__device__ __forceinline__ const uint32_t* zero_words(const Smem<T>& sm) {
+  const auto xa = static_cast<uint32_t>(__cvta_generic_to_shared(sm.st[0].x));
+  const auto za = static_cast<uint32_t>(__cvta_generic_to_shared(sm.zx));
+  return reinterpret_cast<const uint32_t*>(sm.zx + ((xa + 64u - za) & 127u));
+}
 
 // The raw bytes of step `step` into `r` (pieces outside the matrix / batch zero-filled).
 template <GgmlType T>
@@ -443,12 +458,11 @@ struct MAcc {
 };
 
 // The chain steps of block b of an f16 stage.
-__device__ __forceinline__ void compute_block(int tid, const F16Stage& s, int b, MAcc& acc) {
+// xw: the stage's activation words, or (b_zero) the zero words at the same offsets.
+__device__ __forceinline__ void compute_block(int tid, const F16Stage& s, const uint32_t* xw, int b,
+                                              MAcc& acc) {
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int rb = (warp & 1) * 32, tb = (warp >> 1) * 4 * kWQ;
-  // B[k][n] of a slice is nonzero where k / 4 == n % 2: thread (g, t) holds k = 2t, 2t + 1 of
-  // column g.
-  const uint32_t m = (t >> 1) == (g & 1) ? 0xFFFFFFFFu : 0u;
   static_assert(kWQ == 2, "a thread's two tokens are one 8-byte load");
   const float4 w4 = *reinterpret_cast<const float4*>(s.dw + b * kMR + rb + 4 * g);
   const float2 a2 = *reinterpret_cast<const float2*>(s.da + b * kMT + tb + 2 * t);
@@ -466,12 +480,11 @@ __device__ __forceinline__ void compute_block(int tid, const F16Stage& s, int b,
 #pragma unroll
   for (int p = 0; p < kWQ; ++p) {
     const uint4 w =
-        *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(s.x) +
-                                        (tb + 4 * p + (g >> 1)) * (kXS / 2) + 16 * b + 4 * t);
-    bw[p][0] = w.x & m;
-    bw[p][1] = w.y & m;
-    bw[p][2] = w.z & m;
-    bw[p][3] = w.w & m;
+        *reinterpret_cast<const uint4*>(xw + (tb + 4 * p + (g >> 1)) * (kXS / 2) + 16 * b + 4 * t);
+    bw[p][0] = w.x;
+    bw[p][1] = w.y;
+    bw[p][2] = w.z;
+    bw[p][3] = w.w;
   }
   const uint32_t abase =
       static_cast<uint32_t>(__cvta_generic_to_shared(s.w)) +
@@ -532,6 +545,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   for (int k = 0; k < kRawRing - 1; ++k)  // weights: no kernel writes them
     if (k < steps) issue_w<T>(tid, k, w, rows, sg.row_bytes, row0, sm.raw[k]);
+  for (int k = tid; k < static_cast<int>(sizeof(sm.zx) / 16); k += kThreads)
+    reinterpret_cast<uint4*>(sm.zx)[k] = make_uint4(0u, 0u, 0u, 0u);
+  // B[k][n] of a slice is nonzero where k / 4 == n % 2: thread (g, t) holds k = 2t, 2t + 1 of
+  // column g, so threads with t / 2 != g % 2 give zeros (their words from zero_words).
+  const bool b_zero = ((tid & 3) >> 1) != (((tid & 31) >> 2) & 1);
   griddep_wait();  // activations (and y) come from earlier kernels
   for (int k = 0; k < kRawRing - 1; ++k) {
     if (k < steps) issue_a<T>(tid, k, aq, ad, cols, nb, tok0, n_tok, sm.raw[k]);
@@ -554,8 +572,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (step + 1 < steps)
       convert<T>(step_tid(tid), sm.raw[(step + 1) % kRawRing], sm.st[(step + 1) & 1]);
     const F16Stage& s = sm.st[step & 1];
+    const uint32_t* xw = b_zero ? zero_words(sm) : reinterpret_cast<const uint32_t*>(s.x);
 #pragma unroll 1
-    for (int b = 0; b < kKB; ++b) compute_block(tid, s, b, acc);
+    for (int b = 0; b < kKB; ++b) compute_block(tid, s, xw, b, acc);
   }
   __syncthreads();  // the out tile shares the f16 stages
 
