@@ -517,6 +517,30 @@ __device__ __forceinline__ void compute_block(int tid, const F16Stage& s, const 
   }
 }
 
+// The result tile out ([token][row], kMR + 1 floats a token) into y (+= with accumulate): four
+// rows of a token a thread and round, 16-byte stores where the rows allow them.
+__device__ __forceinline__ void store_tile(const float* out, int tid, int tok0, int n_tok, int row0,
+                                           int rows, float* __restrict__ y, int accumulate) {
+  const bool vec = rows % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+#pragma unroll
+  for (int i = 0; i < kMT * kMR / (4 * kThreads); ++i) {
+    const int k = tid + i * kThreads, tt = k / (kMR / 4), r = 4 * (k % (kMR / 4));
+    if (tok0 + tt >= n_tok) continue;
+    const float* src = out + tt * (kMR + 1) + r;
+    float* o = y + static_cast<size_t>(tok0 + tt) * static_cast<size_t>(rows) + (row0 + r);
+    if (vec && row0 + r < rows) {  // rows % 4 == 0: all four rows are in
+      float4 v = make_float4(src[0], src[1], src[2], src[3]);
+      if (accumulate) {
+        const float4 old = *reinterpret_cast<const float4*>(o);
+        v = make_float4(old.x + v.x, old.y + v.y, old.z + v.z, old.w + v.w);
+      }
+      *reinterpret_cast<float4*>(o) = v;
+    } else if (!vec) {
+      for (int j = 0; j < 4 && row0 + r + j < rows; ++j) o[j] = accumulate ? o[j] + src[j] : src[j];
+    }
+  }
+}
+
 template <GgmlType T, bool MULTI>
 __global__ void __launch_bounds__(kThreads, 2)
     qmma_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
@@ -595,28 +619,314 @@ __global__ void __launch_bounds__(kThreads, 2)
   __syncthreads();
   const int sy = seg_of<MULTI>(sg, bx);
   float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
-  // four rows of a token a thread and round: 16-byte stores where the rows allow them
-  const bool vec = rows % 4 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  store_tile(sm.out, tid2, tok0, n_tok, row0, rows, y, accumulate);
+}
+
+}  // namespace mma0
+
+// ---- Q4_K in the repacked order (Q4KRep) on the tensor cores (big prompt batches) ----
+//
+// dot_q4_k_repack's integers are whole 64-element pairs: isb = sc[2p] s0 + sc[2p+1] s1 (s0, s1
+// the dots of the pair's two sub-blocks) and msb = m[2p] (bsums of sub-block 2p) + m[2p+1]
+// (bsums of 2p+1) = the sum over the pair's 64 elements of m[sub] * y. Both are one mma
+// chain each with no lane structure: A = scale * q (<= 15 * 63 = 945: exact in f16) or the
+// sub-block's min (<= 63), B = the activation quants, four mma.m16n8k16 over the pair
+// accumulating in f32 (every partial sum an integer below 2^23: exact in any order), so the f32
+// result is float(isb) / float(msb) exactly. Gemm tokens (batch index < gemm_end) then step
+// acc = fma(float(isb), d * d_a, acc), accm = fma(float(msb), dmin * d_a, accm) per pair; gemv
+// tokens add the pairs' integers (exact conversions back to int) and step once per
+// super-block. Result acc - accm. Two fma a pair an output against the lane flavours' eight a
+// block: the tile is bound by its mma and loads, not by the float chains.
+//
+// CTA: 256 threads, kMR rows x kMT tokens (warps 2 x 4, each 32 rows x 8 tokens: two m16 row
+// groups, one n8 token group); steps of half a super-block (two pairs). The raw bytes (each
+// row's 16-byte super-block header and the half's 64 qs bytes, the activation quants, d_a) come
+// kRawRing - 1 steps ahead through cp.async; each step the CTA converts the next step's raw
+// bytes into one of two f16 stages while its mma run on the other.
+namespace kmma {
+using mma0::bytes_to_f16;
+using mma0::kMR;
+using mma0::kMT;
+using mma0::ldmatrix_x4;
+using mma0::step_tid;
+using mma0::store_tile;
+constexpr int kKS = 128;          // elements a step: two pairs
+constexpr int kWS = kKS + 8;      // halves a weight row (ldmatrix's 8 rows: distinct bank quads)
+constexpr int kXW = kKS / 2 + 4;  // words a token row (a quarter warp's B loads: distinct banks)
+constexpr int kRawRow = 80;       // bytes a weight row a step: header (16) + the half's qs (64)
+constexpr int kRawRing = 3;
+
+struct F16Stage {
+  alignas(16) uint16_t w[kMR * kWS];  // scale * q, element order
+  // activations: word v of pair j (elements 64j + 2v, + 1), v = 8c + 4h + t, at 32j + 8t + 2c + h:
+  // a thread's B words (k = 2t.. and 2t + 8.. of the pair's four k16 chunks) are 8 adjacent words
+  alignas(16) uint32_t x[kMT * kXW];
+  uint32_t mw[4 * kMR];    // [sub-block of the step][row]: the min as f16x2 (m, m)
+  float dw[kMR], dm[kMR];  // f16 d and dmin of the rows' super-block
+  float da[kMT];           // Q8_K d of the tokens' super-block
+};
+struct RawStage {
+  alignas(16) uint8_t w[kMR * kRawRow];
+  alignas(16) int8_t x[kMT * kKS];
+  alignas(16) float d[kMT];
+};
+struct Smem {
+  RawStage raw[kRawRing];
+  union {
+    F16Stage st[2];
+    float out[kMT * (kMR + 1)];  // the result tile [token][row], after the last step
+  };
+};
+
+// The raw bytes of step `step` (super-block step / 2, half step % 2) into r.
+__device__ __forceinline__ void issue(int tid, int step, const uint8_t* __restrict__ w, int rows,
+                                      size_t row_bytes, int row0, const int8_t* __restrict__ aq,
+                                      const float* __restrict__ ad, int cols, int tok0, int n_tok,
+                                      RawStage& r) {
+  const int sb = step >> 1, hh = step & 1;
+  for (int n = tid; n < kMR * 5; n += kThreads) {  // 16-byte pieces: header, then 4 of qs
+    const int row = n / 5, k = n - 5 * row;
+    const bool in = row0 + row < rows;
+    const size_t off = static_cast<size_t>(sb) * 144 + (k == 0 ? 0 : 16 + 64 * hh + 16 * (k - 1));
+    cp_async16(r.w + row * kRawRow + 16 * k,
+               w + static_cast<size_t>(in ? row0 + row : 0) * row_bytes + off, in ? 16 : 0);
+  }
+  static_assert(kMT * kKS / 16 == kThreads, "one 16-byte activation piece a thread");
+  {
+    const int t = tid >> 3;
+    const bool in = tok0 + t < n_tok;
+    cp_async16(r.x + 16 * tid,
+               aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (tid & 7),
+               in ? 16 : 0);
+  }
+  if (tid < kMT) {
+    const bool in = tok0 + tid < n_tok;
+    cp_async4(r.d + tid, ad + static_cast<size_t>(in ? tok0 + tid : 0) * (cols / 256) + sb,
+              in ? 4 : 0);
+  }
+}
+
+__device__ __forceinline__ uint32_t f16x2_of(int v) {  // (v, v), v < 2048: exact
+  const uint32_t h = __half_as_ushort(__int2half_rn(v));
+  return h * 0x10001u;
+}
+
+// A raw stage of half hh into an f16 stage: weight units (row, pair, nibble, 16 bytes) tid and
+// tid + kThreads, the min of (row tid / 4, sub-block tid % 4), d and dmin of row tid < kMR,
+// one 16-quant activation piece, d_a of token tid < kMT.
+__device__ __forceinline__ void convert(int tid, int hh, const RawStage& r, F16Stage& s) {
 #pragma unroll
-  for (int i = 0; i < kMT * kMR / (4 * kThreads); ++i) {
-    const int k = tid2 + i * kThreads, tt = k / (kMR / 4), r = 4 * (k % (kMR / 4));
-    if (tok0 + tt >= n_tok) continue;
-    const float* src = sm.out + tt * (kMR + 1) + r;
-    float* o = y + static_cast<size_t>(tok0 + tt) * static_cast<size_t>(rows) + (row0 + r);
-    if (vec && row0 + r < rows) {  // rows % 4 == 0: all four rows are in
-      float4 v = make_float4(src[0], src[1], src[2], src[3]);
-      if (accumulate) {
-        const float4 old = *reinterpret_cast<const float4*>(o);
-        v = make_float4(old.x + v.x, old.y + v.y, old.z + v.z, old.w + v.w);
+  for (int k = 0; k < 2; ++k) {
+    const int u = tid + k * kThreads;
+    const int row = u >> 3, j = (u >> 2) & 1, hs = (u >> 1) & 1, e = u & 1;
+    const uint8_t* rw = r.w + row * kRawRow;
+    const uint32_t hw[3] = {*reinterpret_cast<const uint32_t*>(rw + 4),
+                            *reinterpret_cast<const uint32_t*>(rw + 8),
+                            *reinterpret_cast<const uint32_t*>(rw + 12)};
+    int sc, mn;
+    qm::q4k_scale_min_w(4 * hh + 2 * j + hs, hw, sc, mn);
+    const uint32_t sc2 = f16x2_of(sc);
+    const uint4 q = *reinterpret_cast<const uint4*>(rw + 16 + 32 * j + 16 * e);
+    const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
+    uint32_t v[8];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t x = (hs != 0 ? qw[i] >> 4 : qw[i]) & 0x0F0F0F0Fu;
+      uint32_t lo, hi;
+      bytes_to_f16(x, 0x64006400u, lo, hi);                                  // q, exactly
+      asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(v[2 * i]) : "r"(lo), "r"(sc2));  // <= 945: exact
+      asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(v[2 * i + 1]) : "r"(hi), "r"(sc2));
+    }
+    // byte l of the 16: element 16e + l of sub-block 2j + hs, i.e. 64j + 32hs + 16e + l
+    uint4* dst = reinterpret_cast<uint4*>(s.w + row * kWS + 64 * j + 32 * hs + 16 * e);
+    dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
+    dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
+  }
+  {
+    static_assert(kMR * 4 == kThreads, "one (row, sub-block) a thread");
+    const int row = tid >> 2, s4 = tid & 3;
+    const uint8_t* rw = r.w + row * kRawRow;
+    const uint32_t hw[3] = {*reinterpret_cast<const uint32_t*>(rw + 4),
+                            *reinterpret_cast<const uint32_t*>(rw + 8),
+                            *reinterpret_cast<const uint32_t*>(rw + 12)};
+    int sc, mn;
+    qm::q4k_scale_min_w(4 * hh + s4, hw, sc, mn);
+    s.mw[s4 * kMR + row] = f16x2_of(mn);
+  }
+  if (tid < kMR) {
+    const uint32_t h = *reinterpret_cast<const uint32_t*>(r.w + tid * kRawRow);
+    s.dw[tid] = __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFFu)));
+    s.dm[tid] = __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16)));
+  }
+  {  // activations: 16 quants (words 8m .. 8m + 7 of the token's step) a thread
+    constexpr uint32_t abias2 = 0x6480u * 0x10001u;  // 1024 + 128
+    const int tok = tid >> 3, m = tid & 7, j = m >> 2, c = m & 3;
+    const uint4 a = *reinterpret_cast<const uint4*>(r.x + tok * kKS + 16 * m);
+    uint32_t v[8];  // word 8c + i of pair j
+    bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
+    bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
+    bytes_to_f16(a.z ^ 0x80808080u, abias2, v[4], v[5]);
+    bytes_to_f16(a.w ^ 0x80808080u, abias2, v[6], v[7]);
+    // word 8c + 4h + t at 32j + 8t + 2c + h: (v[t], v[t + 4]) at 32j + 8t + 2c
+    uint2* dst = reinterpret_cast<uint2*>(s.x + tok * kXW + 32 * j + 2 * c);
+#pragma unroll
+    for (int t = 0; t < 4; ++t) dst[4 * t] = make_uint2(v[t], v[t + 4]);
+  }
+  if (tid < kMT) s.da[tid] = r.d[tid];
+}
+
+__device__ __forceinline__ void mma16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                      float (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Output i of row group r: row rb + 16r + g + 8 (i / 2), token tb + 2t + i % 2.
+struct KAcc {
+  float acc[2][4], accm[2][4];
+  int isum[2][4], imin[2][4];
+};
+
+// Pair j of an f16 stage: isb and msb of the thread's 8 outputs, then the chain steps (gemm
+// tokens) or the integer sums (gemv tokens; end_sb: the super-block's last pair, their step).
+__device__ __forceinline__ void compute_pair(int tid, const F16Stage& s, int j, bool end_sb,
+                                             bool all_gemm, uint32_t gmask, KAcc& k) {
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+  const uint4 b0 = *reinterpret_cast<const uint4*>(s.x + (tb + g) * kXW + 32 * j + 8 * t);
+  const uint4 b1 = *reinterpret_cast<const uint4*>(s.x + (tb + g) * kXW + 32 * j + 8 * t + 4);
+  const uint32_t bw[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};  // chunk c: 2c, 2c+1
+  const uint32_t abase =
+      static_cast<uint32_t>(__cvta_generic_to_shared(s.w)) +
+      2u * static_cast<uint32_t>((rb + (lane & 7) + 8 * ((lane >> 3) & 1)) * kWS + 8 * (lane >> 4) +
+                                 64 * j);
+  float c[2][4], m[2][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) c[r][i] = m[r][i] = 0.0f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {  // sub-block 2j + h: chunks 2h, 2h + 1
+      const uint32_t mg = s.mw[(2 * j + h) * kMR + rb + 16 * r + g];
+      const uint32_t mg8 = s.mw[(2 * j + h) * kMR + rb + 16 * r + g + 8];
+      const uint32_t am[4] = {mg, mg8, mg, mg8};
+#pragma unroll
+      for (int cc = 0; cc < 2; ++cc) {
+        const int ch = 2 * h + cc;
+        uint32_t a[4];
+        ldmatrix_x4(abase + 2u * static_cast<uint32_t>(16 * r * kWS + 16 * ch), a);
+        mma16(a, bw[2 * ch], bw[2 * ch + 1], c[r]);
+        mma16(am, bw[2 * ch], bw[2 * ch + 1], m[r]);
       }
-      *reinterpret_cast<float4*>(o) = v;
-    } else if (!vec) {
-      for (int j = 0; j < 4 && row0 + r + j < rows; ++j) o[j] = accumulate ? o[j] + src[j] : src[j];
+    }
+  }
+  float da2[2], dw2[2][2], dm2[2][2];
+  da2[0] = s.da[tb + 2 * t];
+  da2[1] = s.da[tb + 2 * t + 1];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    dw2[r][0] = s.dw[rb + 16 * r + g];
+    dw2[r][1] = s.dw[rb + 16 * r + g + 8];
+    dm2[r][0] = s.dm[rb + 16 * r + g];
+    dm2[r][1] = s.dm[rb + 16 * r + g + 8];
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // dot_q4_k_repack: dd = f16(d) * d_a, dm = f16(dmin) * d_a
+      const float dd = dw2[r][i >> 1] * da2[i & 1], dm = dm2[r][i >> 1] * da2[i & 1];
+      if (all_gemm || ((gmask >> (i & 1)) & 1u) != 0) {
+        k.acc[r][i] = qm::fma_(c[r][i], dd, k.acc[r][i]);
+        k.accm[r][i] = qm::fma_(m[r][i], dm, k.accm[r][i]);
+      } else {
+        k.isum[r][i] += __float2int_rn(c[r][i]);  // integers below 2^23: exact
+        k.imin[r][i] += __float2int_rn(m[r][i]);
+        if (end_sb) {
+          k.acc[r][i] = qm::fma_(__int2float_rn(k.isum[r][i]), dd, k.acc[r][i]);
+          k.accm[r][i] = qm::fma_(__int2float_rn(k.imin[r][i]), dm, k.accm[r][i]);
+          k.isum[r][i] = k.imin[r][i] = 0;
+        }
+      }
     }
   }
 }
 
-}  // namespace mma0
+template <bool MULTI>
+__global__ void __launch_bounds__(kThreads, 2)
+    kmma_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
+                const float* __restrict__ ad, int n_tok, int gemm_end, int accumulate) {
+  extern __shared__ __align__(16) unsigned char kmma_smem[];
+  auto& sm = *reinterpret_cast<Smem*>(kmma_smem);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int bx = static_cast<int>(blockIdx.x);
+  const int seg = seg_of<MULTI>(sg, bx);
+  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
+  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
+  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR;
+  const int tok0 = static_cast<int>(blockIdx.y) * kMT;
+  const int steps = 2 * (cols / 256);
+  const bool all_gemm = tok0 + kMT <= gemm_end;
+  uint32_t gmask = 0;  // the thread's tokens tb + 2t, + 1 below gemm_end
+  {
+    const int warp = tid >> 5, t = tid & 3, tb = (warp >> 1) * 8;
+    for (int i = 0; i < 2; ++i)
+      if (tok0 + tb + 2 * t + i < gemm_end) gmask |= 1u << i;
+  }
+  KAcc k;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k.acc[r][i] = k.accm[r][i] = 0.0f;
+      k.isum[r][i] = k.imin[r][i] = 0;
+    }
+  griddep_wait();  // activations (and y) come from earlier kernels
+  for (int s = 0; s < kRawRing - 1; ++s) {
+    if (s < steps) issue(tid, s, w, rows, sg.row_bytes, row0, aq, ad, cols, tok0, n_tok, sm.raw[s]);
+    cp_async_commit();
+  }
+  cp_async_wait<kRawRing - 2>();
+  __syncthreads();
+  convert(tid, 0, sm.raw[0], sm.st[0]);
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<kRawRing - 3>();  // this thread's copies of step + 1 have landed
+    __syncthreads();  // everyone's; f16 stage step & 1 is converted; stage (step + 1) & 1 and raw
+                      // slot (step - 1) % kRawRing are free
+    const int next = step + kRawRing - 1;
+    if (next < steps) {
+      issue(step_tid(tid), next, w, rows, sg.row_bytes, row0, aq, ad, cols, tok0, n_tok,
+            sm.raw[next % kRawRing]);
+    }
+    cp_async_commit();
+    if (step + 1 < steps)
+      convert(step_tid(tid), (step + 1) & 1, sm.raw[(step + 1) % kRawRing], sm.st[(step + 1) & 1]);
+    const F16Stage& s = sm.st[step & 1];
+    compute_pair(tid, s, 0, false, all_gemm, gmask, k);
+    compute_pair(tid, s, 1, (step & 1) != 0, all_gemm, gmask, k);
+  }
+  __syncthreads();  // the out tile shares the f16 stages
+  const int tid2 = step_tid(tid);
+  const int lane = tid2 & 31, warp = tid2 >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sm.out[(tb + 2 * t + (i & 1)) * (kMR + 1) + rb + 16 * r + g + 8 * (i >> 1)] =
+          qg::final_value<Flavor::Q4KRep>(k.acc[r][i], k.accm[r][i]);
+    }
+  __syncthreads();
+  const int sy = seg_of<MULTI>(sg, bx);
+  float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
+  store_tile(sm.out, tid2, tok0, n_tok, row0, rows, y, accumulate);
+}
+
+}  // namespace kmma
 
 // Whether a tile prefetches the next step into registers by default (PF): where the Stage
 // registers fit beside the chains without dropping below 2 CTAs per SM.
@@ -792,6 +1102,26 @@ void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cu
                   accumulate ? 1 : 0);
 }
 
+void launch_kmma(const Launch& l, const ActBuf& a, int n_tok, int gemm_end, bool accumulate,
+                 cudaStream_t stream) {
+  const QSegs sg = l.segs(kmma::kMR);
+  const dim3 grid(static_cast<unsigned>(sg.blk_end[2]),
+                  static_cast<unsigned>((n_tok + kmma::kMT - 1) / kmma::kMT));
+  constexpr size_t kSmem = sizeof(kmma::Smem);
+  static const bool attr_set = [] {
+    for (auto* k : {kmma::kmma_kernel<true>, kmma::kmma_kernel<false>}) {
+      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(kSmem)));
+    }
+    return true;
+  }();
+  (void)attr_set;
+  auto* kernel = l.n > 1 ? kmma::kmma_kernel<true> : kmma::kmma_kernel<false>;
+  launch_pdl_smem("exact_kmma_kernel", kernel, grid, dim3(kThreads), kSmem, stream, sg, l.cols,
+                  static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d), n_tok, gemm_end,
+                  accumulate ? 1 : 0);
+}
+
 bool is_quant(uint32_t t) {
   return quantized(dot_family_of(t));
 }
@@ -830,7 +1160,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
   if (n < 1 || n > 3) throw WorkerError(ErrorCode::Internal, "qgemm: 1 to 3 weights a launch");
   if (n_tok <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
   Launch l{};
-  bool ring_rows = true;
+  bool ring_rows = true, rows16 = true;
   for (int i = 0; i < n; ++i) {  // slots past n keep rows 0: no CTA column selects them
     const WeightView& w = *ws[i];
     if (w.rows <= 0 || w.cols <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
@@ -844,6 +1174,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
     l.sg.y[i] = ys[i];
     l.sg.rows[i] = static_cast<int>(w.rows);
     ring_rows = ring_rows && w.row_bytes % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 8 == 0;
+    rows16 = rows16 && w.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
   }
   l.cols = static_cast<int>(w0.cols);
   l.n = n;
@@ -876,6 +1207,17 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
             mma_fills(static_cast<int64_t>(l.tiles(mma0::kMR)) *
                       ((n_tok + mma0::kMT - 1) / mma0::kMT)))
           return launch_mma<T>(l, a, n_tok, accumulate, stream);
+      }
+      if constexpr (T == GgmlType::Q4_K) {
+        // the Q4KRep tensor-core tile (kmma): repacked rows, 16-byte aligned (its cp.async
+        // pieces); by default on the same batches as mma0's (not measured below 512 tokens)
+        const bool kmma_ok = rep && rows16;
+        if (kmma_ok && prefetch == qg::kVariantMma)
+          return launch_kmma(l, a, n_tok, gemm_end, accumulate, stream);
+        if (kmma_ok && prefetch < 0 && n_tok >= kMmaMinTokens &&
+            mma_fills(static_cast<int64_t>(l.tiles(kmma::kMR)) *
+                      ((n_tok + kmma::kMT - 1) / kmma::kMT)))
+          return launch_kmma(l, a, n_tok, gemm_end, accumulate, stream);
       }
       if (prefetch == qg::kVariantMma)
         throw WorkerError(ErrorCode::Internal, "qgemm: no tensor-core tile for this weight");

@@ -657,12 +657,13 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
   for (const float v : y1.download()) ASSERT_TRUE(std::isnan(v));
 }
 
-// The tensor-core tile (qg::kVariantMma, the default for big Q8_0 / Q5_0 / Q4_0-lane prompt
-// batches) on its own, on shapes the default does not give it too (partial row and token
-// tiles, one token, widths from one step): bitwise equal to the dp4a tile over the whole
-// output (NaN-poisoned) and to the CPU reference on checked rows, accumulate alternating;
-// weights it cannot take (a width that is not a multiple of its 128-element step, K-quants,
-// repacked Q4_0) are refused with an error.
+// The tensor-core tiles (qg::kVariantMma, the default for big Q8_0 / Q5_0 / Q4_0-lane and
+// repacked Q4_K prompt batches) on their own, on shapes the default does not give them too
+// (partial row and token tiles, one token, widths from one step, Q4_K's gemv tokens past
+// n_tok - n_tok % 4): bitwise equal to the dp4a tile over the whole output (NaN-poisoned) and to
+// the CPU reference on checked rows, accumulate alternating; weights they cannot take (a width
+// that is not a multiple of the 128-element step, Q4_K that is not repacked, Q6_K, repacked
+// Q4_0) are refused with an error.
 // REQ: M0-W-1430 M0-W-1201 WRK-D15
 TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
   REQUIRE_GPU();
@@ -673,11 +674,14 @@ TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
   const std::vector<Shape> shapes =
       quick() ? std::vector<Shape>{{GgmlType::Q8_0, 130, 256},
                                    {GgmlType::Q8_0, 64, 128},
-                                   {GgmlType::Q5_0, 70, 896}}
+                                   {GgmlType::Q5_0, 70, 896},
+                                   {GgmlType::Q4_K, 136, 512}}
               : std::vector<Shape>{{GgmlType::Q8_0, 130, 256},  {GgmlType::Q8_0, 4864, 896},
                                    {GgmlType::Q8_0, 896, 4864}, {GgmlType::Q8_0, 64, 128},
                                    {GgmlType::Q5_0, 1000, 896}, {GgmlType::Q5_0, 70, 1024},
-                                   {GgmlType::Q4_0, 130, 896},  {GgmlType::Q4_0, 1001, 384}};
+                                   {GgmlType::Q4_0, 130, 896},  {GgmlType::Q4_0, 1001, 384},
+                                   {GgmlType::Q4_K, 136, 512},  {GgmlType::Q4_K, 896, 4864},
+                                   {GgmlType::Q4_K, 1000, 768}};
   const std::vector<int> toks =
       quick() ? std::vector<int>{1, 33} : std::vector<int>{1, 17, 64, 530};
   uint64_t seed = 31337;
@@ -721,11 +725,15 @@ TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
           << what;
     }
   }
-  // refused: a width that is not a multiple of 128, a K-quant, a repacked Q4_0 (rows % 8 == 0)
+  // refused: a width that is not a multiple of 128, a Q4_K that is not repacked (rows % 8 != 0),
+  // a Q6_K, a repacked Q4_0 (rows % 8 == 0)
   const struct {
     GgmlType type;
     int rows, cols;
-  } refused[] = {{GgmlType::Q8_0, 64, 160}, {GgmlType::Q4_K, 64, 256}, {GgmlType::Q4_0, 64, 256}};
+  } refused[] = {{GgmlType::Q8_0, 64, 160},
+                 {GgmlType::Q4_K, 66, 256},
+                 {GgmlType::Q6_K, 64, 256},
+                 {GgmlType::Q4_0, 64, 256}};
   for (const auto& r : refused) {
     DevArray<uint8_t> dw(random_weights(r.type, r.rows, r.cols, ++seed));
     const kern::WeightView wv = view_of(r.type, dw, r.rows, r.cols);
