@@ -8,69 +8,36 @@ when the variable asks)."""
 
 import http.client
 import json
-import os
-import signal
 import subprocess
-import time
 import unittest
 
-from worker_paths import HAIKU as MODEL, NOT_BUILT, WORKER, free_port
+from worker_paths import HAIKU as MODEL, NOT_BUILT, WORKER, RunningWorker
 
 
-class Worker:
-    def __init__(self, spin: str):
-        self.port = free_port()
-        env = dict(os.environ, WORKER_EVENT_SPIN_US=spin)
-        self.proc = subprocess.Popen(
-            [str(WORKER), "--model", str(MODEL), "--backend", "cpu", "--port", str(self.port),
-             "--bind", "127.0.0.1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE, env=env)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                c.request("GET", "/health")
-                r = c.getresponse()
-                body = json.loads(r.read())
-                c.close()
-                if r.status == 200 and body.get("status") == "healthy":
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError("worker-orcd not healthy within 60 s")
+def execute(port: int, job_id: str):
+    """(event names in order, token events' data) of one greedy /execute stream."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = json.dumps({"job_id": job_id, "prompt": "a haiku about the sea", "max_tokens": 24,
+                       "temperature": 0})
+    c.request("POST", "/execute", body=body, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise AssertionError(f"/execute answered {r.status}")
+    names, tokens, event = [], [], None
+    for raw in r.read().decode("utf-8").split("\n"):
+        if raw.startswith("event:"):
+            event = raw[6:].strip()
+        elif raw.startswith("data:") and event is not None:
+            names.append(event)
+            if event == "token":
+                tokens.append(json.loads(raw[5:].strip()))
+            event = None
+    c.close()
+    return names, tokens
 
-    def execute(self, job_id: str):
-        """(event names in order, token events' data) of one greedy /execute stream."""
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
-        body = json.dumps({"job_id": job_id, "prompt": "a haiku about the sea", "max_tokens": 24,
-                           "temperature": 0})
-        c.request("POST", "/execute", body=body, headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            raise AssertionError(f"/execute answered {r.status}")
-        names, tokens, event = [], [], None
-        for raw in r.read().decode("utf-8").split("\n"):
-            if raw.startswith("event:"):
-                event = raw[6:].strip()
-            elif raw.startswith("data:") and event is not None:
-                names.append(event)
-                if event == "token":
-                    tokens.append(json.loads(raw[5:].strip()))
-                event = None
-        c.close()
-        return names, tokens
 
-    def stop(self) -> bytes:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = self.proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            _, err = self.proc.communicate()
-        return err
+def start(spin: str) -> RunningWorker:
+    return RunningWorker(MODEL, env={"WORKER_EVENT_SPIN_US": spin}, stderr=subprocess.PIPE)
 
 
 def json_lines(err: bytes):
@@ -89,10 +56,10 @@ class EventSpinTest(unittest.TestCase):
     def test_poll_on_streams_every_token_in_order_as_with_it_off(self):
         texts = {}
         for spin in ("2000", "0"):
-            w = Worker(spin)
+            w = start(spin)
             try:
                 for k in range(2):  # the second stream starts inside the poll's window
-                    names, tokens = w.execute(f"spin-{spin}-{k}")
+                    names, tokens = execute(w.port, f"spin-{spin}-{k}")
                     self.assertEqual(names[0], "started", names)
                     self.assertEqual(names[-1], "end", names)
                     self.assertEqual(names.count("end"), 1, names)
@@ -101,19 +68,19 @@ class EventSpinTest(unittest.TestCase):
                     self.assertGreater(len(tokens), 0)
                     texts.setdefault(spin, []).append("".join(t["t"] for t in tokens))
             finally:
-                err = w.stop()
+                _, err = w.stop()
             self.assertFalse([e for e in json_lines(err) if e.get("event") == "event_spin_ignored"])
         self.assertEqual(texts["2000"], texts["0"])  # greedy: the same text, poll or not
         self.assertEqual(texts["2000"][0], texts["2000"][1])
 
     # REQ: M0-W-1900
     def test_an_invalid_value_is_refused_with_a_warning(self):
-        w = Worker("2ms")
+        w = start("2ms")
         try:
-            names, _ = w.execute("spin-invalid")
+            names, _ = execute(w.port, "spin-invalid")
             self.assertEqual(names[-1], "end", names)
         finally:
-            err = w.stop()
+            _, err = w.stop()
         warned = [e for e in json_lines(err) if e.get("event") == "event_spin_ignored"]
         self.assertEqual(len(warned), 1, err[-2000:])
         self.assertEqual(warned[0]["WORKER_EVENT_SPIN_US"], "2ms")

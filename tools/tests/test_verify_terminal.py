@@ -8,7 +8,6 @@ import json
 import os
 import pty
 import select
-import signal
 import subprocess
 import tempfile
 import time
@@ -16,7 +15,7 @@ import unittest
 import urllib.request
 from pathlib import Path
 
-from worker_paths import NOT_BUILT, ROOT, WORKER, free_port
+from worker_paths import NOT_BUILT, ROOT, WORKER, RunningWorker
 
 SHARED = Path(os.environ.get("WORKER_SHARED_FIXTURES", ROOT.parent / "shared/fixtures"))
 MODEL = SHARED / "stories260K.gguf"
@@ -49,26 +48,16 @@ class VerifyTerminalTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
-        port = free_port()
-        cls.proc = subprocess.Popen([str(WORKER), "--model", str(MODEL), "--backend", "cpu",
-                                     "--port", str(port), "--bind", "127.0.0.1"],
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        w = RunningWorker(MODEL)
         try:
-            for _ in range(200):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-                    break
-                except OSError:
-                    time.sleep(0.05)
             body = json.dumps({"job_id": "verify-tty", "prompt": "Once upon a time",
                                "max_tokens": 40, "temperature": 0.8, "top_p": 0.9,
                                "seed": 1234}).encode()
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/execute", data=body,
+            req = urllib.request.Request(f"http://127.0.0.1:{w.port}/execute", data=body,
                                          headers={"Content-Type": "application/json"})
             cls.stream = urllib.request.urlopen(req, timeout=60).read().decode()
         finally:
-            cls.proc.send_signal(signal.SIGTERM)
-            cls.proc.wait(timeout=10)
+            w.stop()
         cls.stream_file = Path(cls.tmp.name) / "stream.txt"
         cls.stream_file.write_text(cls.stream)
 

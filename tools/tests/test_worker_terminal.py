@@ -14,10 +14,9 @@ import signal
 import subprocess
 import time
 import unittest
-import urllib.request
 from pathlib import Path
 
-from worker_paths import BUILD, HAIKU as MODEL, NOT_BUILT, ROOT, WORKER, free_port
+from worker_paths import BUILD, HAIKU as MODEL, NOT_BUILT, ROOT, WORKER, RunningWorker, free_port
 
 # The JSON lines of a load + SIGTERM, as the worker has always written them (D14, M0-W-1900):
 # event and the field names of each line, in order.
@@ -115,30 +114,10 @@ class WorkerTerminalTest(unittest.TestCase):
 
     # REQ: WRK-D26 M0-W-1900
     def test_without_a_terminal_stderr_is_the_json_lines_only(self):
-        port = free_port()
-        p = subprocess.Popen([str(WORKER), "--model", str(MODEL), "--backend", "cpu", "--port",
-                              str(port), "--bind", "127.0.0.1"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-        try:
-            health = None
-            for _ in range(300):
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health",
-                                                timeout=2) as r:
-                        health = json.loads(r.read())
-                    if health.get("status") == "healthy":  # loaded, serving
-                        break
-                except OSError:
-                    pass
-                time.sleep(0.1)
-            p.send_signal(signal.SIGTERM)
-            out, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
-        self.assertEqual(p.returncode, 0, err)
+        w = RunningWorker(MODEL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        health = w.health  # loaded, serving
+        out, err = w.stop()
+        self.assertEqual(w.proc.returncode, 0, err)
         self.assertEqual(out, b"")
         self.assertNotIn(b"\r", err)
         self.assertNotIn(b"\x1b", err)
