@@ -343,18 +343,22 @@ __device__ __forceinline__ void issue_w(int tid, int step, const uint8_t* __rest
   if (q0 < kPR % 4)
     cp_async8(dst + 8 * q0 + 8 * (kPR - kPR % 4), src + 8 * q0 + 8 * (kPR - kPR % 4), in ? 8 : 0);
 }
+// The activation quants of step `step` (kKS of each of the tile's kMT tokens) into x: one
+// 16-byte piece a thread, tokens past n_tok zero-filled.
+__device__ __forceinline__ void issue_quants(int tid, int step, const int8_t* __restrict__ aq,
+                                             int cols, int tok0, int n_tok, int8_t* x) {
+  static_assert(kMT * kKS / 16 == kThreads, "one 16-byte piece a thread");
+  const int t = tid >> 3;
+  const bool in = tok0 + t < n_tok;
+  cp_async16(x + 16 * tid,
+             aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (tid & 7),
+             in ? 16 : 0);
+}
 template <GgmlType T>
 __device__ __forceinline__ void issue_a(int tid, int step, const int8_t* __restrict__ aq,
                                         const float* __restrict__ ad, int cols, int nb, int tok0,
                                         int n_tok, RawStage<T>& r) {
-  static_assert(kMT * kKS / 16 == kThreads, "one 16-byte piece a thread");
-  {
-    const int t = tid >> 3;
-    const bool in = tok0 + t < n_tok;
-    cp_async16(r.x + 16 * tid,
-               aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (tid & 7),
-               in ? 16 : 0);
-  }
+  issue_quants(tid, step, aq, cols, tok0, n_tok, r.x);
   if (tid < kMT) {
     const bool tin = tok0 + tid < n_tok;
     cp_async16(r.d + kKB * tid, ad + static_cast<size_t>(tin ? tok0 + tid : 0) * nb + kKB * step,
@@ -368,6 +372,17 @@ __device__ __forceinline__ void bytes_to_f16(uint32_t u, uint32_t bias2, uint32_
   const uint32_t l = __byte_perm(u, 0x64646464u, 0x4140), h = __byte_perm(u, 0x64646464u, 0x4342);
   asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(lo) : "r"(l), "r"(bias2));
   asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(h), "r"(bias2));
+}
+
+// 16 activation quants (int8, 16-byte aligned) as 8 f16x2 words, exactly: word w holds quants
+// 2w, 2w + 1 ((0x6400 | (q ^ 0x80)) - (1024 + 128)).
+__device__ __forceinline__ void quants_to_f16(const int8_t* src, uint32_t (&v)[8]) {
+  constexpr uint32_t abias2 = 0x6480u * 0x10001u;
+  const uint4 a = *reinterpret_cast<const uint4*>(src);
+  bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
+  bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
+  bytes_to_f16(a.z ^ 0x80808080u, abias2, v[4], v[5]);
+  bytes_to_f16(a.w ^ 0x80808080u, abias2, v[6], v[7]);
 }
 
 // A raw stage into an f16 stage. Every thread the same work (the step's barrier waits for the
@@ -421,14 +436,9 @@ __device__ __forceinline__ void convert(int tid, const RawStage<T>& r, F16Stage&
   }
   {  // activations: half a block (16 quants, words 8 hf .. 8 hf + 7) of a token a thread
     static_assert(kMT * kKB * 2 == kThreads, "half a block a thread");
-    constexpr uint32_t abias2 = 0x6480u * 0x10001u;  // 1024 + 128
     const int tok = tid >> 3, blk = (tid >> 1) & 3, hf = tid & 1;
-    const uint4 a = *reinterpret_cast<const uint4*>(r.x + tok * kKS + 32 * blk + 16 * hf);
-    uint32_t v[8];  // word 8 hf + w: elements 16 hf + 2w, + 1
-    bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
-    bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
-    bytes_to_f16(a.z ^ 0x80808080u, abias2, v[4], v[5]);
-    bytes_to_f16(a.w ^ 0x80808080u, abias2, v[6], v[7]);
+    uint32_t v[8];                     // word 8 hf + w: elements 16 hf + 2w, + 1
+    quants_to_f16(r.x + 16 * tid, v);  // == tok * kKS + 32 blk + 16 hf
     // block word 4 sl + t (sl = 2 hf + w / 4, t = w % 4) goes to 4 t + sl: words 4t + 2hf, + 1
     uint2* dst = reinterpret_cast<uint2*>(s.x + tok * kXS + 32 * blk + 4 * hf);
 #pragma unroll
@@ -691,14 +701,8 @@ __device__ __forceinline__ void issue(int tid, int step, const uint8_t* __restri
     cp_async16(r.w + row * kRawRow + 16 * k,
                w + static_cast<size_t>(in ? row0 + row : 0) * row_bytes + off, in ? 16 : 0);
   }
-  static_assert(kMT * kKS / 16 == kThreads, "one 16-byte activation piece a thread");
-  {
-    const int t = tid >> 3;
-    const bool in = tok0 + t < n_tok;
-    cp_async16(r.x + 16 * tid,
-               aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (tid & 7),
-               in ? 16 : 0);
-  }
+  static_assert(kKS == mma0::kKS, "the quants of a step as mma0's");
+  mma0::issue_quants(tid, step, aq, cols, tok0, n_tok, r.x);
   if (tid < kMT) {
     const bool in = tok0 + tid < n_tok;
     cp_async4(r.d + tid, ad + static_cast<size_t>(in ? tok0 + tid : 0) * (cols / 256) + sb,
@@ -759,14 +763,9 @@ __device__ __forceinline__ void convert(int tid, int hh, const RawStage& r, F16S
     s.dm[tid] = __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16)));
   }
   {  // activations: 16 quants (words 8m .. 8m + 7 of the token's step) a thread
-    constexpr uint32_t abias2 = 0x6480u * 0x10001u;  // 1024 + 128
     const int tok = tid >> 3, m = tid & 7, j = m >> 2, c = m & 3;
-    const uint4 a = *reinterpret_cast<const uint4*>(r.x + tok * kKS + 16 * m);
-    uint32_t v[8];  // word 8c + i of pair j
-    bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
-    bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
-    bytes_to_f16(a.z ^ 0x80808080u, abias2, v[4], v[5]);
-    bytes_to_f16(a.w ^ 0x80808080u, abias2, v[6], v[7]);
+    uint32_t v[8];                           // word 8c + i of pair j
+    mma0::quants_to_f16(r.x + 16 * tid, v);  // == tok * kKS + 16 m
     // word 8c + 4h + t at 32j + 8t + 2c + h: (v[t], v[t + 4]) at 32j + 8t + 2c
     uint2* dst = reinterpret_cast<uint2*>(s.x + tok * kXW + 32 * j + 2 * c);
 #pragma unroll
