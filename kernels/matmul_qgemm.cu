@@ -1081,44 +1081,39 @@ bool mma_fills(int64_t ctas) {
   return 4 * ctas >= 3 * waves * slots;
 }
 
-template <GgmlType T>
-void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cudaStream_t stream) {
-  const QSegs sg = l.segs(mma0::kMR);
-  const dim3 grid(static_cast<unsigned>(sg.blk_end[2]),
-                  static_cast<unsigned>((n_tok + mma0::kMT - 1) / mma0::kMT));
-  constexpr size_t kSmem = sizeof(mma0::Smem<T>);
-  static const bool attr_set = [] {
-    for (auto* k : {mma0::qmma_kernel<T, true>, mma0::qmma_kernel<T, false>}) {
+// A tensor-core tile's launch: its two instantiations (several weights a launch, one), the
+// dynamic shared memory raised once for them, br x bt tiles of rows x tokens.
+template <auto* kMulti, auto* kSingle, class... Args>
+void launch_tile(const char* name, size_t smem, int br, int bt, const Launch& l, int n_tok,
+                 cudaStream_t stream, Args... args) {
+  static const bool attr_set = [smem] {
+    for (auto* k : {kMulti, kSingle}) {
       CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kSmem)));
+                                      static_cast<int>(smem)));
     }
     return true;
   }();
   (void)attr_set;
-  auto* kernel = l.n > 1 ? mma0::qmma_kernel<T, true> : mma0::qmma_kernel<T, false>;
-  launch_pdl_smem("exact_qmma_kernel", kernel, grid, dim3(kThreads), kSmem, stream, sg, l.cols,
-                  static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d), n_tok,
-                  accumulate ? 1 : 0);
+  const QSegs sg = l.segs(br);
+  const dim3 grid(static_cast<unsigned>(sg.blk_end[2]),
+                  static_cast<unsigned>((n_tok + bt - 1) / bt));
+  launch_pdl_smem(name, l.n > 1 ? kMulti : kSingle, grid, dim3(kThreads), smem, stream, sg, l.cols,
+                  args...);
+}
+
+template <GgmlType T>
+void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cudaStream_t stream) {
+  launch_tile<mma0::qmma_kernel<T, true>, mma0::qmma_kernel<T, false>>(
+      "exact_qmma_kernel", sizeof(mma0::Smem<T>), mma0::kMR, mma0::kMT, l, n_tok, stream,
+      static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d), n_tok, accumulate ? 1 : 0);
 }
 
 void launch_kmma(const Launch& l, const ActBuf& a, int n_tok, int gemm_end, bool accumulate,
                  cudaStream_t stream) {
-  const QSegs sg = l.segs(kmma::kMR);
-  const dim3 grid(static_cast<unsigned>(sg.blk_end[2]),
-                  static_cast<unsigned>((n_tok + kmma::kMT - 1) / kmma::kMT));
-  constexpr size_t kSmem = sizeof(kmma::Smem);
-  static const bool attr_set = [] {
-    for (auto* k : {kmma::kmma_kernel<true>, kmma::kmma_kernel<false>}) {
-      CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(kSmem)));
-    }
-    return true;
-  }();
-  (void)attr_set;
-  auto* kernel = l.n > 1 ? kmma::kmma_kernel<true> : kmma::kmma_kernel<false>;
-  launch_pdl_smem("exact_kmma_kernel", kernel, grid, dim3(kThreads), kSmem, stream, sg, l.cols,
-                  static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d), n_tok, gemm_end,
-                  accumulate ? 1 : 0);
+  launch_tile<kmma::kmma_kernel<true>, kmma::kmma_kernel<false>>(
+      "exact_kmma_kernel", sizeof(kmma::Smem), kmma::kMR, kmma::kMT, l, n_tok, stream,
+      static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d), n_tok, gemm_end,
+      accumulate ? 1 : 0);
 }
 
 bool is_quant(uint32_t t) {
