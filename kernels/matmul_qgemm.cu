@@ -47,6 +47,7 @@
 #include <cuda_fp16.h>
 
 #include <string>
+#include <type_traits>
 
 #include "common.cuh"
 #include "common/errors.h"
@@ -927,6 +928,359 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 }  // namespace kmma
 
+// ---- Q6_K on the tensor cores (q6mma; big prompt batches) ----
+//
+// dot_q6_k's lane integer L (L < 8) of a super-block: sum over its 8 units g of sc[2g + L / 4]
+// * dot(q[32g + 4L ..+3], y[..]) minus 32 (bs[2L] sc[2L] + bs[2L + 1] sc[2L + 1]) (q the
+// unsigned 6-bit quants, sc the int8 scales, bs the Q8_K sums of 16 quants), then acc[L] =
+// fma(d_a * d_w, float(lane), acc[L]) super-block after super-block, and hsum_float_8.
+// The k dimension is permuted so that a lane's 32 elements are contiguous: within a step (a
+// quarter super-block: lanes 2q, 2q + 1), k = 32 l + 4 g + k4 holds element 32 g + 4 (2q + l)
+// + k4. sc * q (up to 128 * 63) does not fit f16's 11 bits, so the scale is split, sc = 16 a +
+// b (b = sc & 15, a = sc >> 4): A_lo = b q <= 945 and A_hi = a q in [-504, 441] are exact in
+// f16, and a lane is two chains of mma.m16n8k16 over its 32 k (lo, hi), the hi chain plus one
+// mma.m16n8k8 whose only nonzero k are 0 and 1 (A = -2 sc[2L], -2 sc[2L + 1]; B = bs[2L],
+// bs[2L + 1]): hi = sum a q y - 2 (bs sc terms), lo = sum b q y, lane = 16 hi + lo. Every
+// product and partial sum is an integer of magnitude below 2^22 (hi 3.2e6, lo 3.9e6), so the
+// f32 accumulation is exact in any order. The chains start from biases F_h = 2^23 + 4980736
+// and F_l = 1.5 * 2^23 (every partial sum then stays in [2^23, 2^24), where f32 steps by 1),
+// chosen so that 16 * bits(F_h + hi) + bits(F_l + lo) == 16 hi + lo (mod 2^32): 17 * 0x4B000000
+// + 16 * 4980736 + 4194304 == 2^32. So one integer multiply-add gives the lane integer, then
+// the reference's conversion and fma.
+//
+// CTA: as kmma (256 threads, kMR rows x kMT tokens, warps 2 x 4 of 32 rows x 8 tokens), four
+// steps a super-block. Q6_K rows (210-byte super-blocks) are only 2-byte aligned: the raw
+// copy of a row's super-block is the 16-byte-aligned window around it (14 pieces, the part
+// past the row's end zero-filled), read at the row's offset in it; one raw slot a super-block,
+// two slots (a super-block's copies are issued when the previous one starts: three steps of
+// lead).
+namespace q6mma {
+using mma0::bytes_to_f16;
+using mma0::kMR;
+using mma0::kMT;
+using mma0::ldmatrix_x4;
+using mma0::step_tid;
+using mma0::store_tile;
+constexpr int kBlock = 210;            // bytes a super-block
+constexpr int kWin = 224;              // bytes of a row's window (14 pieces)
+constexpr int kWS = 64 + 8;            // halves a weight row of a step (ldmatrix: distinct quads)
+constexpr int kXW = 32 + 16;           // words a token row of a step (B loads: distinct banks)
+constexpr uint32_t kFh = 0x4B4C0000u;  // bits of 2^23 + 4980736
+constexpr uint32_t kFl = 0x4B400000u;  // bits of 1.5 * 2^23
+static_assert(17u * 0x4B000000u + 16u * (kFh - 0x4B000000u) + (kFl - 0x4B000000u) == 0u,
+              "16 * bits(hi) + bits(lo) is the lane integer");
+
+struct F16Stage {
+  alignas(16) uint16_t lo[kMR * kWS];  // b * q, k order of the step
+  alignas(16) uint16_t hi[kMR * kWS];  // a * q
+  // activations: word (l, c, h, t) (k = 32 l + 16 c + 8 h + 2 t, + 1) at 16 l + 4 t + 2 c + h:
+  // a thread's four B words of lane l are one 16-byte load
+  alignas(16) uint32_t x[kMT * kXW];
+  uint32_t aw[2 * kMR];  // [l][row]: (-2 sc[2L], -2 sc[2L + 1]) as f16x2
+  uint32_t bw[2 * kMT];  // [l][token]: (bs[2L], bs[2L + 1]) as f16x2
+  float dw[kMR];         // f16 d of the rows' super-block
+  float da[kMT];         // Q8_K d of the tokens' super-block
+};
+struct RawStage {
+  alignas(16) uint8_t w[kMR * kWin];
+  alignas(16) int8_t x[kMT * 256];
+  alignas(16) int32_t bs[kMT * 16];
+  alignas(16) float d[kMT];
+};
+struct Smem {
+  RawStage raw[2];
+  union {
+    F16Stage st[2];
+    float out[kMT * (kMR + 1)];  // the result tile [token][row], after the last step
+  };
+};
+
+// The raw bytes of super-block sb into r: rows' windows, the tokens' quants, bsums and d.
+__device__ __forceinline__ void issue(int tid, int sb, const uint8_t* __restrict__ w, int rows,
+                                      size_t row_bytes, int row0, const int8_t* __restrict__ aq,
+                                      const float* __restrict__ ad, const int32_t* __restrict__ abs,
+                                      int cols, int tok0, int n_tok, RawStage& r) {
+  for (int n = tid; n < kMR * (kWin / 16); n += kThreads) {
+    const int row = n / (kWin / 16), k = n - (kWin / 16) * row;
+    const bool in = row0 + row < rows;
+    const size_t rs = static_cast<size_t>(in ? row0 + row : 0) * row_bytes;  // row start
+    const size_t start = rs + static_cast<size_t>(sb) * kBlock;
+    const size_t piece = (start & ~size_t{15}) + 16 * static_cast<size_t>(k);
+    const size_t end = rs + row_bytes;
+    const int nb = !in || piece >= end ? 0 : static_cast<int>(end - piece < 16 ? end - piece : 16);
+    if (nb == 16 || nb == 0) {
+      cp_async16(r.w + row * kWin + 16 * k, w + (nb > 0 ? piece : rs), nb);
+    } else {  // a row's last super-block: its bytes only (the row may end the allocation)
+      const auto* src = reinterpret_cast<const uint16_t*>(w + piece);
+      auto* dst = reinterpret_cast<uint16_t*>(r.w + row * kWin + 16 * k);
+      for (int i = 0; i < nb / 2; ++i) dst[i] = __ldg(src + i);
+    }
+  }
+  for (int n = tid; n < kMT * 16; n += kThreads) {  // 16-byte pieces of the quants
+    const int t = n >> 4;
+    const bool in = tok0 + t < n_tok;
+    cp_async16(r.x + 16 * n,
+               aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + 256 * sb + 16 * (n & 15),
+               in ? 16 : 0);
+  }
+  if (tid < kMT * 4) {  // bsums: 4 pieces a token
+    const int t = tid >> 2;
+    const bool in = tok0 + t < n_tok;
+    cp_async16(r.bs + 4 * tid,
+               abs + static_cast<size_t>(in ? tok0 + t : 0) * (cols / 16) + 16 * sb + 4 * (tid & 3),
+               in ? 16 : 0);
+  } else if (tid < kMT * 5) {
+    const int t = tid - kMT * 4;
+    const bool in = tok0 + t < n_tok;
+    cp_async4(r.d + t, ad + static_cast<size_t>(in ? tok0 + t : 0) * (cols / 256) + sb, in ? 4 : 0);
+  }
+}
+
+// Where row `row` (of the tile) starts in its window of super-block sb: (its byte offset in the
+// weight) mod 16 (the weight is 16-byte aligned), in 32-bit arithmetic (exact mod 16).
+__device__ __forceinline__ int win_off(int row, int sb, int row0, uint32_t rb15) {
+  return row * kWin +
+         static_cast<int>(
+             (static_cast<uint32_t>(row0 + row) * rb15 + static_cast<uint32_t>(sb) * kBlock) & 15u);
+}
+// (v, v) as f16x2 for 0 <= v + off < 16, exactly: (0x6400 | (v + off)) - (1024 + off).
+template <int kOff>
+__device__ __forceinline__ uint32_t small_f16x2(int v) {
+  const uint32_t x = (static_cast<uint32_t>(v + kOff) | 0x6400u) * 0x10001u;
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"((0x6400u + kOff) * 0x10001u));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t f16x2_pair(int a, int b) {  // (a, b), |a|, |b| <= 2048
+  return static_cast<uint32_t>(__half_as_ushort(__int2half_rn(a))) |
+         (static_cast<uint32_t>(__half_as_ushort(__int2half_rn(b))) << 16);
+}
+
+// Quarter q of super-block sb (raw slot r) into an f16 stage. Weights: row tid / 4, units 2j and
+// 2j + 1 (j = tid % 4), 8 elements of each (32 g + 8 q ..); the activations of (token tid / 8,
+// unit tid % 8); aw of (row, l) for tid < 128, bw of (token, l) for tid < 64, dw / da.
+__device__ __forceinline__ void convert(int tid, int q, int sb, int row0, uint32_t rb15,
+                                        const RawStage& r, F16Stage& s) {
+  {
+    const int row = tid >> 2, j = tid & 3;
+    const int o = win_off(row, sb, row0, rb15);
+    uint32_t l0[2], l1[2], h[2], scw[1];
+    qg::sw_words<2>(r.w, o + 64 * (j >> 1) + 8 * q, l0);       // unit 2j's ql bytes
+    qg::sw_words<2>(r.w, o + 64 * (j >> 1) + 32 + 8 * q, l1);  // unit 2j + 1's
+    qg::sw_words<2>(r.w, o + 128 + 32 * (j >> 1) + 8 * q, h);  // both units' qh bytes
+    qg::sw_words<1>(r.w, o + 192 + 4 * j, scw);                // sc[4j .. 4j + 3]
+    const int ns = 4 * (j & 1), hs = 4 * (j & 1);
+    uint32_t vlo[2][4], vhi[2][4];  // [lane l][unit 2j k01, k23, unit 2j + 1 k01, k23]
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const uint32_t* ql = u == 0 ? l0 : l1;
+      // sc[2g + q / 2] with g = 2j + u: byte 2u + q / 2 of scw
+      const int sc = static_cast<int8_t>(static_cast<uint8_t>(scw[0] >> (8 * (2 * u + (q >> 1)))));
+      const uint32_t b2 = small_f16x2<0>(sc & 15), a2 = small_f16x2<8>(sc >> 4);
+#pragma unroll
+      for (int l = 0; l < 2; ++l) {  // word l: elements 4l .. 4l + 3 of the 8 (lane 2q + l)
+        const uint32_t x =
+            ((ql[l] >> ns) & 0x0F0F0F0Fu) | (((h[l] >> (hs + 2 * u)) & 0x03030303u) << 4);
+        uint32_t f01, f23;
+        bytes_to_f16(x, 0x64006400u, f01, f23);  // q, exactly
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(vlo[l][2 * u]) : "r"(f01), "r"(b2));
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(vlo[l][2 * u + 1]) : "r"(f23), "r"(b2));
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(vhi[l][2 * u]) : "r"(f01), "r"(a2));
+        asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(vhi[l][2 * u + 1]) : "r"(f23), "r"(a2));
+      }
+    }
+#pragma unroll
+    for (int l = 0; l < 2; ++l) {  // k = 32 l + 4 g + k4: units 2j, 2j + 1 are halves 32 l + 8 j ..
+      *reinterpret_cast<uint4*>(s.lo + row * kWS + 32 * l + 8 * j) =
+          make_uint4(vlo[l][0], vlo[l][1], vlo[l][2], vlo[l][3]);
+      *reinterpret_cast<uint4*>(s.hi + row * kWS + 32 * l + 8 * j) =
+          make_uint4(vhi[l][0], vhi[l][1], vhi[l][2], vhi[l][3]);
+    }
+  }
+  {  // activations: token tid / 8, unit g = tid % 8: elements 32 g + 8 q .. + 7
+    constexpr uint32_t abias2 = 0x6480u * 0x10001u;  // 1024 + 128
+    const int tok = tid >> 3, g = tid & 7;
+    const uint2 a = *reinterpret_cast<const uint2*>(r.x + tok * 256 + 32 * g + 8 * q);
+    uint32_t v[4];  // [lane l][k pair p]
+    bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
+    bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
+    // k = 32 l + 4 g + 2 p = 32 l + 16 c + 8 h + 2 t: c = g / 4, h = (g / 2) % 2, t = 2 (g % 2) + p
+    uint32_t* dst = s.x + tok * kXW + 8 * (g & 1) + 2 * (g >> 2) + ((g >> 1) & 1);
+#pragma unroll
+    for (int l = 0; l < 2; ++l) {
+      dst[16 * l] = v[2 * l];
+      dst[16 * l + 4] = v[2 * l + 1];
+    }
+  }
+  if (tid < 2 * kMR) {  // aw: row tid / 2, lane 2q + tid % 2
+    const int row = tid >> 1, L = 2 * q + (tid & 1);
+    const int o = win_off(row, sb, row0, rb15);
+    const uint32_t p = qg::sw16(r.w, o + 192 + 2 * L);
+    s.aw[(tid & 1) * kMR + row] =
+        f16x2_pair(-2 * static_cast<int8_t>(p & 0xFF), -2 * static_cast<int8_t>(p >> 8));
+  } else if (tid < 2 * kMR + 2 * kMT) {  // bw: token, lane 2q + l
+    const int n = tid - 2 * kMR, tok = n >> 1, L = 2 * q + (n & 1);
+    s.bw[(n & 1) * kMT + tok] = f16x2_pair(r.bs[tok * 16 + 2 * L], r.bs[tok * 16 + 2 * L + 1]);
+  } else if (tid < 2 * kMR + 2 * kMT + kMT) {
+    const int tok = tid - 2 * kMR - 2 * kMT;
+    s.da[tok] = r.d[tok];
+  }
+  if (tid >= kThreads - kMR) {  // dw: the last kMR threads (the others' extra work is above)
+    const int row = tid - (kThreads - kMR);
+    const int o = win_off(row, sb, row0, rb15);
+    s.dw[row] = __half2float(__ushort_as_half(static_cast<unsigned short>(qg::sw16(r.w, o + 208))));
+  }
+}
+
+__device__ __forceinline__ void mma16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                      float (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma8(uint32_t a0, uint32_t a1, uint32_t b, float (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+// acc[r][i][L]: output i of row group r (row rb + 16 r + g + 8 (i / 2), token tb + 2 t + i % 2),
+// lane chain L.
+struct QAcc {
+  float v[2][4][8];
+};
+
+// Quarter Q of a super-block (lanes 2Q, 2Q + 1) from an f16 stage; dd: d_a * d_w of the
+// thread's outputs for this super-block.
+template <int Q>
+__device__ __forceinline__ void compute(int tid, const F16Stage& s, const float (&dd)[2][4],
+                                        QAcc& acc) {
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+  const uint32_t lo_base =
+      static_cast<uint32_t>(__cvta_generic_to_shared(s.lo)) +
+      2u * static_cast<uint32_t>((rb + (lane & 7) + 8 * ((lane >> 3) & 1)) * kWS + 8 * (lane >> 4));
+  const uint32_t hi_base = lo_base + static_cast<uint32_t>(sizeof(s.lo));
+#pragma unroll
+  for (int l = 0; l < 2; ++l) {
+    const uint4 b = *reinterpret_cast<const uint4*>(s.x + (tb + g) * kXW + 16 * l + 4 * t);
+    const uint32_t b8 = t == 0 ? s.bw[l * kMT + tb + g] : 0u;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t off = 2u * static_cast<uint32_t>(16 * r * kWS + 32 * l);
+      uint32_t a[4];
+      float ch[4], cl[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        ch[i] = __uint_as_float(kFh);
+        cl[i] = __uint_as_float(kFl);
+      }
+      ldmatrix_x4(hi_base + off, a);
+      mma16(a, b.x, b.y, ch);
+      ldmatrix_x4(hi_base + off + 32u, a);
+      mma16(a, b.z, b.w, ch);
+      mma8(s.aw[l * kMR + rb + 16 * r + g], s.aw[l * kMR + rb + 16 * r + g + 8], b8, ch);
+      ldmatrix_x4(lo_base + off, a);
+      mma16(a, b.x, b.y, cl);
+      ldmatrix_x4(lo_base + off + 32u, a);
+      mma16(a, b.z, b.w, cl);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int lane_int =
+            static_cast<int>(16u * __float_as_uint(ch[i]) + __float_as_uint(cl[i]));
+        float& c = acc.v[r][i][2 * Q + l];
+        c = qm::fma_(dd[r][i], static_cast<float>(lane_int), c);
+      }
+    }
+  }
+}
+
+template <bool MULTI>
+__global__ void __launch_bounds__(kThreads, 2)
+    q6mma_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
+                 const float* __restrict__ ad, const int32_t* __restrict__ abs, int n_tok,
+                 int accumulate) {
+  extern __shared__ __align__(16) unsigned char q6mma_smem[];
+  auto& sm = *reinterpret_cast<Smem*>(q6mma_smem);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int bx = static_cast<int>(blockIdx.x);
+  const int seg = seg_of<MULTI>(sg, bx);
+  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
+  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
+  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR;
+  const int tok0 = static_cast<int>(blockIdx.y) * kMT;
+  const int nsb = cols / 256;
+  QAcc acc;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int L = 0; L < 8; ++L) acc.v[r][i][L] = 0.0f;
+  griddep_wait();  // activations (and y) come from earlier kernels
+  issue(tid, 0, w, rows, sg.row_bytes, row0, aq, ad, abs, cols, tok0, n_tok, sm.raw[0]);
+  cp_async_wait_all();
+  __syncthreads();
+  const uint32_t rb15 = static_cast<uint32_t>(sg.row_bytes & 15);
+  convert(tid, 0, 0, row0, rb15, sm.raw[0], sm.st[0]);
+  // One iteration a step (quarter Q of super-block sb, f16 stage Q % 2): wait, barrier (stage
+  // Q % 2 converted; the other stage and, at Q == 0, raw slot (sb + 1) % 2 free), issue sb + 1
+  // at Q == 0, convert the next step into the other stage, the mma of this one.
+  const auto step = [&](auto qc, int sb, float(&dd)[2][4]) {
+    constexpr int Q = decltype(qc)::value;
+    cp_async_wait<2>();  // the group issued three steps ago (super-block sb's, at Q == 3)
+    __syncthreads();
+    if constexpr (Q == 0) {
+      if (sb + 1 < nsb) {
+        issue(step_tid(tid), sb + 1, w, rows, sg.row_bytes, row0, aq, ad, abs, cols, tok0, n_tok,
+              sm.raw[(sb + 1) & 1]);
+      }
+    }
+    cp_async_commit();
+    if (Q < 3 || sb + 1 < nsb) {
+      convert(step_tid(tid), (Q + 1) & 3, Q == 3 ? sb + 1 : sb, row0, rb15,
+              sm.raw[(Q == 3 ? sb + 1 : sb) & 1], sm.st[(Q + 1) & 1]);
+    }
+    const F16Stage& s = sm.st[Q & 1];
+    if constexpr (Q == 0) {  // d_a * d_w (dot_q6_k's d) of the thread's outputs
+      const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+      const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          dd[r][i] = s.da[tb + 2 * t + (i & 1)] * s.dw[rb + 16 * r + g + 8 * (i >> 1)];
+    }
+    compute<Q>(tid, s, dd, acc);
+  };
+  for (int sb = 0; sb < nsb; ++sb) {
+    float dd[2][4];
+    step(std::integral_constant<int, 0>{}, sb, dd);
+    step(std::integral_constant<int, 1>{}, sb, dd);
+    step(std::integral_constant<int, 2>{}, sb, dd);
+    step(std::integral_constant<int, 3>{}, sb, dd);
+  }
+  __syncthreads();  // the out tile shares the f16 stages
+  const int tid2 = step_tid(tid);
+  const int lane = tid2 & 31, warp = tid2 >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      sm.out[(tb + 2 * t + (i & 1)) * (kMR + 1) + rb + 16 * r + g + 8 * (i >> 1)] =
+          qm::hsum8(acc.v[r][i]);
+  __syncthreads();
+  const int sy = seg_of<MULTI>(sg, bx);
+  float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
+  store_tile(sm.out, tid2, tok0, n_tok, row0, rows, y, accumulate);
+}
+
+}  // namespace q6mma
+
 // Whether a tile prefetches the next step into registers by default (PF): where the Stage
 // registers fit beside the chains without dropping below 2 CTAs per SM.
 template <GgmlType T, Flavor FL, int TT>
@@ -1116,6 +1470,14 @@ void launch_kmma(const Launch& l, const ActBuf& a, int n_tok, int gemm_end, bool
       accumulate ? 1 : 0);
 }
 
+void launch_q6mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate,
+                  cudaStream_t stream) {
+  launch_tile<q6mma::q6mma_kernel<true>, q6mma::q6mma_kernel<false>>(
+      "exact_q6mma_kernel", sizeof(q6mma::Smem), q6mma::kMR, q6mma::kMT, l, n_tok, stream,
+      static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
+      static_cast<const int32_t*>(a.bsum), n_tok, accumulate ? 1 : 0);
+}
+
 bool is_quant(uint32_t t) {
   return quantized(dot_family_of(t));
 }
@@ -1154,7 +1516,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
   if (n < 1 || n > 3) throw WorkerError(ErrorCode::Internal, "qgemm: 1 to 3 weights a launch");
   if (n_tok <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
   Launch l{};
-  bool ring_rows = true, rows16 = true;
+  bool ring_rows = true, rows16 = true, base16 = true;
   for (int i = 0; i < n; ++i) {  // slots past n keep rows 0: no CTA column selects them
     const WeightView& w = *ws[i];
     if (w.rows <= 0 || w.cols <= 0) throw WorkerError(ErrorCode::Internal, "qgemm: empty shape");
@@ -1168,7 +1530,8 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
     l.sg.y[i] = ys[i];
     l.sg.rows[i] = static_cast<int>(w.rows);
     ring_rows = ring_rows && w.row_bytes % 8 == 0 && reinterpret_cast<uintptr_t>(w.data) % 8 == 0;
-    rows16 = rows16 && w.row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+    base16 = base16 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+    rows16 = rows16 && base16 && w.row_bytes % 16 == 0;
   }
   l.cols = static_cast<int>(w0.cols);
   l.n = n;
@@ -1212,6 +1575,15 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
             mma_fills(static_cast<int64_t>(l.tiles(kmma::kMR)) *
                       ((n_tok + kmma::kMT - 1) / kmma::kMT)))
           return launch_kmma(l, a, n_tok, gemm_end, accumulate, stream);
+      }
+      if constexpr (T == GgmlType::Q6_K) {
+        // the Q6_K tensor-core tile (q6mma): 16-byte aligned weights (its windows' pieces)
+        if (base16 && prefetch == qg::kVariantMma)
+          return launch_q6mma(l, a, n_tok, accumulate, stream);
+        if (base16 && prefetch < 0 && n_tok >= kMmaMinTokens &&
+            mma_fills(static_cast<int64_t>(l.tiles(q6mma::kMR)) *
+                      ((n_tok + q6mma::kMT - 1) / q6mma::kMT)))
+          return launch_q6mma(l, a, n_tok, accumulate, stream);
       }
       if (prefetch == qg::kVariantMma)
         throw WorkerError(ErrorCode::Internal, "qgemm: no tensor-core tile for this weight");

@@ -94,6 +94,23 @@ HostActs make_acts(GgmlType type, int n_tok, int cols, uint64_t seed) {
   return h;
 }
 
+// Activation quants at their extremes: token t's values all +1 (t even) or -1 (t odd), so every
+// quant is +127 or -127 and every 16-quant sum +-2032.
+HostActs extreme_acts(GgmlType type, int n_tok, int cols) {
+  HostActs h;
+  h.rows.resize(static_cast<size_t>(n_tok));
+  std::vector<float> x(static_cast<size_t>(cols));
+  for (int t = 0; t < n_tok; ++t) {
+    std::fill(x.begin(), x.end(), t % 2 == 0 ? 1.0f : -1.0f);
+    auto& r = h.rows[static_cast<size_t>(t)];
+    cpu::quantize_activation(type, x.data(), cols, r);
+    h.q.insert(h.q.end(), r.q.begin(), r.q.end());
+    h.d.insert(h.d.end(), r.d.begin(), r.d.end());
+    h.bs.insert(h.bs.end(), r.bsum.begin(), r.bsum.end());
+  }
+  return h;
+}
+
 // CpuEngine::matmul's flags for a BatchOrder slice, then cpu::dot_quantized for the rows
 // listed (all tokens); other entries of y keep their value.
 void cpu_rows(GgmlType type, const std::vector<uint8_t>& w, int rows, int cols, HostActs& acts,
@@ -657,42 +674,54 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
   for (const float v : y1.download()) ASSERT_TRUE(std::isnan(v));
 }
 
-// The tensor-core tiles (qg::kVariantMma, the default for big Q8_0 / Q5_0 / Q4_0-lane and
-// repacked Q4_K prompt batches) on their own, on shapes the default does not give them too
+// The tensor-core tiles (qg::kVariantMma, the default for big Q8_0 / Q5_0 / Q4_0-lane, repacked
+// Q4_K and Q6_K prompt batches) on their own, on shapes the default does not give them too
 // (partial row and token tiles, one token, widths from one step, Q4_K's gemv tokens past
-// n_tok - n_tok % 4): bitwise equal to the dp4a tile over the whole output (NaN-poisoned) and to
-// the CPU reference on checked rows, accumulate alternating; weights they cannot take (a width
-// that is not a multiple of the 128-element step, Q4_K that is not repacked, Q6_K, repacked
-// Q4_0) are refused with an error.
+// n_tok - n_tok % 4, Q6_K rows at every offset mod 16): bitwise equal to the dp4a tile over the
+// whole output (NaN-poisoned) and to the CPU reference on checked rows, accumulate alternating;
+// Q6_K also at the extremes its exactness argument bounds (every quant 63, scales -128 and 127,
+// activation quants all +-127: the largest integer partial sums); weights they cannot take (a
+// width that is not a multiple of the 128-element step, Q4_K that is not repacked, repacked
+// Q4_0, Q6_K whose data is not 16-byte aligned) are refused with an error.
 // REQ: M0-W-1430 M0-W-1201 WRK-D15
 TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
   REQUIRE_GPU();
   struct Shape {
     GgmlType type;
     int rows, cols;
+    bool extreme = false;
   };
   const std::vector<Shape> shapes =
-      quick() ? std::vector<Shape>{{GgmlType::Q8_0, 130, 256},
-                                   {GgmlType::Q8_0, 64, 128},
-                                   {GgmlType::Q5_0, 70, 896},
-                                   {GgmlType::Q4_K, 136, 512}}
-              : std::vector<Shape>{{GgmlType::Q8_0, 130, 256},  {GgmlType::Q8_0, 4864, 896},
-                                   {GgmlType::Q8_0, 896, 4864}, {GgmlType::Q8_0, 64, 128},
-                                   {GgmlType::Q5_0, 1000, 896}, {GgmlType::Q5_0, 70, 1024},
-                                   {GgmlType::Q4_0, 130, 896},  {GgmlType::Q4_0, 1001, 384},
-                                   {GgmlType::Q4_K, 136, 512},  {GgmlType::Q4_K, 896, 4864},
-                                   {GgmlType::Q4_K, 1000, 768}};
+      quick() ? std::vector<Shape>{{GgmlType::Q8_0, 130, 256}, {GgmlType::Q8_0, 64, 128},
+                                   {GgmlType::Q5_0, 70, 896},  {GgmlType::Q4_K, 136, 512},
+                                   {GgmlType::Q6_K, 70, 512},  {GgmlType::Q6_K, 64, 256, true}}
+              : std::vector<Shape>{{GgmlType::Q8_0, 130, 256},      {GgmlType::Q8_0, 4864, 896},
+                                   {GgmlType::Q8_0, 896, 4864},     {GgmlType::Q8_0, 64, 128},
+                                   {GgmlType::Q5_0, 1000, 896},     {GgmlType::Q5_0, 70, 1024},
+                                   {GgmlType::Q4_0, 130, 896},      {GgmlType::Q4_0, 1001, 384},
+                                   {GgmlType::Q4_K, 136, 512},      {GgmlType::Q4_K, 896, 4864},
+                                   {GgmlType::Q4_K, 1000, 768},     {GgmlType::Q6_K, 896, 4864},
+                                   {GgmlType::Q6_K, 130, 768},      {GgmlType::Q6_K, 71, 256},
+                                   {GgmlType::Q6_K, 64, 1280, true}};
   const std::vector<int> toks =
       quick() ? std::vector<int>{1, 33} : std::vector<int>{1, 17, 64, 530};
   uint64_t seed = 31337;
   int case_no = 0;
   for (const Shape& sh : shapes) {
-    const auto w = random_weights(sh.type, sh.rows, sh.cols, ++seed);
+    auto w = random_weights(sh.type, sh.rows, sh.cols, ++seed);
+    if (sh.extreme) {  // Q6_K: every quant 63, scales -128 / 127 by super-block
+      const size_t nb = w.size() / 210;
+      for (size_t b = 0; b < nb; ++b) {
+        std::memset(w.data() + 210 * b, 0xFF, 192);
+        std::memset(w.data() + 210 * b + 192, (b % 3) == 1 ? 0x7F : 0x80, 16);
+      }
+    }
     DevArray<uint8_t> dw(w);
     const kern::WeightView wv = view_of(sh.type, dw, sh.rows, sh.cols);
     for (const int n_tok : toks) {
       const bool accumulate = (case_no++ % 2) == 1;
-      HostActs acts = make_acts(sh.type, n_tok, sh.cols, ++seed);
+      HostActs acts = sh.extreme ? extreme_acts(sh.type, n_tok, sh.cols)
+                                 : make_acts(sh.type, n_tok, sh.cols, ++seed);
       DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols));
       const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols);
       upload_acts(acts, a);
@@ -726,17 +755,21 @@ TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
     }
   }
   // refused: a width that is not a multiple of 128, a Q4_K that is not repacked (rows % 8 != 0),
-  // a Q6_K, a repacked Q4_0 (rows % 8 == 0)
+  // a repacked Q4_0 (rows % 8 == 0), a Q6_K 2 bytes past a 16-byte boundary
   const struct {
     GgmlType type;
     int rows, cols;
-  } refused[] = {{GgmlType::Q8_0, 64, 160},
-                 {GgmlType::Q4_K, 66, 256},
-                 {GgmlType::Q6_K, 64, 256},
-                 {GgmlType::Q4_0, 64, 256}};
+    int offset;
+  } refused[] = {{GgmlType::Q8_0, 64, 160, 0},
+                 {GgmlType::Q4_K, 66, 256, 0},
+                 {GgmlType::Q6_K, 64, 256, 2},
+                 {GgmlType::Q4_0, 64, 256, 0}};
   for (const auto& r : refused) {
-    DevArray<uint8_t> dw(random_weights(r.type, r.rows, r.cols, ++seed));
-    const kern::WeightView wv = view_of(r.type, dw, r.rows, r.cols);
+    auto wr = random_weights(r.type, r.rows, r.cols, ++seed);
+    wr.insert(wr.begin(), static_cast<size_t>(r.offset), uint8_t{0});
+    DevArray<uint8_t> dw(wr);
+    kern::WeightView wv = view_of(r.type, dw, r.rows, r.cols);
+    wv.data = dw.get() + r.offset;
     DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(4, r.cols));
     const ActBuf a = kern::exact::act_buffer_at(buf.get(), 4, r.cols);
     DevArray<float> y(static_cast<size_t>(4) * r.rows);
