@@ -787,7 +787,23 @@ __device__ __forceinline__ void mma16(const uint32_t (&a)[4], uint32_t b0, uint3
 struct KAcc {
   float acc[2][4], accm[2][4];
   int isum[2][4], imin[2][4];
+  float dd[2][4], dm[2][4];  // the super-block's f16(d) * d_a and f16(dmin) * d_a
 };
+
+// dot_q4_k_repack's scale products dd = f16(d) * d_a, dm = f16(dmin) * d_a of the thread's
+// outputs, from the first step of a super-block (both steps hold the same d, dmin and d_a).
+__device__ __forceinline__ void scale_products(int tid, const F16Stage& s, KAcc& k) {
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+  const float da2[2] = {s.da[tb + 2 * t], s.da[tb + 2 * t + 1]};
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      k.dd[r][i] = s.dw[rb + 16 * r + g + 8 * (i >> 1)] * da2[i & 1];
+      k.dm[r][i] = s.dm[rb + 16 * r + g + 8 * (i >> 1)] * da2[i & 1];
+    }
+}
 
 // Pair j of an f16 stage: isb and msb of the thread's 8 outputs, then the chain steps (gemm
 // tokens) or the integer sums (gemv tokens; end_sb: the super-block's last pair, their step).
@@ -824,22 +840,11 @@ __device__ __forceinline__ void compute_pair(int tid, const F16Stage& s, int j, 
       }
     }
   }
-  float da2[2], dw2[2][2], dm2[2][2];
-  da2[0] = s.da[tb + 2 * t];
-  da2[1] = s.da[tb + 2 * t + 1];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    dw2[r][0] = s.dw[rb + 16 * r + g];
-    dw2[r][1] = s.dw[rb + 16 * r + g + 8];
-    dm2[r][0] = s.dm[rb + 16 * r + g];
-    dm2[r][1] = s.dm[rb + 16 * r + g + 8];
-  }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      // dot_q4_k_repack: dd = f16(d) * d_a, dm = f16(dmin) * d_a
-      const float dd = dw2[r][i >> 1] * da2[i & 1], dm = dm2[r][i >> 1] * da2[i & 1];
+      const float dd = k.dd[r][i], dm = k.dm[r][i];
       if (all_gemm || ((gmask >> (i & 1)) & 1u) != 0) {
         k.acc[r][i] = qm::fma_(c[r][i], dd, k.acc[r][i]);
         k.accm[r][i] = qm::fma_(m[r][i], dm, k.accm[r][i]);
@@ -906,6 +911,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (step + 1 < steps)
       convert(step_tid(tid), (step + 1) & 1, sm.raw[(step + 1) % kRawRing], sm.st[(step + 1) & 1]);
     const F16Stage& s = sm.st[step & 1];
+    if ((step & 1) == 0) scale_products(tid, s, k);
     compute_pair(tid, s, 0, false, all_gemm, gmask, k);
     compute_pair(tid, s, 1, (step & 1) != 0, all_gemm, gmask, k);
   }
