@@ -26,9 +26,11 @@
 // chains; Q0Lanes: the thread's two chains added, then xor 2, 1): lane 0 gets (t0 + t2) +
 // (t1 + t3) with t_i = v_i + v_(i+4), hsum_float_8's tree, since a + b == b + a bit for bit.
 //
-// Big batches of Q0Lanes weights (kMmaMinTokens tokens and grids that fill their waves) take
-// the tensor-core tile instead (mma0 below: the lane integers from mma.m16n8k8 with a
-// block-diagonal activation operand, the same chains, each output's 8 in one thread).
+// Big batches (kMmaMinTokens tokens and grids that fill their waves) take a tensor-core tile
+// instead: Q0Lanes weights mma0 (the lane integers from mma.m16n8k8 with a block-diagonal
+// activation operand, the same chains, each output's 8 in one thread), Q4KRep kmma (the pair
+// integers as f32 mma chains), Q6_K q6mma (the lane integers from split-scale mma chains with
+// biased accumulators). Each keeps the reference's float steps and their order.
 //
 // Work split (the dp4a tiles): a CTA (256 threads) owns BR weight rows (32; 16 for the smallest
 // token tile of small grids at <= 32 tokens) x BT tokens of one weight (up to three weights of one
