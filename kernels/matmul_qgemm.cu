@@ -465,6 +465,14 @@ __device__ __forceinline__ void mma_lanes(uint32_t a0, uint32_t a1, uint32_t b, 
       : "r"(a0), "r"(a1), "r"(b), "f"(0.0f));
 }
 
+// c += a b (m16n8k16, f16 operands, f32 accumulators): kmma's and q6mma's chains.
+__device__ __forceinline__ void mma16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                      float (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 // acc[r][p][j][L]: row g + 8j of row group r, token 4p + t of the warp's tokens, lane L.
 struct MAcc {
   float v[2][kWQ][2][8];
@@ -554,6 +562,46 @@ __device__ __forceinline__ void store_tile(const float* out, int tid, int tok0, 
   }
 }
 
+// The weight segment of CTA column bx of a tensor-core tile (kMR rows a tile): its data, its
+// rows and the tile's first row.
+struct TileSeg {
+  const uint8_t* w;
+  int rows, row0;
+};
+template <bool MULTI>
+__device__ __forceinline__ TileSeg tile_seg(const QSegs& sg, int bx) {
+  const int seg = seg_of<MULTI>(sg, bx);
+  return TileSeg{seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]),
+                 seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]),
+                 (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR};
+}
+// The finished out tile (after a barrier) to CTA column bx's y.
+template <bool MULTI>
+__device__ __forceinline__ void store_out(const float* out, int tid2, const QSegs& sg, int bx,
+                                          int tok0, int n_tok, const TileSeg& ts, int accumulate) {
+  const int sy = seg_of<MULTI>(sg, bx);
+  float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
+  store_tile(out, tid2, tok0, n_tok, ts.row0, ts.rows, y, accumulate);
+}
+// kmma / q6mma: the thread's outputs v[r][i] (row rb + 16 r + g + 8 (i / 2), token tb + 2 t + i % 2
+// of its warp's 32 rows x 8 tokens, the mma accumulator layout) through the out tile to y.
+template <bool MULTI>
+__device__ __forceinline__ void frag_epilogue(float* out, int tid, const float (&v)[2][4],
+                                              const QSegs& sg, int bx, int tok0, int n_tok,
+                                              const TileSeg& ts, int accumulate) {
+  __syncthreads();  // the out tile shares the f16 stages
+  const int tid2 = step_tid(tid);
+  const int lane = tid2 & 31, warp = tid2 >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      out[(tb + 2 * t + (i & 1)) * (kMR + 1) + rb + 16 * r + g + 8 * (i >> 1)] = v[r][i];
+  __syncthreads();
+  store_out<MULTI>(out, tid2, sg, bx, tok0, n_tok, ts, accumulate);
+}
+
 template <GgmlType T, bool MULTI>
 __global__ void __launch_bounds__(kThreads, 2)
     qmma_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
@@ -562,10 +610,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto& sm = *reinterpret_cast<Smem<T>*>(qmma_smem);
   const int tid = static_cast<int>(threadIdx.x);
   const int bx = static_cast<int>(blockIdx.x);
-  const int seg = seg_of<MULTI>(sg, bx);
-  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
-  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
-  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR;
+  const TileSeg ts = tile_seg<MULTI>(sg, bx);
+  const uint8_t* __restrict__ w = ts.w;
+  const int rows = ts.rows, row0 = ts.row0;
   const int tok0 = static_cast<int>(blockIdx.y) * kMT;
   const int nb = cols / 32;
   const int steps = nb / kKB;  // the launch guarantees nb % kKB == 0
@@ -630,9 +677,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   __syncthreads();
-  const int sy = seg_of<MULTI>(sg, bx);
-  float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
-  store_tile(sm.out, tid2, tok0, n_tok, row0, rows, y, accumulate);
+  store_out<MULTI>(sm.out, tid2, sg, bx, tok0, n_tok, ts, accumulate);
 }
 
 }  // namespace mma0
@@ -658,11 +703,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 // bytes into one of two f16 stages while its mma run on the other.
 namespace kmma {
 using mma0::bytes_to_f16;
+using mma0::frag_epilogue;
 using mma0::kMR;
 using mma0::kMT;
 using mma0::ldmatrix_x4;
+using mma0::mma16;
 using mma0::step_tid;
-using mma0::store_tile;
+using mma0::tile_seg;
+using mma0::TileSeg;
 constexpr int kKS = 128;          // elements a step: two pairs
 constexpr int kWS = kKS + 8;      // halves a weight row (ldmatrix's 8 rows: distinct bank quads)
 constexpr int kXW = kKS / 2 + 4;  // words a token row (a quarter warp's B loads: distinct banks)
@@ -777,14 +825,6 @@ __device__ __forceinline__ void convert(int tid, int hh, const RawStage& r, F16S
   if (tid < kMT) s.da[tid] = r.d[tid];
 }
 
-__device__ __forceinline__ void mma16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                      float (&c)[4]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Output i of row group r: row rb + 16r + g + 8 (i / 2), token tb + 2t + i % 2.
 struct KAcc {
   float acc[2][4], accm[2][4];
@@ -871,10 +911,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto& sm = *reinterpret_cast<Smem*>(kmma_smem);
   const int tid = static_cast<int>(threadIdx.x);
   const int bx = static_cast<int>(blockIdx.x);
-  const int seg = seg_of<MULTI>(sg, bx);
-  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
-  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
-  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR;
+  const TileSeg ts = tile_seg<MULTI>(sg, bx);
+  const uint8_t* __restrict__ w = ts.w;
+  const int rows = ts.rows, row0 = ts.row0;
   const int tok0 = static_cast<int>(blockIdx.y) * kMT;
   const int steps = 2 * (cols / 256);
   const bool all_gemm = tok0 + kMT <= gemm_end;
@@ -917,21 +956,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     compute_pair(tid, s, 0, false, all_gemm, gmask, k);
     compute_pair(tid, s, 1, (step & 1) != 0, all_gemm, gmask, k);
   }
-  __syncthreads();  // the out tile shares the f16 stages
-  const int tid2 = step_tid(tid);
-  const int lane = tid2 & 31, warp = tid2 >> 5, g = lane >> 2, t = lane & 3;
-  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+  float v[2][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      sm.out[(tb + 2 * t + (i & 1)) * (kMR + 1) + rb + 16 * r + g + 8 * (i >> 1)] =
-          qg::final_value<Flavor::Q4KRep>(k.acc[r][i], k.accm[r][i]);
-    }
-  __syncthreads();
-  const int sy = seg_of<MULTI>(sg, bx);
-  float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
-  store_tile(sm.out, tid2, tok0, n_tok, row0, rows, y, accumulate);
+    for (int i = 0; i < 4; ++i)
+      v[r][i] = qg::final_value<Flavor::Q4KRep>(k.acc[r][i], k.accm[r][i]);
+  frag_epilogue<MULTI>(sm.out, tid, v, sg, bx, tok0, n_tok, ts, accumulate);
 }
 
 }  // namespace kmma
@@ -964,11 +995,14 @@ __global__ void __launch_bounds__(kThreads, 2)
 // lead).
 namespace q6mma {
 using mma0::bytes_to_f16;
+using mma0::frag_epilogue;
 using mma0::kMR;
 using mma0::kMT;
 using mma0::ldmatrix_x4;
+using mma0::mma16;
 using mma0::step_tid;
-using mma0::store_tile;
+using mma0::tile_seg;
+using mma0::TileSeg;
 constexpr int kBlock = 210;            // bytes a super-block
 constexpr int kWin = 224;              // bytes of a row's window (14 pieces)
 constexpr int kWS = 64 + 8;            // halves a weight row of a step (ldmatrix: distinct quads)
@@ -1141,13 +1175,6 @@ __device__ __forceinline__ void convert(int tid, int q, int sb, int row0, uint32
   }
 }
 
-__device__ __forceinline__ void mma16(const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                      float (&c)[4]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ void mma8(uint32_t a0, uint32_t a1, uint32_t b, float (&c)[4]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
       "{%0, %1, %2, %3};"
@@ -1215,10 +1242,9 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto& sm = *reinterpret_cast<Smem*>(q6mma_smem);
   const int tid = static_cast<int>(threadIdx.x);
   const int bx = static_cast<int>(blockIdx.x);
-  const int seg = seg_of<MULTI>(sg, bx);
-  const uint8_t* __restrict__ w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
-  const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
-  const int row0 = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR;
+  const TileSeg ts = tile_seg<MULTI>(sg, bx);
+  const uint8_t* __restrict__ w = ts.w;
+  const int rows = ts.rows, row0 = ts.row0;
   const int tok0 = static_cast<int>(blockIdx.y) * kMT;
   const int nsb = cols / 256;
   QAcc acc;
@@ -1271,20 +1297,12 @@ __global__ void __launch_bounds__(kThreads, 2)
     step(std::integral_constant<int, 2>{}, sb, dd);
     step(std::integral_constant<int, 3>{}, sb, dd);
   }
-  __syncthreads();  // the out tile shares the f16 stages
-  const int tid2 = step_tid(tid);
-  const int lane = tid2 & 31, warp = tid2 >> 5, g = lane >> 2, t = lane & 3;
-  const int rb = (warp & 1) * 32, tb = (warp >> 1) * 8;
+  float v[2][4];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int i = 0; i < 4; ++i)
-      sm.out[(tb + 2 * t + (i & 1)) * (kMR + 1) + rb + 16 * r + g + 8 * (i >> 1)] =
-          qm::hsum8(acc.v[r][i]);
-  __syncthreads();
-  const int sy = seg_of<MULTI>(sg, bx);
-  float* __restrict__ y = sy == 0 ? sg.y[0] : (sy == 1 ? sg.y[1] : sg.y[2]);
-  store_tile(sm.out, tid2, tok0, n_tok, row0, rows, y, accumulate);
+    for (int i = 0; i < 4; ++i) v[r][i] = qm::hsum8(acc.v[r][i]);
+  frag_epilogue<MULTI>(sm.out, tid, v, sg, bx, tok0, n_tok, ts, accumulate);
 }
 
 }  // namespace q6mma
