@@ -989,10 +989,11 @@ __global__ void __launch_bounds__(kThreads, 2)
 //
 // CTA: as kmma (256 threads, kMR rows x kMT tokens, warps 2 x 4 of 32 rows x 8 tokens), four
 // steps a super-block. Q6_K rows (210-byte super-blocks) are only 2-byte aligned: the raw
-// copy of a row's super-block is the 16-byte-aligned window around it (14 pieces, the part
-// past the row's end zero-filled), read at the row's offset in it; one raw slot a super-block,
-// two slots (a super-block's copies are issued when the previous one starts: three steps of
-// lead).
+// copy of a row's super-block is the 16-byte-aligned window around it (14 pieces; in a row's
+// last super-block the piece crossing the row's end is read with plain 2-byte loads, since the
+// row may end the allocation, and the window's bytes past the row are never used), read at the
+// row's offset in it; one raw slot a super-block, two slots (a super-block's copies are issued
+// when the previous one starts: three steps of lead).
 namespace q6mma {
 using mma0::bytes_to_f16;
 using mma0::frag_epilogue;
