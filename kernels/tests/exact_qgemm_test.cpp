@@ -680,7 +680,7 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
 // n_tok - n_tok % 4, Q6_K rows at every offset mod 16): bitwise equal to the dp4a tile over the
 // whole output (NaN-poisoned) and to the CPU reference on checked rows, accumulate alternating;
 // Q6_K also at the extremes its exactness argument bounds (every quant 63, scales -128 and 127,
-// activation quants all +-127: the largest integer partial sums); weights they cannot take (a
+// activation quants all +-127: the lo chains' sums near their bound); weights they cannot take (a
 // width that is not a multiple of the 128-element step, Q4_K that is not repacked, repacked
 // Q4_0, Q6_K whose data is not 16-byte aligned) are refused with an error.
 // REQ: M0-W-1430 M0-W-1201 WRK-D15
