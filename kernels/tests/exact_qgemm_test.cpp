@@ -80,8 +80,8 @@ struct HostActs {
   std::vector<int32_t> bs;
 };
 
-HostActs make_acts(GgmlType type, int n_tok, int cols, uint64_t seed) {
-  const auto x = random_acts(n_tok, cols, seed);
+// x [n_tok][cols] quantized for `type`'s activations row by row (cpu::quantize_activation).
+HostActs quantize_rows(GgmlType type, const std::vector<float>& x, int n_tok, int cols) {
   HostActs h;
   h.rows.resize(static_cast<size_t>(n_tok));
   for (int t = 0; t < n_tok; ++t) {
@@ -94,21 +94,19 @@ HostActs make_acts(GgmlType type, int n_tok, int cols, uint64_t seed) {
   return h;
 }
 
+HostActs make_acts(GgmlType type, int n_tok, int cols, uint64_t seed) {
+  return quantize_rows(type, random_acts(n_tok, cols, seed), n_tok, cols);
+}
+
 // Activation quants at their extremes: token t's values all +1 (t even) or -1 (t odd), so every
 // quant is +127 or -127 and every 16-quant sum +-2032.
 HostActs extreme_acts(GgmlType type, int n_tok, int cols) {
-  HostActs h;
-  h.rows.resize(static_cast<size_t>(n_tok));
-  std::vector<float> x(static_cast<size_t>(cols));
+  std::vector<float> x(static_cast<size_t>(n_tok) * cols);
   for (int t = 0; t < n_tok; ++t) {
-    std::fill(x.begin(), x.end(), t % 2 == 0 ? 1.0f : -1.0f);
-    auto& r = h.rows[static_cast<size_t>(t)];
-    cpu::quantize_activation(type, x.data(), cols, r);
-    h.q.insert(h.q.end(), r.q.begin(), r.q.end());
-    h.d.insert(h.d.end(), r.d.begin(), r.d.end());
-    h.bs.insert(h.bs.end(), r.bsum.begin(), r.bsum.end());
+    std::fill(x.begin() + static_cast<ptrdiff_t>(t) * cols,
+              x.begin() + static_cast<ptrdiff_t>(t + 1) * cols, t % 2 == 0 ? 1.0f : -1.0f);
   }
-  return h;
+  return quantize_rows(type, x, n_tok, cols);
 }
 
 // CpuEngine::matmul's flags for a BatchOrder slice, then cpu::dot_quantized for the rows
