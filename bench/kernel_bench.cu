@@ -269,6 +269,12 @@ void bench_act(Bench& b, Buffers& m) {
       ex::swiglu(m.g.get(), m.u.get(), 1, kF, s);
       ex::quantize_act(wt, m.g.get(), 1, kF, m.act, s);
     });
+    // a prompt's: kMaxTok rows (bytes: g read and written, u read, the rounded copy written)
+    const double pb = static_cast<double>(kMaxTok) * kF * 13.0;
+    b.time("swiglu_act", an, std::to_string(kF), kMaxTok, pb, 0, [&](cudaStream_t s) {
+      ex::ActBuf a = m.act;
+      ex::swiglu_act(m.g.get(), m.u.get(), kMaxTok, kF, wt, a, s);
+    });
   }
 }
 

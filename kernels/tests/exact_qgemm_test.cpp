@@ -98,13 +98,18 @@ HostActs make_acts(GgmlType type, int n_tok, int cols, uint64_t seed) {
   return quantize_rows(type, random_acts(n_tok, cols, seed), n_tok, cols);
 }
 
-// Activation quants at their extremes: token t's values all +1 (t even) or -1 (t odd), so every
-// quant is +127 or -127 and every 16-quant sum +-2032.
+// Activation quants at their extremes, every quant +127 or -127: token t's values all +1 / -1
+// (t % 3 == 0 / 1: every 16-quant sum +-2032), or (t % 3 == 2) +1 on lane 3's elements (4 * 3
+// .. + 3 of each 32) and -1 elsewhere, so that dot_q6_k's bsum correction no longer cancels half
+// of lane 3's integer: with quants 63 and scales -128 / 127 it passes 2^24 (4.5e7), where the
+// int -> float conversion rounds.
 HostActs extreme_acts(GgmlType type, int n_tok, int cols) {
   std::vector<float> x(static_cast<size_t>(n_tok) * cols);
   for (int t = 0; t < n_tok; ++t) {
-    std::fill(x.begin() + static_cast<ptrdiff_t>(t) * cols,
-              x.begin() + static_cast<ptrdiff_t>(t + 1) * cols, t % 2 == 0 ? 1.0f : -1.0f);
+    for (int i = 0; i < cols; ++i) {
+      x[static_cast<size_t>(t) * cols + i] =
+          t % 3 == 0 ? 1.0f : (t % 3 == 1 ? -1.0f : ((i % 32) / 4 == 3 ? 1.0f : -1.0f));
+    }
   }
   return quantize_rows(type, x, n_tok, cols);
 }
