@@ -253,32 +253,8 @@ __global__ void __launch_bounds__(kT)
   const int f16 = F & ~15;
   float* gr = g + t * F;
   const float* ur = u + t * F;
-  const int c_first = static_cast<int>(blockIdx.x) * kT, stride = static_cast<int>(gridDim.x) * kT;
-  // The block's first kPre chunks: every g / u load issued before the first is used (a prompt's
-  // blocks walk ~7 chunks each; one load pair in flight a thread left the kernel at ~1 TB/s).
-  constexpr int kPre = 8;
-  float gv[kPre], uv[kPre];
-#pragma unroll
-  for (int k = 0; k < kPre; ++k) {
-    const int i = c_first + k * stride + static_cast<int>(threadIdx.x);
-    gv[k] = i < F ? gr[i] : 0.0f;
-    uv[k] = i < F ? ur[i] : 0.0f;
-  }
-#pragma unroll
-  for (int k = 0; k < kPre; ++k) {
-    const int c0 = c_first + k * stride;  // uniform over the block
-    if (c0 >= F) break;
-    const int i = c0 + static_cast<int>(threadIdx.x);
-    const bool valid = i < F;
-    float v = 0.0f;
-    if (valid) {
-      v = math::swiglu_one(gv[k], uv[k], i, f16);
-      gr[i] = v;
-    }
-    act_store<AK>(v, i, valid, F, t, a, sha);
-  }
-  for (int c0 = c_first + kPre * stride; c0 < F; c0 += stride) {  // uniform over the block
-    const int i = c0 + static_cast<int>(threadIdx.x);
+  for (int c0 = blockIdx.x * kT; c0 < F; c0 += gridDim.x * kT) {  // uniform over the block
+    const int i = c0 + threadIdx.x;
     const bool valid = i < F;
     float v = 0.0f;
     if (valid) {

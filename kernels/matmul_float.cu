@@ -260,29 +260,18 @@ __global__ void __launch_bounds__(kVdThreads)
 
 // ---------------------------------------------------------------------------------------
 // tinyBLAS order. Block: 16 groups of 16 threads; group g = (gm, gn) owns rows gm*TM .. +TM and
-// tokens gn*TN .. +TN of a 4TM-row x 4TN-token tile; thread lane l of the group holds chain l of
-// each of those outputs. Two tiles: 8 x 8 outputs a thread (32 x 32 per block), and 4 x 4 (16 x
-// 16) for short batches and small grids (896-row matrices at <= 64 tokens: the 76-chunk K loop
-// of a down projection then runs on four times as many SMs); launch_tinyblas picks.
+// tokens gn, gn + 4, .., gn + 4(TN-1) of a 4TM-row x 4TN-token tile; thread lane l of the group
+// holds chain l of each of those outputs. Two tiles: 8 x 8 outputs a thread (32 x 32 per block:
+// 16 shared loads per 64 FMAs), and 4 x 4 (16 x 16) for short batches and small grids (896-row
+// matrices at <= 64 tokens: the 76-chunk K loop of a down projection then runs on four times
+// as many SMs); launch_tinyblas picks.
 //
-// k runs in chunks of kK (128) through rings of shared-memory stages filled by cp.async (16-byte
-// copies): the raw weights, kSw stages, requested kSw - 1 chunks ahead (the first ones before
-// griddep_wait(): they never depend on the previous kernel), and the raw activations, kSx - 1
-// stages, requested kSx - 1 chunks ahead. Once chunk c's copies have landed, each thread
-// converts the units it copied itself (exact conversions) into chunk c's float stages (two of
-// each kind, c & 1), so one barrier per chunk orders everything.
-//
-// The float stages are k-major ([k][row], [k][token]): a thread's 8 (4) rows or tokens at one k
-// are one 16-byte shared load, 4 loads per 64 FMAs in the 8 x 8 tile where row-major stages
-// need 16 single-word loads (perf-notes v26). XOR swizzles keep the loads and the converting
-// stores free of bank conflicts: index i (row or token) at k is stored at column i ^ swz(k),
-// swz a multiple of 4, so the 4 indices from a multiple of 4 stay one aligned 16-byte group.
-// With 32 columns swz(k) = 4 ((k & 7) ^ 4 ((k >> 3) & 1)): a group's 16 lanes (k = kk + l) read
-// 8 distinct 16-byte bank groups twice (the weight loads of a warp's two groups are broadcast:
-// 2 wavefronts; the activation loads 4), and a warp's converting stores (16 rows x 2 adjacent
-// units, one k a store) hit 32 distinct banks. With 16 columns (4 x 4 tile) swz(k) = 4 ((k >>
-// 1) & 3): loads conflict-free, the stores two-way. The raw stages are row-major, the 16-byte
-// unit u of row (token) r at u ^ (r & 7): a warp's converting reads are conflict-free too.
+// k runs in chunks of kK (128) through two rings of shared-memory stages filled by cp.async
+// (16-byte copies): the raw weights, kSw stages, requested kSw - 1 chunks ahead (the first ones
+// before griddep_wait(): they never depend on the previous kernel), and the activations, kSx <
+// kSw stages, kSx - 1 chunks ahead; so a short batch's K loop is not one global round trip per
+// chunk. Each thread converts the weight words it copied itself into a float stage (exact
+// conversions) once they have landed, so one barrier per chunk orders everything.
 //
 // A grid no larger than the SMs is launched with its shared memory padded so that one block
 // fits an SM: with room for two, the blocks of the next launch (PDL, launched early) doubled up
@@ -297,7 +286,7 @@ constexpr int kTbThreads = 256;
 template <GgmlType T, int TM, int TN>
 struct TbGeom {
   static constexpr int kBM = 4 * TM, kBN = 4 * TN;  // tile rows, tokens
-  // Elements a chunk, raw weight stages, activation lead + 1 (H100, F16 prompt tok/s against
+  // Elements a chunk, raw weight stages, activation stages (H100, F16 prompt tok/s against
   // 64 / 4 / 4 for both tiles, perf-notes v18). BF16's 8 x 8 tile keeps 64-element chunks
   // (128: 56 bytes of spills).
   static constexpr bool kBfBig = T == GgmlType::BF16 && TM == 8;
@@ -305,41 +294,22 @@ struct TbGeom {
   static constexpr int kSw = kBfBig ? 5 : (TM == 8 ? 3 : 8);
   static constexpr int kSx = kBfBig ? 3 : (TM == 8 ? 2 : 3);
   static_assert(kSx >= 2 && kSw > kSx, "the weights run ahead of the activations");
+  // Row strides of the float stages (floats). The two groups of a warp share gm (the same
+  // weight words: broadcast) and have gn one apart: tokens one row apart, kK + 16 = 16 mod 32
+  // banks, so their 16 lanes each hit disjoint banks.
+  static constexpr int kWLd = kK + 4;
+  static constexpr int kXLd = kK + 16;
   static constexpr int kEsz = T == GgmlType::F32 ? 4 : 2;
-  static constexpr int kWUnitEl = 16 / kEsz;         // weights in a 16-byte copy
-  static constexpr int kWUnitsRow = kK / kWUnitEl;   // copies per row and chunk
-  static constexpr int kXUnitsRow = kK / 4;          // activation copies per token and chunk
-  static constexpr int kWCopies = kBM * kWUnitsRow / kTbThreads;  // a thread's, per chunk
-  static constexpr int kXCopies = kBN * kXUnitsRow / kTbThreads;
-  static_assert(kBM * kWUnitsRow % kTbThreads == 0 && kBN * kXUnitsRow % kTbThreads == 0 &&
-                    kWUnitsRow % 8 == 0 && kXUnitsRow % 8 == 0,
-                "every thread copies whole units; the raw swizzle stays inside a row");
-  static constexpr int kRawWBytes = kSw * kBM * kK * kEsz;
-  static constexpr int kRawXBytes = (kSx - 1) * kBN * kK * 4;
-  static constexpr int kWFloats = 2 * kK * kBM, kXFloats = 2 * kK * kBN;
-  static constexpr size_t kSmem =
-      kRawWBytes + kRawXBytes + sizeof(float) * (kWFloats + kXFloats);
+  static constexpr int kWUnitEl = 16 / kEsz;        // weights in a 16-byte copy
+  static constexpr int kWUnitsRow = kK / kWUnitEl;  // copies per row and chunk
+  static constexpr int kWUnits = kBM * kWUnitsRow;  // weight copies per chunk
+  static constexpr int kXUnits = kBN * kK / 4;      // activation copies per chunk
+  static constexpr int kRawBytes = kSw * kBM * kK * kEsz;
+  static constexpr int kXFloats = kSx * kBN * kXLd;
+  static constexpr int kWFloats = 2 * kBM * kWLd;
+  static constexpr size_t kSmem = kRawBytes + sizeof(float) * (kXFloats + kWFloats);
   static constexpr int kMinBlocks = TM == 8 ? 2 : 3;
 };
-
-// Column of index i at k in a k-major float stage of kCols columns (see above).
-template <int kCols>
-__device__ __forceinline__ int tb_swz(int k) {
-  static_assert(kCols == 32 || kCols == 16, "the 8 x 8 and 4 x 4 tiles");
-  if constexpr (kCols == 32) {
-    return 4 * ((k & 7) ^ (((k >> 3) & 1) << 2));
-  } else {
-    return 4 * ((k >> 1) & 3);
-  }
-}
-
-// tb_swz<kCols>(k + j) == tb_swz<kCols>(k) ^ tb_dswz<kCols>(j) for k a multiple of 8, j < 8,
-// and for k a multiple of 4, j < 4 (no carry into the bits swz reads): the columns of a 16-byte
-// unit's elements from the unit's first one.
-template <int kCols>
-__device__ __forceinline__ constexpr int tb_dswz(int j) {
-  return kCols == 32 ? 4 * j : 4 * (j >> 1);
-}
 
 // One level of tinyblas_kernel's transposing hsum16 (xf::fold_pair): the first n
 // values of v are this lane's outputs; the lane keeps the half that its bit B picks (v[0 ..
@@ -391,12 +361,11 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
   using G = TbGeom<T, TM, TN>;
   constexpr bool kBf = T == GgmlType::BF16;
-  constexpr int kBM = G::kBM, kBN = G::kBN, kK = G::kK, kSw = G::kSw, kSx = G::kSx;
+  constexpr int kBM = G::kBM, kBN = G::kBN, kSw = G::kSw, kSx = G::kSx;
   extern __shared__ __align__(16) unsigned char tb_smem[];
-  uint8_t* const raw_w = tb_smem;                    // [kSw][kBM][kK] raw, units swizzled
-  uint8_t* const raw_x = tb_smem + G::kRawWBytes;    // [kSx - 1][kBN][kK] floats, likewise
-  float* const w_fl = reinterpret_cast<float*>(raw_x + G::kRawXBytes);  // [2][kK][kBM]
-  float* const x_fl = w_fl + G::kWFloats;  // [2][kK][kBN]
+  uint8_t* const raw = tb_smem;                                        // [kSw][kBM][kK] raw
+  float* const xs = reinterpret_cast<float*>(tb_smem + G::kRawBytes);  // [kSx][kBN][kXLd]
+  float* const ws = xs + G::kXFloats;                                  // [2][kBM][kWLd]
   const int tid = static_cast<int>(threadIdx.x);
   const int bx = static_cast<int>(blockIdx.x);
   const int seg = bx < sg.blk_end[0] ? 0 : (bx < sg.blk_end[1] ? 1 : 2);
@@ -407,88 +376,67 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
   const int blk0 = seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]);
   const int m0 = (bx - blk0) * kBM, n0 = static_cast<int>(blockIdx.y) * kBN;
-  const int n_chunks = (cols + kK - 1) / kK;
+  const int n_chunks = (cols + G::kK - 1) / G::kK;
 
-  // This thread's copies: unit u = tid + kTbThreads i of a chunk is (row or token, unit in its
-  // row) = (u / 2 % n, 2 (u / 2 / n) + u % 2) for n rows or tokens (a warp: 16 of them x 2
-  // adjacent units, whole 32-byte sectors); the row is the same for every i, the unit steps by
-  // kTbThreads / n.
-  constexpr int kWStep = kTbThreads / kBM, kXStep = kTbThreads / kBN;
-  const int wr = (tid >> 1) % kBM, we0 = 2 * ((tid >> 1) / kBM) + (tid & 1);
-  const int xt = (tid >> 1) % kBN, xe0 = 2 * ((tid >> 1) / kBN) + (tid & 1);
-  const bool w_in = m0 + wr < rows, x_in = n0 + xt < n_tok;
-  const uint8_t* const w_src =
-      w + static_cast<size_t>(w_in ? m0 + wr : 0) * row_bytes + we0 * 16;
-  const float* const x_src = x + static_cast<size_t>(x_in ? n0 + xt : 0) * cols + xe0 * 4;
-  // Byte offsets of unit i = 0 in a raw stage (unit i at + 16 i kStep: the steps are multiples
-  // of 8, so the swizzle of the unit's low 3 bits is the same for every i).
-  const int w_raw = (wr * G::kWUnitsRow + (we0 ^ (wr & 7))) * 16;
-  const int x_raw = (xt * G::kXUnitsRow + (xe0 ^ (xt & 7))) * 16;
-  // Columns of this thread's first element of a unit in the k-major float stages (the same for
-  // every i: the unit steps are multiples of 16 elements, and swz reads k & 15).
-  const int w_col = wr ^ tb_swz<kBM>(we0 * G::kWUnitEl), x_col = xt ^ tb_swz<kBN>(xe0 * 4);
-
-  // Chunk c's copies into raw stages c % kSw and c % (kSx - 1) (cols is a multiple of 16: a
-  // copy is all in or all out).
+  // Chunk c's copies into stages c % kSw and c % kSx (cols is a multiple of 16: a copy is all
+  // in or all out).
   auto issue_w = [&](int c) {
     if (c >= n_chunks) return;
-    const int k0 = c * kK;
-    uint8_t* const st = raw_w + (c % kSw) * (kBM * kK * G::kEsz) + w_raw;
+    const int k0 = c * G::kK;
+    uint8_t* const st = raw + static_cast<size_t>(c % kSw) * kBM * G::kK * G::kEsz;
 #pragma unroll
-    for (int i = 0; i < G::kWCopies; ++i) {
-      const int ke = k0 + (we0 + i * kWStep) * G::kWUnitEl;
-      if (w_in && ke < cols) {
-        copy16<G::kEsz, kVec>(st + 16 * i * kWStep,
-                              w_src + static_cast<size_t>(k0 + i * kWStep * G::kWUnitEl) * G::kEsz);
+    for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
+      const int u = tid + i * kTbThreads;
+      if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
+      const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
+      void* dst = st + (r * G::kK + e) * G::kEsz;
+      if (m0 + r < rows && k0 + e < cols) {
+        copy16<G::kEsz, kVec>(dst,
+                              w + static_cast<size_t>(m0 + r) * row_bytes + (k0 + e) * G::kEsz);
       } else {
-        *reinterpret_cast<uint4*>(st + 16 * i * kWStep) = make_uint4(0u, 0u, 0u, 0u);  // +0
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);  // +0 (see above)
       }
     }
   };
   auto issue_x = [&](int c) {
     if (c >= n_chunks) return;
-    const int k0 = c * kK;
-    uint8_t* const st = raw_x + (c % (kSx - 1)) * (kBN * kK * 4) + x_raw;
+    const int k0 = c * G::kK;
+    float* const st = xs + static_cast<size_t>(c % kSx) * kBN * G::kXLd;
 #pragma unroll
-    for (int i = 0; i < G::kXCopies; ++i) {
-      const int ke = k0 + (xe0 + i * kXStep) * 4;
-      if (x_in && ke < cols) {
-        copy16<4, kVec>(st + 16 * i * kXStep,
-                        reinterpret_cast<const uint8_t*>(x_src + k0 + i * kXStep * 4));
+    for (int i = 0; i < (G::kXUnits + kTbThreads - 1) / kTbThreads; ++i) {
+      const int u = tid + i * kTbThreads;
+      if (G::kXUnits % kTbThreads != 0 && u >= G::kXUnits) break;
+      const int t = u / (G::kK / 4), e = (u % (G::kK / 4)) * 4;
+      float* dst = st + t * G::kXLd + e;
+      if (n0 + t < n_tok && k0 + e < cols) {
+        copy16<4, kVec>(
+            dst, reinterpret_cast<const uint8_t*>(x + static_cast<size_t>(n0 + t) * cols + k0 + e));
       } else {
-        *reinterpret_cast<float4*>(st + 16 * i * kXStep) =
-            make_float4(-0.0f, -0.0f, -0.0f, -0.0f);  // -0 (see above)
+        *reinterpret_cast<float4*>(dst) = make_float4(-0.0f, -0.0f, -0.0f, -0.0f);  // -0
       }
     }
   };
-  // The units this thread copied for chunk c, as floats, into the k-major float stages c & 1.
+  // The weight words this thread copied for chunk c, as floats, into float stage c & 1.
   auto convert = [&](int c) {
-    const uint8_t* const sw = raw_w + (c % kSw) * (kBM * kK * G::kEsz) + w_raw;
-    float* const dw = w_fl + (c & 1) * (kK * kBM) + we0 * G::kWUnitEl * kBM;
+    const uint8_t* const st = raw + static_cast<size_t>(c % kSw) * kBM * G::kK * G::kEsz;
+    float* const wf = ws + (c & 1) * kBM * G::kWLd;
 #pragma unroll
-    for (int i = 0; i < G::kWCopies; ++i) {
-      const uint4 q = *reinterpret_cast<const uint4*>(sw + 16 * i * kWStep);
-      float* const d = dw + i * kWStep * G::kWUnitEl * kBM;
-      const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+    for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
+      const int u = tid + i * kTbThreads;
+      if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
+      const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
+      const uint4 q = *reinterpret_cast<const uint4*>(st + (r * G::kK + e) * G::kEsz);
+      float4* d = reinterpret_cast<float4*>(wf + r * G::kWLd + e);
       if constexpr (T == GgmlType::F32) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) d[j * kBM + (w_col ^ tb_dswz<kBM>(j))] = __uint_as_float(wd[j]);
+        d[0] = make_float4(__uint_as_float(q.x), __uint_as_float(q.y), __uint_as_float(q.z),
+                           __uint_as_float(q.w));
       } else {
+        const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
         float v[8];
         unpack8<T>(wd, v);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) d[j * kBM + (w_col ^ tb_dswz<kBM>(j))] = v[j];
+        d[0] = make_float4(v[0], v[1], v[2], v[3]);
+        d[1] = make_float4(v[4], v[5], v[6], v[7]);
       }
-    }
-    const uint8_t* const sx = raw_x + (c % (kSx - 1)) * (kBN * kK * 4) + x_raw;
-    float* const dx = x_fl + (c & 1) * (kK * kBN) + xe0 * 4 * kBN;
-#pragma unroll
-    for (int i = 0; i < G::kXCopies; ++i) {
-      const float4 q = *reinterpret_cast<const float4*>(sx + 16 * i * kXStep);
-      float* const d = dx + i * kXStep * 4 * kBN;
-      const float v[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) d[j * kBN + (x_col ^ tb_dswz<kBN>(j))] = v[j];
     }
   };
 
@@ -511,47 +459,29 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   __syncthreads();
 
   const int l = tid & 15, g = tid >> 4, gm = g >> 2, gn = g & 3;
-  // The thread's rows / tokens at k = kk + l (kk a multiple of 16; swz depends on k & 15): the
-  // float offsets of their 16-byte groups in the k row. BF16 reads k = kk + 2l and kk + 2l + 1.
-  constexpr int kQm = TM / 4, kQn = TN / 4;
-  int ao[2][kQm], bo[2][kQn];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int kl = kBf ? ((2 * l + h) & 15) : l;
-#pragma unroll
-    for (int q = 0; q < kQm; ++q) ao[h][q] = (gm * TM + 4 * q) ^ tb_swz<kBM>(kl);
-#pragma unroll
-    for (int q = 0; q < kQn; ++q) bo[h][q] = (gn * TN + 4 * q) ^ tb_swz<kBN>(kl);
-  }
   float acc[TM][TN];
 #pragma unroll
   for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = 0.0f;
   }
-  // Four consecutive floats of a k-major stage.
-  const auto ld4 = [](const float* p, float* out) {
-    const float4 f = *reinterpret_cast<const float4*>(p);
-    out[0] = f.x, out[1] = f.y, out[2] = f.z, out[3] = f.w;
-  };
   for (int c = 0; c < n_chunks; ++c) {
-    // Raw stages c % kSw and c % (kSx - 1) were converted before the barrier that started
-    // chunk c (each thread its own units); float stages (c + 1) & 1 were last read in chunk
-    // c - 1, before that barrier.
+    // Stages (c - 1) % kSx and (c - 1) % kSw were last read in chunk c - 1 (its math, its
+    // conversion), before the barrier that ended it.
     issue_x(c + kSx - 1);
     cp_async_commit();
     issue_w(c + kSw - 1);
     cp_async_commit();
-    const float* const wk = w_fl + (c & 1) * (kK * kBM) + (kBf ? 2 : 1) * l * kBM;
-    const float* const xk = x_fl + (c & 1) * (kK * kBN) + (kBf ? 2 : 1) * l * kBN;
+    const float* const wf = ws + (c & 1) * kBM * G::kWLd + gm * TM * G::kWLd;
+    const float* const xf = xs + static_cast<size_t>(c % kSx) * kBN * G::kXLd + gn * G::kXLd;
     if constexpr (!kBf) {
 #pragma unroll
-      for (int kk = 0; kk < kK; kk += 16) {
+      for (int kk = 0; kk < G::kK; kk += 16) {
         float a[TM], b[TN];
 #pragma unroll
-        for (int q = 0; q < kQm; ++q) ld4(wk + kk * kBM + ao[0][q], a + 4 * q);
+        for (int mi = 0; mi < TM; ++mi) a[mi] = wf[mi * G::kWLd + kk + l];
 #pragma unroll
-        for (int q = 0; q < kQn; ++q) ld4(xk + kk * kBN + bo[0][q], b + 4 * q);
+        for (int ni = 0; ni < TN; ++ni) b[ni] = xf[4 * ni * G::kXLd + kk + l];
 #pragma unroll
         for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
@@ -560,28 +490,25 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
       }
     } else {
 #pragma unroll
-      for (int kk = 0; kk < kK; kk += 32) {
-        float a0[TM], a1[TM], b0[TN], b1[TN];  // elements 2l and 2l + 1 of the 32
+      for (int kk = 0; kk < G::kK; kk += 32) {
+        float2 a[TM], b[TN];
 #pragma unroll
-        for (int q = 0; q < kQm; ++q) {
-          ld4(wk + kk * kBM + ao[0][q], a0 + 4 * q);
-          ld4(wk + (kk + 1) * kBM + ao[1][q], a1 + 4 * q);
-        }
+        for (int mi = 0; mi < TM; ++mi)
+          a[mi] = *reinterpret_cast<const float2*>(wf + mi * G::kWLd + kk + 2 * l);
 #pragma unroll
-        for (int q = 0; q < kQn; ++q) {
-          ld4(xk + kk * kBN + bo[0][q], b0 + 4 * q);
-          ld4(xk + (kk + 1) * kBN + bo[1][q], b1 + 4 * q);
-        }
+        for (int ni = 0; ni < TN; ++ni)
+          b[ni] = *reinterpret_cast<const float2*>(xf + 4 * ni * G::kXLd + kk + 2 * l);
 #pragma unroll
         for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
           for (int ni = 0; ni < TN; ++ni)
-            acc[mi][ni] = xf::dpbf16_step(acc[mi][ni], a0[mi], b0[ni], a1[mi], b1[ni]);
+            acc[mi][ni] = xf::dpbf16_step(acc[mi][ni], a[mi].x, b[ni].x, a[mi].y, b[ni].y);
         }
       }
     }
     if (c + 1 < n_chunks) {
-      // Chunk c + 1 has landed (A_{c+1} and what is older).
+      // Chunk c + 1 has landed (A_{c+1} and what is older); float stage (c + 1) & 1 was last
+      // read in chunk c - 1.
       cp_async_wait<2 * kSx - 3>();
       convert(c + 1);
       __syncthreads();
@@ -604,7 +531,7 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
 #pragma unroll
   for (int i = 0; i < kQ; ++i) {
     const int o = kQ * l + i;
-    const int r = m0 + gm * TM + o % TM, t = n0 + gn * TN + o / TM;
+    const int r = m0 + gm * TM + o % TM, t = n0 + gn + 4 * (o / TM);
     if (r < rows && t < n_tok) {
       const size_t idx = static_cast<size_t>(t) * static_cast<size_t>(rows) + r;
       y[idx] = accumulate ? xf::add_rn(y[idx], v[i]) : v[i];
