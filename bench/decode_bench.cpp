@@ -7,7 +7,8 @@
 //                [--ctx-sweep 128,256,...] [--len-sweep 32,64,...] [--sweep-decode 64] [--json]
 //
 // Decode at depth d: a prompt of d random ids (the --prefill one), then --decode steps of
-// eval(1 token) + greedy sample (on the GPU for cuda, one id copied back): what the worker's
+// eval(1 token) + greedy sample (on the GPU for cuda, one id copied back; sample_and_continue,
+// which queues the sampled token's step before the id returns): what the worker's
 // generation loop does per token. Times are medians over --reps runs after a warm-up run,
 // host clock around calls that synchronize. --json prints one JSON object per line and
 // (model, numerics, graph) instead of the table; bench/bench.py reads it.
@@ -131,7 +132,8 @@ class Bench {
     std::mt19937_64 srng(7);
     const auto t0 = Clock::now();
     for (int i = 0; i < n; ++i) {
-      const int32_t id = e_->sample(greedy, hist, srng);
+      // as the generation loop: the step of the sampled token starts before the id returns
+      const int32_t id = e_->sample_and_continue(greedy, hist, srng);
       hist.push_back(id);
       e_->eval(std::span<const int32_t>(&id, 1));
     }

@@ -166,6 +166,13 @@ __global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t*
   }
 }
 
+__global__ void feed_sampled_kernel(const SampleOut* __restrict__ out, int32_t n_past,
+                                    int32_t* __restrict__ io) {
+  griddep_wait();
+  io[0] = n_past;
+  io[1] = out->id;
+}
+
 // First index i in [0, n) whose inclusive prefix sum of w (each thread owns one contiguous
 // chunk starting at prefix `before`) satisfies pred(prefix, i); n when none. Integer sums:
 // the same prefixes as the CPU's sequential loop.
@@ -305,5 +312,11 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
   launch_pdl("finalize_kernel", finalize_kernel, dim3(1), dim3(kThreads), stream, s.keys_sorted,
              s.ids_sorted, n_vocab, d_params, s.part_h, nb, s.weights, d_out);
   CUDA_CHECK_LAUNCH("finalize_kernel");
+}
+
+void feed_sampled(const SampleOut* d_out, int32_t n_past, int32_t* d_io, cudaStream_t stream) {
+  launch_pdl("feed_sampled_kernel", feed_sampled_kernel, dim3(1), dim3(1), stream, d_out, n_past,
+             d_io);
+  CUDA_CHECK_LAUNCH("feed_sampled_kernel");
 }
 }  // namespace worker::kern

@@ -57,4 +57,7 @@ void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream);
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
             bool apply_penalty, const int32_t* d_history, const SampleScratch& s, SampleOut* d_out,
             cudaStream_t stream);
+// The decode step's input for the token just sampled into d_out, with no host round trip:
+// d_io[0] = n_past, d_io[1] = d_out->id (CudaEngine::sample_and_continue).
+void feed_sampled(const SampleOut* d_out, int32_t n_past, int32_t* d_io, cudaStream_t stream);
 }  // namespace worker::kern

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -300,7 +301,10 @@ class CudaEngine final : public Engine {
   bool verify_residency() override;
   int32_t n_ctx() const override { return n_ctx_; }
   int32_t n_past() const override { return n_past_; }
-  void reset() override { n_past_ = 0; }
+  void reset() override {
+    settle();
+    n_past_ = 0;
+  }
   void eval(std::span<const int32_t> tokens, bool all_logits) override {
     run_eval(tokens, all_logits, nullptr);
   }
@@ -312,8 +316,18 @@ class CudaEngine final : public Engine {
   std::span<const float> logits_at(size_t i) const override;
   int32_t sample(const SamplingParams& params, std::span<const int32_t> history,
                  std::mt19937_64& rng, uint64_t* logits_hash) override;
+  int32_t sample_and_continue(const SamplingParams& params, std::span<const int32_t> history,
+                              std::mt19937_64& rng, uint64_t* logits_hash) override;
 
  private:
+  // sample() up to the copy of its SampleOut to pin_out_, queued (no wait).
+  void queue_sample(const SamplingParams& params, std::span<const int32_t> history,
+                    std::mt19937_64& rng);
+  int32_t read_sample(uint64_t* logits_hash) const;
+  // Waits for the queued work sample_and_continue() left running; a started step that no eval
+  // took is dropped here (its logits replaced the sampled ones when those were dec_.logits).
+  void settle() const;
+  void check_logits_kept(const char* what) const;
   void upload_weights();
   kern::WeightView view(const TensorInfo* t) const;
   void forward(Scratch& s, int n);
@@ -327,6 +341,12 @@ class CudaEngine final : public Engine {
   void run_eval(std::span<const int32_t> tokens, bool all_logits,
                 const std::function<void()>* meanwhile);
   void decode_body(bool persistent);  // the step as the persistent kernel, or per op
+  // The step for the token in dec_.io (through its graph when use_graph); persistent: the
+  // persistent kernel, else one launch per op.
+  void launch_decode(bool persistent);
+  bool decode_persistent(int32_t n_past) const {
+    return step_ && !sink_ && n_past + 1 <= step_->local_keys();
+  }
   void decode_one(int32_t token);
   void trace(const char* name, int layer, const void* dev, int pos_off, int rows, int width,
              bool cache = false);
@@ -378,6 +398,17 @@ class CudaEngine final : public Engine {
   PinnedBuffer pin_sample_;  // SampleParams + history
   PinnedBuffer pin_out_;     // one SampleOut: the sampled id and the logits hash
   std::atomic<bool> resident_{false};
+
+  // A step sample_and_continue() started for token `id` at position `n_past` (dec_.io), not
+  // yet taken by an eval.
+  struct Started {
+    int32_t n_past = 0;
+    int32_t id = 0;
+  };
+  mutable std::optional<Started> started_;
+  mutable bool queued_ = false;        // work on stream_ that no host call has waited for
+  mutable bool logits_lost_ = false;   // a dropped started step overwrote d_last_'s logits
+  Event sampled_;                      // sample_and_continue: its SampleOut is on the host
 
   const float* d_last_ = nullptr;  // device logits of the last evaluated position
   mutable std::vector<float> last_host_;
@@ -460,6 +491,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
 }
 
 CudaEngine::~CudaEngine() {
+  if (queued_) (void)cudaStreamSynchronize(stream_);
   if (graph_exec_) (void)cudaGraphExecDestroy(graph_exec_);
   if (graph_) (void)cudaGraphDestroy(graph_);
   if (step_graph_exec_) (void)cudaGraphExecDestroy(step_graph_exec_);
@@ -799,8 +831,6 @@ void CudaEngine::append_step_trace() const {
 }
 
 void CudaEngine::decode_body(bool persistent) {
-  CUDA_CHECK(cudaMemcpyAsync(dec_.io, pin_io_.data(), 2 * sizeof(int32_t), cudaMemcpyHostToDevice,
-                             stream_));
   if (persistent) {
     kern::embed(tok_embd_, dec_.io + 1, 1, dec_.x, stream_);
     step_->launch(stream_);
@@ -810,39 +840,65 @@ void CudaEngine::decode_body(bool persistent) {
   }
 }
 
+void CudaEngine::launch_decode(bool persistent) {
+  if (!opt_.use_graph) {
+    decode_body(persistent);
+    return;
+  }
+  cudaGraph_t& graph = persistent ? step_graph_ : graph_;
+  cudaGraphExec_t& exec = persistent ? step_graph_exec_ : graph_exec_;
+  if (exec == nullptr) {
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    try {
+      decode_body(persistent);
+    } catch (...) {
+      cudaGraph_t g = nullptr;
+      (void)cudaStreamEndCapture(stream_, &g);
+      if (g) (void)cudaGraphDestroy(g);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+  CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+}
+
 void CudaEngine::decode_one(int32_t token) {
   auto* io = static_cast<int32_t*>(pin_io_.data());
   io[0] = n_past_;
   io[1] = token;
+  CUDA_CHECK(cudaMemcpyAsync(dec_.io, io, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   // The persistent step while its attention's local mode holds the keys; beyond, one kernel per
   // op (kernels/decode_step.cu says why). Each has its own graph, captured at its first use.
   // Both numerics: the fast one differs in prompt batches only (its decode kernels were slower
   // than these on every type; perf-notes v20).
-  const bool persistent = step_ && !sink_ && n_past_ + 1 <= step_->local_keys();
-  if (!opt_.use_graph) {
-    decode_body(persistent);
-  } else {
-    cudaGraph_t& graph = persistent ? step_graph_ : graph_;
-    cudaGraphExec_t& exec = persistent ? step_graph_exec_ : graph_exec_;
-    if (exec == nullptr) {
-      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
-      try {
-        decode_body(persistent);
-      } catch (...) {
-        cudaGraph_t g = nullptr;
-        (void)cudaStreamEndCapture(stream_, &g);
-        if (g) (void)cudaGraphDestroy(g);
-        throw;
-      }
-      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    }
-    CUDA_CHECK(cudaGraphLaunch(exec, stream_));
-  }
+  const bool persistent = decode_persistent(n_past_);
+  launch_decode(persistent);
   // The pinned step buffer is reused by the next call; errors surface here (M0-W-1420).
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   d_last_ = dec_.logits;
   if (!step_trace_path_.empty() && persistent) append_step_trace();
+}
+
+void CudaEngine::settle() const {
+  if (started_) {
+    started_.reset();
+    if (d_last_ == dec_.logits) logits_lost_ = true;
+  }
+  if (queued_) {
+    queued_ = false;
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+}
+
+void CudaEngine::check_logits_kept(const char* what) const {
+  settle();
+  if (logits_lost_) {
+    throw WorkerError(ErrorCode::Internal,
+                      std::string(what) +
+                          " after sample_and_continue() without the eval of the sampled token: "
+                          "the step it started replaced the logits");
+  }
 }
 
 // eval(); `meanwhile` (eval_overlapped) runs once the last chunk's work is queued, before the
@@ -851,6 +907,20 @@ void CudaEngine::run_eval(std::span<const int32_t> tokens, bool all_logits,
                           const std::function<void()>* meanwhile) {
   check_eval_input(tokens, n_past_, n_ctx_, cfg_.vocab_size);
   const int64_t n = static_cast<int64_t>(tokens.size());
+  if (started_ && n == 1 && !all_logits && started_->n_past == n_past_ &&
+      started_->id == tokens[0]) {
+    // The step sample_and_continue() started for this token: it is this eval (still running;
+    // the next sample queues behind it, anything else waits for it in settle()).
+    started_.reset();
+    last_host_valid_ = false;
+    n_all_ = 0;
+    d_last_ = dec_.logits;
+    if (meanwhile != nullptr) (*meanwhile)();
+    n_past_ += 1;
+    return;
+  }
+  settle();
+  logits_lost_ = false;
   last_host_valid_ = false;
   n_all_ = 0;
   if (n == 1 && !all_logits) {
@@ -918,6 +988,7 @@ void CudaEngine::run_eval(std::span<const int32_t> tokens, bool all_logits,
 
 std::span<const float> CudaEngine::logits() const {
   if (d_last_ == nullptr) throw WorkerError(ErrorCode::Internal, "logits() before any eval");
+  check_logits_kept("logits()");
   if (!last_host_valid_) {
     CUDA_CHECK(cudaMemcpy(last_host_.data(), d_last_, sizeof(float) * last_host_.size(),
                           cudaMemcpyDeviceToHost));
@@ -927,6 +998,7 @@ std::span<const float> CudaEngine::logits() const {
 }
 
 std::span<const float> CudaEngine::logits_at(size_t i) const {
+  check_logits_kept("logits_at()");
   const size_t V = static_cast<size_t>(cfg_.vocab_size);
   if (n_all_ > 0) {
     if (i >= n_all_) {
@@ -941,37 +1013,74 @@ std::span<const float> CudaEngine::logits_at(size_t i) const {
                         "): only the last position kept (eval with all_logits for every position)");
 }
 
-int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t> history,
-                           std::mt19937_64& rng, uint64_t* logits_hash) {
+void CudaEngine::queue_sample(const SamplingParams& params, std::span<const int32_t> history,
+                              std::mt19937_64& rng) {
   if (d_last_ == nullptr) throw WorkerError(ErrorCode::Internal, "sample() before any eval");
   check_sampling_params(params);
+  // A step started by sample_and_continue() and not taken replaced the logits; a taken one is
+  // still running, and this queues behind it.
+  if (started_ || logits_lost_) check_logits_kept("sample()");
   if (history.size() > static_cast<size_t>(n_ctx_))
     history = history.last(static_cast<size_t>(n_ctx_));
   const bool greedy = !(params.temperature > 0.0f);
-  auto* p = static_cast<kern::SampleParams*>(pin_sample_.data());
-  p->temperature = params.temperature;
-  p->top_p = params.top_p;
-  p->min_p = params.min_p;
-  p->repetition_penalty = params.repetition_penalty;
-  p->top_k = params.top_k;
-  p->n_history = static_cast<int32_t>(history.size());
-  // Same stream of draws as the CPU sampler: one per non-greedy token.
-  p->draw = greedy ? 0 : sampler_draw(rng);
-  auto* h = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(pin_sample_.data()) +
-                                       sizeof(kern::SampleParams));
-  std::memcpy(h, history.data(), history.size_bytes());
-  CUDA_CHECK(cudaMemcpyAsync(samp_.params, pin_sample_.data(),
-                             sizeof(kern::SampleParams) + history.size_bytes(),
-                             cudaMemcpyHostToDevice, stream_));
   const bool penalize = params.repetition_penalty != 1.0f && !history.empty();
+  // Same stream of draws as the CPU sampler: one per non-greedy token.
+  const uint64_t draw = greedy ? 0 : sampler_draw(rng);
+  if (!greedy || penalize) {  // the greedy kernels without a penalty read no parameters
+    auto* p = static_cast<kern::SampleParams*>(pin_sample_.data());
+    p->temperature = params.temperature;
+    p->top_p = params.top_p;
+    p->min_p = params.min_p;
+    p->repetition_penalty = params.repetition_penalty;
+    p->top_k = params.top_k;
+    p->n_history = static_cast<int32_t>(history.size());
+    p->draw = draw;
+    auto* h = reinterpret_cast<int32_t*>(static_cast<uint8_t*>(pin_sample_.data()) +
+                                         sizeof(kern::SampleParams));
+    std::memcpy(h, history.data(), history.size_bytes());
+    CUDA_CHECK(cudaMemcpyAsync(samp_.params, pin_sample_.data(),
+                               sizeof(kern::SampleParams) + history.size_bytes(),
+                               cudaMemcpyHostToDevice, stream_));
+  }
   kern::sample(d_last_, static_cast<int>(cfg_.vocab_size), samp_.params, greedy, penalize,
                samp_.history, samp_.s, samp_.out, stream_);
   CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(kern::SampleOut),
                              cudaMemcpyDeviceToHost, stream_));
-  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+int32_t CudaEngine::read_sample(uint64_t* logits_hash) const {
   const auto* out = static_cast<const kern::SampleOut*>(pin_out_.data());
   if (logits_hash) *logits_hash = out->logits_hash;
   return out->id;
+}
+
+int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t> history,
+                           std::mt19937_64& rng, uint64_t* logits_hash) {
+  queue_sample(params, history, rng);
+  queued_ = false;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return read_sample(logits_hash);
+}
+
+// The sampling as sample(), then, queued behind it before the wait, the decode step of the
+// sampled token (feed_sampled writes it into the step's io from the device). The wait is for
+// the SampleOut only: the step runs while the caller handles the id.
+int32_t CudaEngine::sample_and_continue(const SamplingParams& params,
+                                        std::span<const int32_t> history, std::mt19937_64& rng,
+                                        uint64_t* logits_hash) {
+  // Traced steps copy between their kernels, and the context's last position has no next one.
+  if (sink_ || !step_trace_path_.empty() || n_past_ >= n_ctx_) {
+    return sample(params, history, rng, logits_hash);
+  }
+  queue_sample(params, history, rng);
+  CUDA_CHECK(cudaEventRecord(sampled_.get(), stream_));
+  kern::feed_sampled(samp_.out, n_past_, dec_.io, stream_);
+  launch_decode(decode_persistent(n_past_));
+  queued_ = true;
+  CUDA_CHECK(cudaEventSynchronize(sampled_.get()));
+  const int32_t id = read_sample(logits_hash);
+  started_ = Started{n_past_, id};
+  return id;
 }
 
 }  // namespace

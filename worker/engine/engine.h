@@ -94,6 +94,17 @@ class Engine {
   // logits sampled from (engine/sampler.h logits_hash()).
   virtual int32_t sample(const SamplingParams& params, std::span<const int32_t> history,
                          std::mt19937_64& rng, uint64_t* logits_hash = nullptr);
+  // sample() for a caller whose next call, unless it stops, is eval() of the picked token
+  // alone (the generation loop): a backend that queues work on a device (cuda) starts that
+  // evaluation before returning the id, so the device does not wait for the caller's
+  // bookkeeping between tokens. The eval then only takes the started step. Any other next
+  // call drops the started step; its logits have then replaced the sampled ones, so logits(),
+  // logits_at() and sample() throw until the next eval. The default is sample().
+  virtual int32_t sample_and_continue(const SamplingParams& params,
+                                      std::span<const int32_t> history, std::mt19937_64& rng,
+                                      uint64_t* logits_hash = nullptr) {
+    return sample(params, history, rng, logits_hash);
+  }
 };
 
 // The checks every backend's eval() starts with: a non-empty batch that fits the context and

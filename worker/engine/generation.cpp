@@ -137,7 +137,11 @@ GenerationResult generate(Engine& engine, const Tokenizer& tok, const Generation
     cancelled = !forward(res.prompt_tokens, 0);
     for (int64_t i = 0; !cancelled && i < max_new; ++i) {
       uint64_t hash = 0;
-      const int32_t id = engine.sample(req.sampling, res.tokens, rng, &hash);
+      // Unless this is the last token, the engine starts evaluating the picked one while the
+      // id is handled here (Engine::sample_and_continue).
+      const int32_t id = i + 1 < max_new
+                             ? engine.sample_and_continue(req.sampling, res.tokens, rng, &hash)
+                             : engine.sample(req.sampling, res.tokens, rng, &hash);
       if (i == 0) res.first_token_ms = ms_since(t0);
       res.tokens.push_back(id);
       res.logits_hashes.push_back(hash);

@@ -92,7 +92,8 @@ std::vector<int32_t> random_prompt(int n, int64_t vocab, uint32_t seed) {
   return p;
 }
 
-// Generates n ids with the engine's own sample() (GPU sampling on cuda).
+// Generates n ids with the engine's own sampling (GPU sampling on cuda), as the generation
+// loop calls it: sample_and_continue() while another token follows, sample() for the last.
 std::vector<int32_t> generate_ids(Engine& e, const std::vector<int32_t>& prompt, int n,
                                   const SamplingParams& sp) {
   e.reset();
@@ -100,7 +101,8 @@ std::vector<int32_t> generate_ids(Engine& e, const std::vector<int32_t>& prompt,
   e.eval(prompt);
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
-    const int32_t id = e.sample(sp, out, rng);
+    const int32_t id =
+        i + 1 < n ? e.sample_and_continue(sp, out, rng) : e.sample(sp, out, rng);
     out.push_back(id);
     if (i + 1 < n) e.eval(std::span<const int32_t>(&out.back(), 1));
   }
@@ -509,6 +511,91 @@ TEST(CudaEngine, FastNumericsDecodeStepsAreTheExactOnes) {
       EXPECT_NE(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
           << "a 17-token F16 prompt batch takes cuBLAS in fast mode: its logits should differ";
     }
+  }
+}
+
+// Engine::sample_and_continue (the generation loop's call) starts the sampled token's decode
+// step before returning its id; the eval of that token then takes the started step. Against an
+// engine that samples and evaluates one call at a time: the same ids, logits hashes and logits
+// bit for bit at every step, greedy and sampled with a repetition penalty, on the persistent
+// step (F16; across its last local key, 768, where the per-op step takes over) and the per-op
+// one (Q8_0), up to the context's last position (where no step can start). A started step that
+// no eval takes is dropped: logits() and sample() then throw (its logits replaced the sampled
+// ones), and an eval of another token, or a reset and a new prompt, give the other engine's
+// logits.
+// REQ: M0-W-1214 M0-W-1420 WRK-D1
+TEST(CudaEngine, SampleAndContinueStartsTheSampledTokensStep) {
+  REQUIRE_GPU();
+  constexpr int kCtx = 780;
+  const auto same = [](std::span<const float> a, std::span<const float> b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf"}) {
+    const std::string path = generated_fixtures() + "/" + name;
+    ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
+    SCOPED_TRACE(name);
+    auto model = load_model(path);
+    const int64_t V = model->config.vocab_size;
+    auto ref = make_cuda_engine(model, kCtx, 0, CudaEngineOptions{});
+    auto run = make_cuda_engine(model, kCtx, 0, CudaEngineOptions{});
+    ASSERT_EQ(run->n_ctx(), kCtx);
+    SamplingParams greedy;
+    greedy.temperature = 0.0f;
+    SamplingParams sampled;
+    sampled.temperature = 0.8f;
+    sampled.top_k = 40;
+    sampled.repetition_penalty = 1.1f;
+    for (const SamplingParams& sp : {greedy, sampled}) {
+      SCOPED_TRACE(sp.temperature > 0.0f ? "sampled" : "greedy");
+      ref->reset();
+      run->reset();
+      const auto prompt = random_prompt(kCtx - 24, V, 5);
+      ref->eval(prompt);
+      run->eval(prompt);
+      std::mt19937_64 ra(9), rb(9);
+      std::vector<int32_t> ha, hb;
+      for (int i = 0; run->n_past() < kCtx; ++i) {
+        uint64_t h1 = 0, h2 = 0;
+        const int32_t a = ref->sample(sp, ha, ra, &h1);
+        const int32_t b = run->sample_and_continue(sp, hb, rb, &h2);
+        ASSERT_EQ(a, b) << "step " << i;
+        ASSERT_EQ(h1, h2) << "step " << i;
+        ha.push_back(a);
+        hb.push_back(b);
+        ref->eval(std::span<const int32_t>(&a, 1));
+        run->eval(std::span<const int32_t>(&b, 1));
+        ASSERT_TRUE(same(ref->logits(), run->logits())) << "step " << i << " at n_past "
+                                                        << ref->n_past();
+      }
+      uint64_t h1 = 0, h2 = 0;  // the context is full: sample_and_continue is sample()
+      EXPECT_EQ(ref->sample(sp, ha, ra, &h1), run->sample_and_continue(sp, hb, rb, &h2));
+      EXPECT_EQ(h1, h2);
+      EXPECT_TRUE(same(ref->logits(), run->logits()));
+    }
+    // Started steps that no eval takes.
+    ref->reset();
+    run->reset();
+    const auto prompt = random_prompt(20, V, 6);
+    ref->eval(prompt);
+    run->eval(prompt);
+    const int32_t t0 = 3;
+    ref->eval(std::span<const int32_t>(&t0, 1));
+    run->eval(std::span<const int32_t>(&t0, 1));
+    std::mt19937_64 r(1);
+    const int32_t id = run->sample_and_continue(greedy, {}, r);
+    EXPECT_THROW((void)run->logits(), WorkerError);
+    EXPECT_THROW((void)run->sample(greedy, {}, r), WorkerError);
+    const int32_t other = static_cast<int32_t>((id + 1) % V);
+    ref->eval(std::span<const int32_t>(&other, 1));
+    run->eval(std::span<const int32_t>(&other, 1));
+    EXPECT_EQ(run->n_past(), ref->n_past());
+    EXPECT_TRUE(same(ref->logits(), run->logits())) << "the eval after a dropped step";
+    (void)run->sample_and_continue(greedy, {}, r);
+    ref->reset();
+    run->reset();
+    ref->eval(prompt);
+    run->eval(prompt);
+    EXPECT_TRUE(same(ref->logits(), run->logits())) << "a new prompt after a dropped step";
   }
 }
 
