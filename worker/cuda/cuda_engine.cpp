@@ -406,9 +406,9 @@ class CudaEngine final : public Engine {
     int32_t id = 0;
   };
   mutable std::optional<Started> started_;
-  mutable bool queued_ = false;        // work on stream_ that no host call has waited for
-  mutable bool logits_lost_ = false;   // a dropped started step overwrote d_last_'s logits
-  Event sampled_;                      // sample_and_continue: its SampleOut is on the host
+  mutable bool queued_ = false;       // work on stream_ that no host call has waited for
+  mutable bool logits_lost_ = false;  // a dropped started step overwrote d_last_'s logits
+  Event sampled_;                     // sample_and_continue: its SampleOut is on the host
 
   const float* d_last_ = nullptr;  // device logits of the last evaluated position
   mutable std::vector<float> last_host_;

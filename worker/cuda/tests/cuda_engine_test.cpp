@@ -101,8 +101,7 @@ std::vector<int32_t> generate_ids(Engine& e, const std::vector<int32_t>& prompt,
   e.eval(prompt);
   std::vector<int32_t> out;
   for (int i = 0; i < n; ++i) {
-    const int32_t id =
-        i + 1 < n ? e.sample_and_continue(sp, out, rng) : e.sample(sp, out, rng);
+    const int32_t id = i + 1 < n ? e.sample_and_continue(sp, out, rng) : e.sample(sp, out, rng);
     out.push_back(id);
     if (i + 1 < n) e.eval(std::span<const int32_t>(&out.back(), 1));
   }
@@ -564,8 +563,8 @@ TEST(CudaEngine, SampleAndContinueStartsTheSampledTokensStep) {
         hb.push_back(b);
         ref->eval(std::span<const int32_t>(&a, 1));
         run->eval(std::span<const int32_t>(&b, 1));
-        ASSERT_TRUE(same(ref->logits(), run->logits())) << "step " << i << " at n_past "
-                                                        << ref->n_past();
+        ASSERT_TRUE(same(ref->logits(), run->logits()))
+            << "step " << i << " at n_past " << ref->n_past();
       }
       uint64_t h1 = 0, h2 = 0;  // the context is full: sample_and_continue is sample()
       EXPECT_EQ(ref->sample(sp, ha, ra, &h1), run->sample_and_continue(sp, hb, rb, &h2));
