@@ -377,15 +377,28 @@ __device__ __forceinline__ void bytes_to_f16(uint32_t u, uint32_t bias2, uint32_
   asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(hi) : "r"(h), "r"(bias2));
 }
 
-// 16 activation quants (int8, 16-byte aligned) as 8 f16x2 words, exactly: word w holds quants
-// 2w, 2w + 1 ((0x6400 | (q ^ 0x80)) - (1024 + 128)).
-__device__ __forceinline__ void quants_to_f16(const int8_t* src, uint32_t (&v)[8]) {
+// 2W activation quants (int8; 16 or 8 of them, aligned to their size) as W f16x2 words,
+// exactly: word w holds quants 2w, 2w + 1 ((0x6400 | (q ^ 0x80)) - (1024 + 128)).
+template <int W>
+__device__ __forceinline__ void quants_to_f16(const int8_t* src, uint32_t (&v)[W]) {
+  static_assert(W == 8 || W == 4, "one 16- or 8-byte load");
   constexpr uint32_t abias2 = 0x6480u * 0x10001u;
-  const uint4 a = *reinterpret_cast<const uint4*>(src);
-  bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
-  bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
-  bytes_to_f16(a.z ^ 0x80808080u, abias2, v[4], v[5]);
-  bytes_to_f16(a.w ^ 0x80808080u, abias2, v[6], v[7]);
+  uint32_t b[W / 2];
+  if constexpr (W == 8) {
+    const uint4 a = *reinterpret_cast<const uint4*>(src);
+    b[0] = a.x, b[1] = a.y, b[2] = a.z, b[3] = a.w;
+  } else {
+    const uint2 a = *reinterpret_cast<const uint2*>(src);
+    b[0] = a.x, b[1] = a.y;
+  }
+#pragma unroll
+  for (int i = 0; i < W / 2; ++i) bytes_to_f16(b[i] ^ 0x80808080u, abias2, v[2 * i], v[2 * i + 1]);
+}
+
+// (a, b) as f16x2, exactly for |a|, |b| <= 2048: the scales and bsums of kmma and q6mma.
+__device__ __forceinline__ uint32_t f16x2_ints(int a, int b) {
+  return static_cast<uint32_t>(__half_as_ushort(__int2half_rn(a))) |
+         (static_cast<uint32_t>(__half_as_ushort(__int2half_rn(b))) << 16);
 }
 
 // A raw stage into an f16 stage. Every thread the same work (the step's barrier waits for the
@@ -440,8 +453,8 @@ __device__ __forceinline__ void convert(int tid, const RawStage<T>& r, F16Stage&
   {  // activations: half a block (16 quants, words 8 hf .. 8 hf + 7) of a token a thread
     static_assert(kMT * kKB * 2 == kThreads, "half a block a thread");
     const int tok = tid >> 3, blk = (tid >> 1) & 3, hf = tid & 1;
-    uint32_t v[8];                     // word 8 hf + w: elements 16 hf + 2w, + 1
-    quants_to_f16(r.x + 16 * tid, v);  // == tok * kKS + 32 blk + 16 hf
+    uint32_t v[8];                        // word 8 hf + w: elements 16 hf + 2w, + 1
+    quants_to_f16<8>(r.x + 16 * tid, v);  // == tok * kKS + 32 blk + 16 hf
     // block word 4 sl + t (sl = 2 hf + w / 4, t = w % 4) goes to 4 t + sl: words 4t + 2hf, + 1
     uint2* dst = reinterpret_cast<uint2*>(s.x + tok * kXS + 32 * blk + 4 * hf);
 #pragma unroll
@@ -458,11 +471,13 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&a)[4]) {
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(addr));
 }
-__device__ __forceinline__ void mma_lanes(uint32_t a0, uint32_t a1, uint32_t b, float (&d)[4]) {
+// c += a b (m16n8k8, f16 operands, f32 accumulators): the Q0 lanes (from c = 0) and q6mma's
+// bsum correction.
+__device__ __forceinline__ void mma8(uint32_t a0, uint32_t a1, uint32_t b, float (&c)[4]) {
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-      "{%7, %7, %7, %7};"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a0), "r"(a1), "r"(b), "f"(0.0f));
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
 }
 
 // c += a b (m16n8k16, f16 operands, f32 accumulators): kmma's and q6mma's chains.
@@ -523,8 +538,8 @@ __device__ __forceinline__ void compute_block(int tid, const F16Stage& s, const 
       for (int p = 0; p < kWQ; ++p) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          float d[4];
-          mma_lanes(a[r][2 * k], a[r][2 * k + 1], bw[p][sl], d);
+          float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma8(a[r][2 * k], a[r][2 * k + 1], bw[p][sl], d);
           float* c0 = acc.v[r][p][0];
           float* c1 = acc.v[r][p][1];
           const float s0 = sc[r][p][0], s1 = sc[r][p][1];
@@ -702,15 +717,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 // kRawRing - 1 steps ahead through cp.async; each step the CTA converts the next step's raw
 // bytes into one of two f16 stages while its mma run on the other.
 namespace kmma {
-using mma0::bytes_to_f16;
-using mma0::frag_epilogue;
-using mma0::kMR;
-using mma0::kMT;
-using mma0::ldmatrix_x4;
-using mma0::mma16;
-using mma0::step_tid;
-using mma0::tile_seg;
-using mma0::TileSeg;
+// mma0's tile geometry and helpers (kMR, kMT, ldmatrix_x4, mma16, frag_epilogue, ...); this
+// namespace's own names (kKS, convert, ...) hide mma0's.
+using namespace mma0;             // NOLINT(google-build-using-namespace)
 constexpr int kKS = 128;          // elements a step: two pairs
 constexpr int kWS = kKS + 8;      // halves a weight row (ldmatrix's 8 rows: distinct bank quads)
 constexpr int kXW = kKS / 2 + 4;  // words a token row (a quarter warp's B loads: distinct banks)
@@ -761,11 +770,6 @@ __device__ __forceinline__ void issue(int tid, int step, const uint8_t* __restri
   }
 }
 
-__device__ __forceinline__ uint32_t f16x2_of(int v) {  // (v, v), v < 2048: exact
-  const uint32_t h = __half_as_ushort(__int2half_rn(v));
-  return h * 0x10001u;
-}
-
 // A raw stage of half hh into an f16 stage: weight units (row, pair, nibble, 16 bytes) tid and
 // tid + kThreads, the min of (row tid / 4, sub-block tid % 4), d and dmin of row tid < kMR,
 // one 16-quant activation piece, d_a of token tid < kMT.
@@ -780,7 +784,7 @@ __device__ __forceinline__ void convert(int tid, int hh, const RawStage& r, F16S
                             *reinterpret_cast<const uint32_t*>(rw + 12)};
     int sc, mn;
     qm::q4k_scale_min_w(4 * hh + 2 * j + hs, hw, sc, mn);
-    const uint32_t sc2 = f16x2_of(sc);
+    const uint32_t sc2 = mma0::f16x2_ints(sc, sc);
     const uint4 q = *reinterpret_cast<const uint4*>(rw + 16 + 32 * j + 16 * e);
     const uint32_t qw[4] = {q.x, q.y, q.z, q.w};
     uint32_t v[8];
@@ -806,23 +810,24 @@ __device__ __forceinline__ void convert(int tid, int hh, const RawStage& r, F16S
                             *reinterpret_cast<const uint32_t*>(rw + 12)};
     int sc, mn;
     qm::q4k_scale_min_w(4 * hh + s4, hw, sc, mn);
-    s.mw[s4 * kMR + row] = f16x2_of(mn);
+    s.mw[s4 * kMR + row] = mma0::f16x2_ints(mn, mn);
   }
-  if (tid < kMR) {
+  // d, dmin and d_a: read by scale_products in a super-block's first step (stage 0) only
+  if (hh == 0 && tid < kMR) {
     const uint32_t h = *reinterpret_cast<const uint32_t*>(r.w + tid * kRawRow);
     s.dw[tid] = __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFFu)));
     s.dm[tid] = __half2float(__ushort_as_half(static_cast<unsigned short>(h >> 16)));
   }
   {  // activations: 16 quants (words 8m .. 8m + 7 of the token's step) a thread
     const int tok = tid >> 3, m = tid & 7, j = m >> 2, c = m & 3;
-    uint32_t v[8];                           // word 8c + i of pair j
-    mma0::quants_to_f16(r.x + 16 * tid, v);  // == tok * kKS + 16 m
+    uint32_t v[8];                              // word 8c + i of pair j
+    mma0::quants_to_f16<8>(r.x + 16 * tid, v);  // == tok * kKS + 16 m
     // word 8c + 4h + t at 32j + 8t + 2c + h: (v[t], v[t + 4]) at 32j + 8t + 2c
     uint2* dst = reinterpret_cast<uint2*>(s.x + tok * kXW + 32 * j + 2 * c);
 #pragma unroll
     for (int t = 0; t < 4; ++t) dst[4 * t] = make_uint2(v[t], v[t + 4]);
   }
-  if (tid < kMT) s.da[tid] = r.d[tid];
+  if (hh == 0 && tid < kMT) s.da[tid] = r.d[tid];
 }
 
 // Output i of row group r: row rb + 16r + g + 8 (i / 2), token tb + 2t + i % 2.
@@ -995,15 +1000,9 @@ __global__ void __launch_bounds__(kThreads, 2)
 // row's offset in it; one raw slot a super-block, two slots (a super-block's copies are issued
 // when the previous one starts: three steps of lead).
 namespace q6mma {
-using mma0::bytes_to_f16;
-using mma0::frag_epilogue;
-using mma0::kMR;
-using mma0::kMT;
-using mma0::ldmatrix_x4;
-using mma0::mma16;
-using mma0::step_tid;
-using mma0::tile_seg;
-using mma0::TileSeg;
+// mma0's tile geometry and helpers (kMR, kMT, ldmatrix_x4, mma16, frag_epilogue, ...); this
+// namespace's own names (kKS, convert, ...) hide mma0's.
+using namespace mma0;                  // NOLINT(google-build-using-namespace)
 constexpr int kBlock = 210;            // bytes a super-block
 constexpr int kWin = 224;              // bytes of a row's window (14 pieces)
 constexpr int kWS = 64 + 8;            // halves a weight row of a step (ldmatrix: distinct quads)
@@ -1086,23 +1085,11 @@ __device__ __forceinline__ int win_off(int row, int sb, int row0, uint32_t rb15)
          static_cast<int>(
              (static_cast<uint32_t>(row0 + row) * rb15 + static_cast<uint32_t>(sb) * kBlock) & 15u);
 }
-// (v, v) as f16x2 for 0 <= v + off < 16, exactly: (0x6400 | (v + off)) - (1024 + off).
-template <int kOff>
-__device__ __forceinline__ uint32_t small_f16x2(int v) {
-  const uint32_t x = (static_cast<uint32_t>(v + kOff) | 0x6400u) * 0x10001u;
-  uint32_t r;
-  asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(x), "r"((0x6400u + kOff) * 0x10001u));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t f16x2_pair(int a, int b) {  // (a, b), |a|, |b| <= 2048
-  return static_cast<uint32_t>(__half_as_ushort(__int2half_rn(a))) |
-         (static_cast<uint32_t>(__half_as_ushort(__int2half_rn(b))) << 16);
-}
 
 // Quarter q of super-block sb (raw slot r) into an f16 stage. Weights: row tid / 4, units 2j and
 // 2j + 1 (j = tid % 4), 8 elements of each (32 g + 8 q ..); the activations of (token tid / 8,
-// unit tid % 8); aw of (row, l) for tid < 128, bw of (token, l) for tid < 64, dw / da.
+// unit tid % 8); aw of (row, l) for tid < 128, bw of (token, l) for tid < 64, and at q == 0
+// (the only quarter that reads them) dw / da.
 __device__ __forceinline__ void convert(int tid, int q, int sb, int row0, uint32_t rb15,
                                         const RawStage& r, F16Stage& s) {
   {
@@ -1120,7 +1107,8 @@ __device__ __forceinline__ void convert(int tid, int q, int sb, int row0, uint32
       const uint32_t* ql = u == 0 ? l0 : l1;
       // sc[2g + q / 2] with g = 2j + u: byte 2u + q / 2 of scw
       const int sc = static_cast<int8_t>(static_cast<uint8_t>(scw[0] >> (8 * (2 * u + (q >> 1)))));
-      const uint32_t b2 = small_f16x2<0>(sc & 15), a2 = small_f16x2<8>(sc >> 4);
+      const uint32_t b2 = mma0::f16x2_ints(sc & 15, sc & 15),
+                     a2 = mma0::f16x2_ints(sc >> 4, sc >> 4);
 #pragma unroll
       for (int l = 0; l < 2; ++l) {  // word l: elements 4l .. 4l + 3 of the 8 (lane 2q + l)
         const uint32_t x =
@@ -1142,12 +1130,9 @@ __device__ __forceinline__ void convert(int tid, int q, int sb, int row0, uint32
     }
   }
   {  // activations: token tid / 8, unit g = tid % 8: elements 32 g + 8 q .. + 7
-    constexpr uint32_t abias2 = 0x6480u * 0x10001u;  // 1024 + 128
     const int tok = tid >> 3, g = tid & 7;
-    const uint2 a = *reinterpret_cast<const uint2*>(r.x + tok * 256 + 32 * g + 8 * q);
     uint32_t v[4];  // [lane l][k pair p]
-    bytes_to_f16(a.x ^ 0x80808080u, abias2, v[0], v[1]);
-    bytes_to_f16(a.y ^ 0x80808080u, abias2, v[2], v[3]);
+    mma0::quants_to_f16<4>(r.x + tok * 256 + 32 * g + 8 * q, v);
     // k = 32 l + 4 g + 2 p = 32 l + 16 c + 8 h + 2 t: c = g / 4, h = (g / 2) % 2, t = 2 (g % 2) + p
     uint32_t* dst = s.x + tok * kXW + 8 * (g & 1) + 2 * (g >> 2) + ((g >> 1) & 1);
 #pragma unroll
@@ -1161,26 +1146,20 @@ __device__ __forceinline__ void convert(int tid, int q, int sb, int row0, uint32
     const int o = win_off(row, sb, row0, rb15);
     const uint32_t p = qg::sw16(r.w, o + 192 + 2 * L);
     s.aw[(tid & 1) * kMR + row] =
-        f16x2_pair(-2 * static_cast<int8_t>(p & 0xFF), -2 * static_cast<int8_t>(p >> 8));
+        mma0::f16x2_ints(-2 * static_cast<int8_t>(p & 0xFF), -2 * static_cast<int8_t>(p >> 8));
   } else if (tid < 2 * kMR + 2 * kMT) {  // bw: token, lane 2q + l
     const int n = tid - 2 * kMR, tok = n >> 1, L = 2 * q + (n & 1);
-    s.bw[(n & 1) * kMT + tok] = f16x2_pair(r.bs[tok * 16 + 2 * L], r.bs[tok * 16 + 2 * L + 1]);
-  } else if (tid < 2 * kMR + 2 * kMT + kMT) {
+    s.bw[(n & 1) * kMT + tok] =
+        mma0::f16x2_ints(r.bs[tok * 16 + 2 * L], r.bs[tok * 16 + 2 * L + 1]);
+  } else if (q == 0 && tid < 2 * kMR + 2 * kMT + kMT) {  // d_a, d_w: read at quarter 0 only
     const int tok = tid - 2 * kMR - 2 * kMT;
     s.da[tok] = r.d[tok];
   }
-  if (tid >= kThreads - kMR) {  // dw: the last kMR threads (the others' extra work is above)
+  if (q == 0 && tid >= kThreads - kMR) {  // dw: the last kMR threads (others' extra work above)
     const int row = tid - (kThreads - kMR);
     const int o = win_off(row, sb, row0, rb15);
     s.dw[row] = __half2float(__ushort_as_half(static_cast<unsigned short>(qg::sw16(r.w, o + 208))));
   }
-}
-
-__device__ __forceinline__ void mma8(uint32_t a0, uint32_t a1, uint32_t b, float (&c)[4]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(b));
 }
 
 // acc[r][i][L]: output i of row group r (row rb + 16 r + g + 8 (i / 2), token tb + 2 t + i % 2),
