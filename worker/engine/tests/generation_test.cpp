@@ -45,6 +45,8 @@ class ScriptedEngine : public Engine {
     evals_ = 0;
   }
   void eval(std::span<const int32_t> tokens, bool) override {
+    calls.push_back(tokens.size() == 1 ? "E" + std::to_string(tokens[0])
+                                       : "P" + std::to_string(tokens.size()));
     n_past_ += static_cast<int32_t>(tokens.size());
     std::fill(logits_.begin(), logits_.end(), 0.0f);
     const size_t k = static_cast<size_t>(evals_++);
@@ -53,7 +55,20 @@ class ScriptedEngine : public Engine {
   }
   std::span<const float> logits() const override { return logits_; }
   std::span<const float> logits_at(size_t) const override { return logits_; }
+  int32_t sample(const SamplingParams& p, std::span<const int32_t> h, std::mt19937_64& rng,
+                 uint64_t* hash) override {
+    const int32_t id = Engine::sample(p, h, rng, hash);
+    calls.push_back("S" + std::to_string(id));
+    return id;
+  }
+  int32_t sample_and_continue(const SamplingParams& p, std::span<const int32_t> h,
+                              std::mt19937_64& rng, uint64_t* hash) override {
+    const int32_t id = Engine::sample(p, h, rng, hash);
+    calls.push_back("C" + std::to_string(id));
+    return id;
+  }
   std::vector<int32_t> eval_calls;
+  std::vector<std::string> calls;  // S<id> sample, C<id> sample_and_continue
 
  private:
   std::vector<int32_t> script_;
@@ -165,6 +180,32 @@ TEST(EngineGeneration, MultibyteCharactersNeverSplitAcrossEvents) {
   const auto r = run(text, {}, static_cast<int32_t>(text.size()));
   EXPECT_EQ(r.res.text, text);
   EXPECT_EQ(r.events.size(), 4u);
+}
+
+// The loop's calls, in order: the prompt, then sample_and_continue (a backend may start the
+// picked token's step there) followed by the eval of exactly that token, for every token but
+// the last, which takes sample() and no eval. An EOS picked by sample_and_continue ends the job
+// with no eval after it (the started step is left to the engine to drop).
+// REQ: M0-W-1420 M0-W-1422
+TEST(EngineGeneration, SampleAndContinueIsFollowedByTheEvalOfItsToken) {
+  {
+    ScriptedEngine eng(bytes("abcd"));
+    ByteTokenizer tok;
+    (void)generate(eng, tok, greedy_request(tok, "hi", 4), {});
+    const std::vector<std::string> want = {"P2", "C97", "E97", "C98", "E98", "C99", "E99", "S100"};
+    EXPECT_EQ(eng.calls, want);
+  }
+  {
+    auto ids = bytes("ab");
+    ids.push_back(kEos);
+    ScriptedEngine eng(ids);
+    ByteTokenizer tok;
+    const auto res = generate(eng, tok, greedy_request(tok, "hi", 10), {});
+    EXPECT_EQ(res.stop_reason, StopReason::Eos);
+    const std::vector<std::string> want = {"P2",  "C97", "E97",
+                                           "C98", "E98", "C" + std::to_string(kEos)};
+    EXPECT_EQ(eng.calls, want);
+  }
 }
 
 // REQ: M0-W-1330 WRK-D10
