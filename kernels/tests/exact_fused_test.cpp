@@ -248,7 +248,7 @@ TEST(ExactFusedGpu, SwigluActMatchesUnfusedAndCpu) {
   size_t bad = 0, cases = 0;
   for (int F : {64, 172, 256, 896, 4864}) {
     // kRows, then 300 rows for the wide rows: a block takes several chunks of a row; 1100 rows
-    // of 4864: one block a row, 19 chunks (past the kernel's 8 prefetched ones)
+    // of 4864: one block a row, 19 chunks of it
     std::vector<int> row_counts(std::begin(kRows), std::end(kRows));
     if (F >= 896) row_counts.push_back(300);
     if (F == 4864) row_counts.push_back(1100);
