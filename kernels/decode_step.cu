@@ -36,7 +36,11 @@
 // the certainty check (thread k summing columns k, k + 256, ...), each matrix row in the vec_dot
 // order of matvec1_float (fr::smem_rows_dot: independent rows interleaved, each row's chains
 // unchanged), SwiGLU (math::swiglu_one, a thread per row after the dots), the activation
-// roundings, and attn_decode_block for the attention.
+// roundings, and attn_decode_block for the attention. Q8_0 / Q5_0 weights: every block
+// quantizes the op's whole input as quantize_row_q8_0 (qm::act_q8_0_from) into shared memory,
+// and each row is matvec1_quant's dot_q0_lanes (8 lane chains over the blocks in order, a
+// thread each, then hsum_float_8; q0_rows); the attention output and the SwiGLU output stay
+// unrounded floats, quantized by every block when staged for Wo and down.
 //
 // Compiled with -fmad=false: every product / sum / fma is explicit.
 #include <cuda_bf16.h>
@@ -54,6 +58,7 @@
 #include "decode_step.cuh"
 #include "exact_float_rows.cuh"
 #include "exact_ops_math.cuh"
+#include "exact_qdecode_math.cuh"
 #include "launch.cuh"
 
 namespace worker::kern::exact {
@@ -67,7 +72,16 @@ constexpr int kOps = 5;  // counters a layer: Q/K/V, attention, Wo, gate + up, d
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
 constexpr int kIssuer = 0;
 constexpr int kTracePoints = 17;  // a layer's timestamps (DecodeStep::read_trace)
-constexpr int kLmStages = 8;      // LM head ring: at most this many stages of kWarps rows
+constexpr int kLmStages = 8;      // LM head ring: at most this many stages of lm_rows rows
+// Quantized weights (Q8_0, Q5_0: the reference's dot_q0_lanes, 8 lane chains a row): 8
+// threads a row, 32 rows at once; the LM head's stages hold 32 rows.
+constexpr int kQ0Chains = 8;
+constexpr int kQ0LmRows = kThreads / kQ0Chains;
+
+template <GgmlType T>
+__host__ __device__ constexpr bool q0_type() {
+  return T == GgmlType::Q8_0 || T == GgmlType::Q5_0;
+}
 
 template <class KT>
 struct StepLayer {
@@ -86,17 +100,23 @@ struct StepParams {
   float eps;
   const float* out_norm;
   const uint8_t* out_w;
-  float *x, *q, *k, *v, *act_att, *act_g, *logits;
+  float *x, *q, *k, *v, *att, *act_att, *act_g, *logits;
   unsigned* sync;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
   unsigned off_res;                 // the block's rows of x (Wo / down residual) and gate / up dots
+  unsigned off_aq, off_ad;          // quantized weights: the input's Q8_0 quants and scales
+  int rg;                           // row granule: a block's rows start at a multiple (1 or 2)
   int lm_stages;                    // 2 .. kLmStages: what fits in P and G
+  int lm_rows;                      // rows a stage of the LM head
   uint64_t* trace;                  // nullptr, or kTracePoints timestamps a layer per block
 };
 
-__device__ __forceinline__ int part(int rows, int c, int G) {
-  return static_cast<int>(static_cast<long long>(rows) * c / G);
+// Block c's first row of `rows` (c = G: rows): a multiple of g, so that a block's rows start
+// 16-byte aligned when two rows are (Q8_0 rows of 896 columns are 952 bytes); the last block
+// takes an odd row count's last row.
+__device__ __forceinline__ int part(int rows, int c, int G, int g) {
+  return c == G ? rows : g * static_cast<int>(static_cast<long long>(rows / g) * c / G);
 }
 
 // ---- counters ----------------------------------------------------------------------------
@@ -260,9 +280,119 @@ __device__ __forceinline__ void tile_rows(const uint8_t* tile, size_t rb, int nr
   }
 }
 
+// Quantized weights: the op's input xs[0 .. n) (n % 32 == 0) as the reference quantizes it
+// for Q8_0 / Q5_0 weights (quantize_row_q8_0: act_q8_0_from's formulas) into aq / ad: 8
+// threads a 32-block, a word of 4 quants each; the block's amax by a butterfly over the 8
+// (max: exact in any order). Every thread of the block calls it.
+__device__ __forceinline__ void quantize_q8_0(const float* xs, int n, int8_t* aq, float* ad) {
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int t0 = 0; t0 < n / 4; t0 += kThreads) {  // uniform; n / 4 % 8 == 0: whole groups
+    const int t = t0 + tid;
+    const bool valid = t < n / 4;
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (valid) v = reinterpret_cast<const float4*>(xs)[t];
+    float amax = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (valid) {
+      const float id = math::act_q8_0_id(amax);
+      const auto q = [id](float x) {
+        return static_cast<uint32_t>(static_cast<uint8_t>(math::act_q8_0_quant(x, id)));
+      };
+      reinterpret_cast<uint32_t*>(aq)[t] = q(v.x) | q(v.y) << 8 | q(v.z) << 16 | q(v.w) << 24;
+      if ((t & 7) == 0) ad[t / 8] = math::act_q8_0_d(amax);
+    }
+  }
+  __syncthreads();
+}
+
+// 32-bit word at byte offset `off` (even) of the 4-byte aligned words w: a funnel of two
+// words at a 2-byte offset.
+__device__ __forceinline__ uint32_t word_at(const uint32_t* w, int off) {
+  return off % 4 == 0 ? w[off / 4] : __byte_perm(w[off / 4], w[off / 4 + 1], 0x5432);
+}
+__device__ __forceinline__ float half_at(const uint32_t* w, int off) {
+  const uint32_t v = w[off / 4];
+  return qm::half_bits(off % 4 == 0 ? v : v >> 16);
+}
+
+// Lane chain c's integers and the weights' scales of two consecutive 32-blocks (a pair: 68
+// bytes of Q8_0, 44 of Q5_0; 4-byte aligned) at pw; y0 / y1 the activation words of lane c.
+template <GgmlType T>
+__device__ __forceinline__ void q0_pair(const uint32_t* pw, int c, uint32_t y0, uint32_t y1,
+                                        int& s0, int& s1, float& dw0, float& dw1) {
+  constexpr int kBB = qd::block_bytes<T>();
+  dw0 = half_at(pw, 0);
+  dw1 = half_at(pw, kBB);
+  if constexpr (T == GgmlType::Q8_0) {  // qs at 2 + 4c: the odd block's words are aligned
+    s0 = qm::q8_0_int(word_at(pw + c, 2), y0);
+    s1 = qm::q8_0_int(word_at(pw + c, kBB + 2), y1);
+  } else {  // Q5_0: qh at 2, qs word c % 4 at 6 + 4 (c % 4)
+    const int k = c & 3;
+    s0 = qm::q5_0_int(c, word_at(pw, 2), word_at(pw + k, 6), y0);
+    s1 = qm::q5_0_int(c, word_at(pw, kBB + 2), word_at(pw + k, kBB + 6), y1);
+  }
+}
+
+// out(i, dot of row i) for the nr rows at rowp(i) (shared memory, 4-byte aligned) of `units`
+// 32-blocks (even), Q8_0 / Q5_0 weights against the input's quants aq (as words) and scales
+// ad: bit for bit dot_q0_lanes (matvec1_quant's qd:: decomposition, unit_slots / chain_pass /
+// combine): thread (row i, chain c) runs chain c over the blocks in order, acc = fma(d_w *
+// d_a, float(int of elements 4c .. 4c + 3), acc), two blocks a step, and the row's 8 lanes
+// combine in hsum_float_8's tree.
+template <GgmlType T, class RowPtr, class Out>
+__device__ __forceinline__ void q0_rows(RowPtr rowp, int nr, int units, const uint32_t* aq,
+                                        const float* ad, Out&& out) {
+  constexpr int kPairWords = qd::block_bytes<T>() / 2;  // 2 blocks = kPairWords words
+  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
+  for (int t0 = 0; t0 < kQ0Chains * nr; t0 += kThreads) {  // uniform over the block
+    const int i = (t0 + tid) / kQ0Chains, c = (t0 + tid) % kQ0Chains;
+    float acc = 0.0f;
+    if (i < nr) {
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(rowp(i));
+      const uint32_t* ya = aq + c;
+      const float2* da = reinterpret_cast<const float2*>(ad);
+#pragma unroll 2
+      for (int u = 0; u < units; u += 2, pw += kPairWords, ya += 2 * kQ0Chains, ++da) {
+        int s0, s1;
+        float dw0, dw1;
+        q0_pair<T>(pw, c, ya[0], ya[kQ0Chains], s0, s1, dw0, dw1);
+        const float2 a = *da;
+        acc = qm::lane_step(dw0 * a.x, s0, acc);
+        acc = qm::lane_step(dw1 * a.y, s1, acc);
+      }
+    }
+    float v[kQ0Chains];
+#pragma unroll
+    for (int k = 0; k < kQ0Chains; ++k) v[k] = __shfl_sync(0xffffffffu, acc, (lane & ~7) | k);
+    if (c == 0 && i < nr) out(i, qm::hsum8(v));
+  }
+}
+
+// The op's input in shared memory: floats rounded for float weights (xs), or quants and
+// scales for quantized ones.
+struct StepIn {
+  const float* xs;
+  const uint32_t* aq;
+  const float* ad;
+};
+
+// out(i, dot of row i) for the nr rows of a tile (row i at tile + i rb) of `cols` columns.
+template <GgmlType T, class Out>
+__device__ __forceinline__ void rows_dot(const uint8_t* tile, size_t rb, int nr, int cols,
+                                         const StepIn& in, Out&& out) {
+  if constexpr (q0_type<T>()) {
+    q0_rows<T>([&](int i) { return tile + static_cast<size_t>(i) * rb; }, nr, cols / 32, in.aq,
+               in.ad, out);
+  } else {
+    tile_rows<T>(tile, rb, nr, cols, in.xs, out);
+  }
+}
+
 template <GgmlType T, class KV>
 __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typename KV::T> p) {
   using KT = typename KV::T;
+  constexpr bool kQ = q0_type<T>();
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ double shd[32];
   __shared__ float sh_mean;
@@ -274,15 +404,23 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   uint8_t* const P = smem;
   uint8_t* const Gr = smem + p.off_g;
   float* const xs = reinterpret_cast<float*>(smem + p.off_xs);
+  int8_t* const aq = reinterpret_cast<int8_t*>(smem + p.off_aq);  // quantized weights only
+  float* const ad = reinterpret_cast<float*>(smem + p.off_ad);
+  const StepIn in{xs, reinterpret_cast<const uint32_t*>(aq), ad};
+  // Quantized weights: the input in xs quantized (its floats are the reference's before
+  // quantize_row_q8_0: the norm's output, Wo's and down's inputs unrounded).
+  const auto quantize = [&](int n) {
+    if constexpr (kQ) quantize_q8_0(xs, n, aq, ad);
+  };
   // xres: this block's rows [e0, e1) of x, as the norm read them or Wo / down wrote them (the
   // residual adds need no global load), then its gate and up dots before the SwiGLU (gd).
   float* const xres = reinterpret_cast<float*>(smem + p.off_res);
   const int QKD = p.QD + 2 * p.KD;
   // this block's rows of each product
-  const int e0 = part(p.E, c, G), e1 = part(p.E, c + 1, G);  // Wo, down
-  const int k0 = part(QKD, c, G), k1 = part(QKD, c + 1, G);  // Q/K/V
-  const int f0 = part(p.F, c, G), f1 = part(p.F, c + 1, G);  // gate, up
-  const int v0 = part(p.V, c, G), v1 = part(p.V, c + 1, G);  // LM head
+  const int e0 = part(p.E, c, G, p.rg), e1 = part(p.E, c + 1, G, p.rg);  // Wo, down
+  const int k0 = part(QKD, c, G, p.rg), k1 = part(QKD, c + 1, G, p.rg);  // Q/K/V
+  const int f0 = part(p.F, c, G, p.rg), f1 = part(p.F, c + 1, G, p.rg);  // gate, up
+  const int v0 = part(p.V, c, G, p.rg), v1 = part(p.V, c + 1, G, p.rg);  // LM head
 
   // kIssuer issues the copies of layer L's P tiles (after a barrier of the block).
   const auto issue_p = [&](const StepLayer<KT>& L) {
@@ -309,17 +447,25 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     bulk_copy(Gr, L.gate + static_cast<size_t>(f0) * p.rbE, gu_b, &bar_g);
     bulk_copy(Gr + gu_b, L.up + static_cast<size_t>(f0) * p.rbE, gu_b, &bar_g);
   };
-  // LM head: stage s holds rows v0 + 8 s .. (8 rows), in slot s % lm_stages
-  const int lm_chunks = (v1 - v0 + kWarps - 1) / kWarps;
-  const size_t lm_slot = static_cast<size_t>(kWarps) * p.rbE;
+  // LM head: stage s holds rows v0 + lm_rows s .. (lm_rows rows), in slot s % lm_stages
+  const int lm_chunks = (v1 - v0 + p.lm_rows - 1) / p.lm_rows;
+  const size_t lm_slot = static_cast<size_t>(p.lm_rows) * p.rbE;
   const auto issue_lm = [&](int s) {  // kIssuer, after a barrier of the block
     if (tid != kIssuer || s >= lm_chunks) return;
     fence_async_smem();
-    const int r0 = v0 + kWarps * s, r1 = min(v1, r0 + kWarps);
-    const size_t b = rows_bytes(p.rbE, r0, r1);
-    mbar_expect(&bar_lm[s % p.lm_stages], static_cast<unsigned>(b));
-    bulk_copy(P + static_cast<size_t>(s % p.lm_stages) * lm_slot,
-              p.out_w + static_cast<size_t>(r0) * p.rbE, b, &bar_lm[s % p.lm_stages]);
+    const int r0 = v0 + p.lm_rows * s, r1 = min(v1, r0 + p.lm_rows);
+    const size_t b = rows_bytes(p.rbE, r0, r1), bulk = b & ~size_t{15};
+    uint8_t* const dst = P + static_cast<size_t>(s % p.lm_stages) * lm_slot;
+    const uint8_t* const src = p.out_w + static_cast<size_t>(r0) * p.rbE;
+    // An odd row count of rows not a multiple of 16 bytes (the last block, an odd vocabulary):
+    // the bulk copy's whole 16-byte units, the rest (< 16 bytes, even) by this thread; its
+    // stores are seen by the block after the barriers before the stage is read (>= 1: the
+    // stage is read lm_stages >= 2 stages later, or after the final norm).
+    for (size_t i = bulk; i < b; i += 2) {
+      *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
+    }
+    mbar_expect(&bar_lm[s % p.lm_stages], static_cast<unsigned>(bulk));
+    bulk_copy(dst, src, bulk, &bar_lm[s % p.lm_stages]);
   };
 
   if (tid == 0) {
@@ -349,9 +495,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     if (l > 0) wait_for(ctr - 1, Gu);  // down (l - 1)
     stamp(p.trace, l, 0);
     norm_act<T>(xs, p.x, L.attn_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e1);
+    quantize(p.E);
     stamp(p.trace, l, 1);
     mbar_wait(&bar_p, static_cast<unsigned>(l & 1));  // P: Wo, Q/K/V
-    tile_rows<T>(P + p.off_qkv, p.rbE, k1 - k0, p.E, xs, [&](int i, float d) {
+    rows_dot<T>(P + p.off_qkv, p.rbE, k1 - k0, p.E, in, [&](int i, float d) {
       const int r = k0 + i;
       if (r < p.QD) {
         p.q[r] = d;
@@ -383,8 +530,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     // ---- Wo: x += Wo att ----
     wait_for(ctr + 1, Gu);
     stamp(p.trace, l, 5);
-    stage_l2(xs, p.act_att, p.QD);
-    tile_rows<T>(P, p.rbQ, e1 - e0, p.QD, xs, add_residual);
+    stage_l2(xs, kQ ? p.att : p.act_att, p.QD);
+    quantize(p.QD);
+    rows_dot<T>(P, p.rbQ, e1 - e0, p.QD, in, add_residual);
     stamp(p.trace, l, 6);
     arrive(ctr + 2);
     if (tid == kIssuer) {  // P is free: Wo and the attention are done
@@ -397,11 +545,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     wait_for(ctr + 2, Gu);
     stamp(p.trace, l, 7);
     norm_act<T>(xs, p.x, L.ffn_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+    quantize(p.E);
     stamp(p.trace, l, 8);
     mbar_wait(&bar_g, static_cast<unsigned>(l & 1));  // G: gate, up
     // the dots into gd (after the block's rows of x), then the SwiGLU with a thread per row
     float* const gd = xres + (e1 - e0);
-    {
+    if constexpr (kQ) {  // gate rows then up rows, contiguous in G: one tile of 2 nr rows
+      const int nr = f1 - f0;
+      rows_dot<T>(Gr, p.rbE, 2 * nr, p.E, in,
+                  [&](int i, float d) { gd[i < nr ? 2 * i : 2 * (i - nr) + 1] = d; });
+    } else {
       const int lane = tid & 31, w = tid >> 5, nr = f1 - f0;
       const float2* xp = reinterpret_cast<const float2*>(xs);
       const uint8_t* up = Gr + static_cast<size_t>(nr) * p.rbE;
@@ -440,8 +593,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     wait_for(ctr + 3, Gu);
     stamp(p.trace, l, 10);
     stage_l2(xs, p.act_g, p.F);
+    quantize(p.F);
     mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
-    tile_rows<T>(P, p.rbF, e1 - e0, p.F, xs, add_residual);
+    rows_dot<T>(P, p.rbF, e1 - e0, p.F, in, add_residual);
     stamp(p.trace, l, 11);
     arrive(ctr + 4);
     if (l + 1 < p.n_layer) {
@@ -454,17 +608,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   wait_for(p.sync + static_cast<size_t>(kOps) * p.n_layer - 1, Gu);
   stamp(p.trace, p.n_layer, 0);
   norm_act<T>(xs, p.x, p.out_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+  quantize(p.E);
   stamp(p.trace, p.n_layer, 1);
-  const int lane = tid & 31, w = tid >> 5;
-  const float2* xp = reinterpret_cast<const float2*>(xs);
   for (int s = 0; s < lm_chunks; ++s) {
     mbar_wait(&bar_lm[s % p.lm_stages], static_cast<unsigned>((s / p.lm_stages) & 1));
-    const int r = v0 + kWarps * s + w;
-    if (r < v1) {
-      const uint8_t* row =
-          P + static_cast<size_t>(s % p.lm_stages) * lm_slot + static_cast<size_t>(w) * p.rbE;
-      const float d = fr::smem_row_dot<T>(row, p.E, xp, xs, lane);
-      if (lane == 0) p.logits[r] = d;
+    const int r0 = v0 + p.lm_rows * s;
+    const uint8_t* stage = P + static_cast<size_t>(s % p.lm_stages) * lm_slot;
+    if constexpr (kQ) {
+      rows_dot<T>(stage, p.rbE, min(p.lm_rows, v1 - r0), p.E, in,
+                  [&](int i, float d) { p.logits[r0 + i] = d; });
+    } else {  // a row a warp
+      const int lane = tid & 31, w = tid >> 5;
+      if (r0 + w < v1) {
+        const float d = fr::smem_row_dot<T>(stage + static_cast<size_t>(w) * p.rbE, p.E,
+                                            reinterpret_cast<const float2*>(xs), xs, lane);
+        if (lane == 0) p.logits[r0 + w] = d;
+      }
     }
     __syncthreads();
     issue_lm(s + p.lm_stages);
@@ -505,6 +664,9 @@ size_t sync_bytes(int n_layer) {
 bool float_type(uint32_t t) {
   return t == static_cast<uint32_t>(GgmlType::F32) || t == static_cast<uint32_t>(GgmlType::F16) ||
          t == static_cast<uint32_t>(GgmlType::BF16);
+}
+bool q0_weight(uint32_t t) {
+  return t == static_cast<uint32_t>(GgmlType::Q8_0) || t == static_cast<uint32_t>(GgmlType::Q5_0);
 }
 
 }  // namespace
@@ -563,6 +725,7 @@ StepParams<KT> fill_params(const DecodeModel& m) {
   p.q = m.q;
   p.k = m.k;
   p.v = m.v;
+  p.att = m.att;
   p.act_att = m.act_att;
   p.act_g = m.act_g;
   p.logits = m.logits;
@@ -595,11 +758,14 @@ std::vector<StepLayer<KT>> layer_table(const DecodeModel& m) {
   return t;
 }
 
-// f(traits) for the float weight type t.
+// f(traits) for a weight type the step runs (float, Q8_0, Q5_0).
 template <typename F>
-void by_float_type(uint32_t t, F&& f) {
+void by_step_type(uint32_t t, F&& f) {
   dispatch(t, [&](auto tr) {
-    if constexpr (decltype(tr)::kFamily == DotFamily::Float) f(tr);
+    using Tr = decltype(tr);
+    if constexpr (Tr::kSupported) {
+      if constexpr (Tr::kFamily == DotFamily::Float || q0_type<Tr::kType>()) f(tr);
+    }
   });
 }
 
@@ -615,15 +781,26 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   const AttnShape& s = m.shape;
   const DecodeLayer& l0 = m.layers[0];
   const uint32_t T = l0.wq.type;
-  if (!float_type(T)) return no("weights are not F32 / F16 / BF16");
+  const bool quant = q0_weight(T);
+  if (!float_type(T) && !quant) return no("weights are not F32 / F16 / BF16 / Q8_0 / Q5_0");
   const int64_t E = l0.wq.cols, QD = static_cast<int64_t>(s.n_head) * s.head_dim,
                 KD = static_cast<int64_t>(s.n_head_kv) * s.head_dim, F = l0.gate.rows;
   if (s.head_dim > kDecMaxHd || s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0) {
     return no("attention shape");
   }
-  const auto shaped = [T](const WeightView& w, int64_t rows, int64_t cols) {
-    return w.type == T && w.rows == rows && w.cols == cols && w.row_bytes % 16 == 0 &&
-           matvec1_float_takes(w.type, w.cols) && w.data != nullptr;
+  // Rows start 16-byte aligned (the bulk copies): float rows are multiples of 16 bytes;
+  // quantized rows may be multiples of 8 only (Q8_0 of 896 columns: 952 bytes), then the
+  // blocks' shares start at even rows (rg 2), every row count even.
+  const int rg = l0.wq.row_bytes % 16 == 0 && l0.wo.row_bytes % 16 == 0 &&
+                         l0.down.row_bytes % 16 == 0 && m.output.row_bytes % 16 == 0
+                     ? 1
+                     : 2;
+  // odd_rows: the row count may be odd (the output: the last block takes the last row).
+  const auto shaped = [T, quant, rg](const WeightView& w, int64_t rows, int64_t cols,
+                                     bool odd_rows = false) {
+    return w.type == T && w.rows == rows && w.cols == cols && (odd_rows || rows % rg == 0) &&
+           (w.row_bytes * static_cast<size_t>(rg)) % 16 == 0 && w.data != nullptr &&
+           (quant ? cols % 64 == 0 : matvec1_float_takes(w.type, w.cols));
   };
   for (const DecodeLayer& d : m.layers) {
     if (!shaped(d.wq, QD, E) || !shaped(d.wk, KD, E) || !shaped(d.wv, KD, E) ||
@@ -633,25 +810,32 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
     }
     if (d.kv.type != l0.kv.type) return no("cache types differ");
   }
-  if (!shaped(m.output, m.output.rows, E)) return no("output matrix type or shape");
+  if (!shaped(m.output, m.output.rows, E, true)) return no("output matrix type or shape");
+  if (QD % rg != 0 || KD % rg != 0) return no("Q / K / V rows");
 
   int dev = 0, sms = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   const int G = sms;
-  const auto share = [G](int64_t rows) { return static_cast<size_t>((rows + G - 1) / G); };
+  const auto share = [G, rg](int64_t rows) {
+    return static_cast<size_t>(rg) * static_cast<size_t>((rows / rg + G - 1) / G);
+  };
   const size_t rbE = l0.wq.row_bytes, rbQ = l0.wo.row_bytes, rbF = l0.down.row_bytes;
   const size_t wo_b = align16(share(E) * rbQ);
   const size_t qkv_b = align16(share(QD + 2 * KD) * rbE);
   const size_t down_b = align16(share(E) * rbF);
   const size_t gu_b = align16(2 * share(F) * rbE);
   const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
-  const size_t xs_b = align16(static_cast<size_t>(std::max({E, QD, F})) * sizeof(float));
+  const size_t widest = static_cast<size_t>(std::max({E, QD, F}));
+  const size_t xf_b = align16(widest * sizeof(float));
+  const size_t aq_b = quant ? align16(widest) : 0;  // the input's Q8_0 quants, then scales
+  const size_t xs_b = xf_b + aq_b + (quant ? align16(widest / 32 * sizeof(float)) : 0);
   const size_t res_b = align16((share(E) + 2 * share(F)) * sizeof(float));
   constexpr size_t kStatic = 32 * sizeof(double) + 16 + (3 + kLmStages) * sizeof(uint64_t);
   // The LM head's ring takes the P and G regions: as many stages as fit, at least 2.
-  const size_t slot = static_cast<size_t>(kWarps) * rbE;
+  const int lm_rows = quant ? kQ0LmRows : kWarps;
+  const size_t slot = static_cast<size_t>(lm_rows) * rbE;
   const size_t room = static_cast<size_t>(optin) - std::min<size_t>(optin, kStatic + xs_b + res_b);
   const int lm_stages = static_cast<int>(std::min<size_t>(kLmStages, room / slot));
   const size_t pg = std::max(p_b + gu_b, static_cast<size_t>(std::max(lm_stages, 2)) * slot);
@@ -693,10 +877,14 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   for (auto* p : {&im.pf.off_g, &im.ph.off_g}) *p = static_cast<unsigned>(p_b);
   for (auto* p : {&im.pf.off_xs, &im.ph.off_xs}) *p = static_cast<unsigned>(pg);
   for (auto* p : {&im.pf.off_res, &im.ph.off_res}) *p = static_cast<unsigned>(pg + xs_b);
+  for (auto* p : {&im.pf.off_aq, &im.ph.off_aq}) *p = static_cast<unsigned>(pg + xf_b);
+  for (auto* p : {&im.pf.off_ad, &im.ph.off_ad}) *p = static_cast<unsigned>(pg + xf_b + aq_b);
   im.pf.cv = im.ph.cv = cv;
+  im.pf.rg = im.ph.rg = rg;
   im.pf.lm_stages = im.ph.lm_stages = lm_stages;
+  im.pf.lm_rows = im.ph.lm_rows = lm_rows;
   im.pf.sync = im.ph.sync = im.sync;
-  by_float_type(T, [&](auto tr) {
+  by_step_type(T, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {
       set_attrs<TT, math::KvF16>(smem);
@@ -732,7 +920,7 @@ std::vector<uint64_t> DecodeStep::read_trace() const {
 void DecodeStep::launch(cudaStream_t stream) const {
   const Impl& im = *impl_;
   const dim3 grid(static_cast<unsigned>(blocks_)), block(kThreads);
-  by_float_type(im.type, [&](auto tr) {
+  by_step_type(im.type, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {
       launch_pdl_smem("decode_step_kernel", decode_step_kernel<TT, math::KvF16>, grid, block, smem_,

@@ -7,8 +7,9 @@
 // (exact_float_rows.cuh, attention_exact_decode.cuh, exact_ops_math.cuh): the same bits as
 // the launch-per-op decode step, which the engine tests compare with the CPU reference.
 //
-// Runs models whose layer matrices and output matrix are all one float type (F32, F16 or
-// BF16); DecodeStep::plan() says whether a model qualifies on this device.
+// Runs models whose layer matrices and output matrix are all one type: F32, F16, BF16, or
+// Q8_0 / Q5_0 (the input quantized to Q8_0 in shared memory by every block, the rows' 8 lane
+// chains of dot_q0_lanes); DecodeStep::plan() says whether a model qualifies on this device.
 //
 // The kernel needs all of its blocks (one per SM) resident at once: one step in flight per
 // device (the worker's one inference thread, which waits for each step). Were SMs withheld (two

@@ -28,6 +28,7 @@
 #include "cuda_check.h"
 #include "exact.cuh"
 #include "exact_ops_math.cuh"
+#include "exact_quant_math.cuh"  // qm::half_bits (device_map_for_tests)
 #include "gguf/ggml_types.h"
 #include "launch.cuh"
 
@@ -125,6 +126,10 @@ __global__ void ex_map_kernel(int which, const float* __restrict__ x, float* __r
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float v = x[i];
+    if (which == 3) {  // the fp16 bits in v's low half
+      y[i] = qm::half_bits(__float_as_uint(v));
+      continue;
+    }
     y[i] = which == 0 ? math::expf_ggml(v) : (which == 1 ? math::silu_ggml(v) : math::expf_libm(v));
   }
 }

@@ -325,7 +325,8 @@ __host__ __device__ inline void q8k_max_merge(float& a, float& m, float oa, floa
 }
 
 // Test hook (defined in exact_ops.cu): y[i] = f(x[i]) on the device for i < n, with f
-// expf_ggml (which 0), silu_ggml (1) or expf_libm (2); x, y device memory. Lets the GPU
+// expf_ggml (which 0), silu_ggml (1), expf_libm (2) or qm::half_bits of the low 16 bits of x[i]'s
+// bits (3); x, y device memory. Lets the GPU
 // tests check these device functions on millions of inputs against the CPU's.
 void device_map_for_tests(int which, const float* x, float* y, size_t n);
 

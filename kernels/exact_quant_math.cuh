@@ -55,6 +55,11 @@ EXQ_HD int dp4a(uint32_t a, uint32_t b, int c) {
 
 // fp16 bits -> float (exact).
 EXQ_HD float half_bits(uint32_t h) {
+#if defined(__CUDA_ARCH__)
+  // the hardware conversion (exact: HADD2.F32), branch-free: a loop of dependent steps can
+  // overlap its iterations (the branches of the bit-level version below serialized them)
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h & 0xFFFFu)));
+#else
   h &= 0xFFFFu;
   const uint32_t sign = (h & 0x8000u) << 16;
   const uint32_t e = (h >> 10) & 0x1F, m = h & 0x3FF;
@@ -64,22 +69,15 @@ EXQ_HD float half_bits(uint32_t h) {
       bits = sign;
     } else {  // subnormal: m * 2^-24, exact in float
       const float v = static_cast<float>(m) * 5.9604644775390625e-8f;
-#if defined(__CUDA_ARCH__)
-      bits = sign | __float_as_uint(v);
-#else
       uint32_t vb;
       __builtin_memcpy(&vb, &v, 4);
       bits = sign | vb;
-#endif
     }
   } else if (e == 31) {
     bits = sign | 0x7F800000u | (m << 13);
   } else {
     bits = sign | ((e + 112u) << 23) | (m << 13);
   }
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
   float f;
   __builtin_memcpy(&f, &bits, 4);
   return f;
@@ -101,9 +99,12 @@ EXQ_HD int bytesum(uint32_t y) {
 
 // ---- integer slots of one block / sub-block (w: weight words, y: activation words) ----
 
-// Q8_0 block: qs words w[8] (bytes 2..33 of the block).
+// Q8_0 block: qs words w[8] (bytes 2..33 of the block); lane i's int from its word alone.
+EXQ_HD int q8_0_int(uint32_t w, uint32_t y) {
+  return dp4a(w, y, 0);
+}
 EXQ_HD void q8_0_ints(const uint32_t (&w)[8], const uint32_t (&y)[8], int (&s)[8]) {
-  for (int i = 0; i < 8; ++i) s[i] = dp4a(w[i], y[i], 0);
+  for (int i = 0; i < 8; ++i) s[i] = q8_0_int(w[i], y[i]);
 }
 
 // Q4_0 block: qs words w[4]; elements 0..15 low nibbles, 16..31 high nibbles; weight =
@@ -116,12 +117,14 @@ EXQ_HD void q4_0_ints(const uint32_t (&w)[4], const uint32_t (&y)[8], int (&s)[8
 }
 
 // Q5_0 block: qh (bytes 2..5) and qs words w[4]; fifth bit of element j is bit j of qh.
+// Lane i's int: qs word w (word i % 4 of the block's qs), activation word y.
+EXQ_HD int q5_0_int(int i, uint32_t qh, uint32_t w, uint32_t y) {
+  uint32_t v = (i < 4 ? w : (w >> 4)) & 0x0F0F0F0Fu;
+  for (int k = 0; k < 4; ++k) v |= ((qh >> (4 * i + k)) & 1u) << (8 * k + 4);
+  return dp4a(v, y, 0) - 16 * bytesum(y);
+}
 EXQ_HD void q5_0_ints(uint32_t qh, const uint32_t (&w)[4], const uint32_t (&y)[8], int (&s)[8]) {
-  for (int i = 0; i < 8; ++i) {
-    uint32_t v = (i < 4 ? w[i] : (w[i - 4] >> 4)) & 0x0F0F0F0Fu;
-    for (int k = 0; k < 4; ++k) v |= ((qh >> (4 * i + k)) & 1u) << (8 * k + 4);
-    s[i] = dp4a(v, y[i], 0) - 16 * bytesum(y[i]);
-  }
+  for (int i = 0; i < 8; ++i) s[i] = q5_0_int(i, qh, w[i % 4], y[i]);
 }
 
 // Q4_K: 6-bit scale and min of sub-block j (ggml's get_scale_min_k4); sc: the 12 bytes.

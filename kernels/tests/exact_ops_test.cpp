@@ -360,6 +360,37 @@ TEST(ExactOpsGpu, DeviceExpfSiluMatchCpu) {
   }
 }
 
+// The device's fp16 -> float (qm::half_bits: the hardware conversion, which the quantized
+// kernels' block scales go through) is the CPU reference's fp16_to_fp32 for all 65,536 bit
+// patterns: bit for bit for every number (subnormals, zeros, infinities), a NaN for a NaN.
+// REQ: WRK-D15
+TEST(ExactOpsGpu, HalfBitsOnTheDeviceIsTheCpusConversion) {
+  REQUIRE_GPU();
+  constexpr size_t n = 65536;
+  std::vector<float> x(n);
+  for (size_t h = 0; h < n; ++h) {
+    const auto u = static_cast<uint32_t>(h) | 0x5A5A0000u;  // high half ignored
+    std::memcpy(&x[h], &u, 4);
+  }
+  DevArray<float> dx(x), dy(n);
+  dy.poison();
+  xm::device_map_for_tests(3, dx.get(), dy.get(), n);
+  const auto y = dy.download();
+  size_t bad = 0, nans = 0;
+  for (size_t h = 0; h < n; ++h) {
+    const float ref = fp16_to_fp32(static_cast<uint16_t>(h));
+    if (std::isnan(ref)) {
+      ++nans;
+      if (!std::isnan(y[h]) && bad++ < 5)
+        std::printf("fp16 %04zx: gpu %a, not a NaN\n", h, double(y[h]));
+    } else if (bits(y[h]) != bits(ref) && bad++ < 5) {
+      std::printf("fp16 %04zx: gpu %a cpu %a\n", h, double(y[h]), double(ref));
+    }
+  }
+  EXPECT_EQ(nans, 2046u);  // 2 x (2^10 - 1) NaN patterns
+  EXPECT_EQ(bad, 0u);
+}
+
 // REQ: WRK-D15
 TEST(ExactOpsGpu, RmsnormMatchesCpu) {
   REQUIRE_GPU();

@@ -220,12 +220,15 @@ size_t count_bit_differences(std::span<const float> a, std::span<const float> b,
 // (tinyBLAS, repack gemm for 24 tokens and gemv for the last 3); decode the one-token orders
 // and the CUDA graph.
 //
-// The decode step: the float-weight fixtures (F32 / F16 / BF16, and stories260K) run it as the
-// persistent kernel (kernels/decode_step.cuh; BackendInfo::decode says so, checked here), the
-// others one kernel per op; decode_step = false runs the float ones per op as well.
-bool float_weights(const std::string& name) {
-  return name.find("-f32.") != std::string::npos || name.find("-f16.") != std::string::npos ||
-         name.find("-bf16.") != std::string::npos;
+// The decode step: the fixtures of float weights (F32 / F16 / BF16, and stories260K) and of
+// Q8_0 / Q5_0 weights run it as the persistent kernel (kernels/decode_step.cuh; BackendInfo::
+// decode says so, checked here), the others (Q4_0, Q4_K, Q6_K) one kernel per op;
+// decode_step = false runs them all per op.
+bool step_weights(const std::string& name) {
+  for (const char* t : {"-f32.", "-f16.", "-bf16.", "-q8_0.", "-q5_0."}) {
+    if (name.find(t) != std::string::npos) return true;
+  }
+  return false;
 }
 
 // `only`: the fixtures to run (file names); empty: all of them.
@@ -243,7 +246,7 @@ void run_exact_parity(bool kv_f32, bool decode_step = true,
     models.push_back(stories_path());
   } else {  // only the models whose decode path the option changes
     std::erase_if(models, [](const std::string& p) {
-      return !float_weights(fs::path(p).filename().string());
+      return !step_weights(fs::path(p).filename().string());
     });
   }
   int failed = 0;
@@ -258,9 +261,10 @@ void run_exact_parity(bool kv_f32, bool decode_step = true,
     gopt.kv_cache_f32 = kv_f32;
     gopt.decode_step = decode_step;
     auto gpu = make_cuda_engine(model, 256, 0, gopt);
-    if (float_weights(name) && decode_step) {
-      EXPECT_EQ(gpu->info().decode, "persistent") << "the float fixtures take the decode step";
-    } else if (float_weights(name)) {
+    if (step_weights(name) || path == stories_path()) {  // stories260K: F32
+      EXPECT_EQ(gpu->info().decode, decode_step ? "persistent" : "per_op")
+          << "the float, Q8_0 and Q5_0 fixtures take the decode step";
+    } else {
       EXPECT_EQ(gpu->info().decode, "per_op");
     }
     const auto prompt = random_prompt(27, model->config.vocab_size, 42);
@@ -350,13 +354,14 @@ std::vector<uint64_t> take_step_trace(const fs::path& path) {
 // cache, 384 with the FP32 one) the engine takes the launch-per-op step, whose attention splits
 // the keys over a cluster of blocks: a decode that crosses the boundary stays bit-identical with
 // the CPU reference, and the persistent step ran exactly the steps below it (its trace,
-// WORKER_DECODE_STEP_TRACE, has one record a persistent step). Both caches, two float models.
+// WORKER_DECODE_STEP_TRACE, has one record a persistent step). Both caches, two float models
+// and a Q8_0 one (rows of 952 bytes: the blocks' shares start at even rows).
 // REQ: M0-W-1214 WRK-D1
 TEST(CudaEngine, DecodeCrossingThePersistentStepKeysStaysExact) {
   REQUIRE_GPU();
   constexpr int kBefore = 8, kSteps = 16;  // steps with the persistent kernel, steps in all
   for (const bool kv_f32 : {false, true}) {
-    for (const char* name : {"qwen2-g7-f16.gguf", "llama-g2-bf16.gguf"}) {
+    for (const char* name : {"qwen2-g7-f16.gguf", "llama-g2-bf16.gguf", "qwen2-g7-q8_0.gguf"}) {
       SCOPED_TRACE(std::string(name) + (kv_f32 ? " kv f32" : " kv f16"));
       const std::string path = generated_fixtures() + "/" + name;
       ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
@@ -474,13 +479,13 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
 
 // --numerics fast differs from exact in prompt batches only: its decode steps (and LM head)
 // are the exact kernels. Token by token (every eval a decode step), a fast engine's logits
-// equal an exact engine's bit for bit, for a float model (the persistent step in both) and a
-// quantized one (per op); after one 17-token prompt batch (cuBLAS in fast mode for F16) the
-// logits differ.
+// equal an exact engine's bit for bit, for a float and a Q8_0 model (the persistent step in
+// both) and a Q4_K one (per op); after one 17-token prompt batch (cuBLAS in fast mode for F16)
+// the logits differ.
 // REQ: M0-W-1201 WRK-D2
 TEST(CudaEngine, FastNumericsDecodeStepsAreTheExactOnes) {
   REQUIRE_GPU();
-  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf"}) {
+  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf", "qwen2-g7-q4_k.gguf"}) {
     const std::string path = generated_fixtures() + "/" + name;
     ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
     SCOPED_TRACE(name);
@@ -517,9 +522,9 @@ TEST(CudaEngine, FastNumericsDecodeStepsAreTheExactOnes) {
 // step before returning its id; the eval of that token then takes the started step. Against an
 // engine that samples and evaluates one call at a time: the same ids, logits hashes and logits
 // bit for bit at every step, greedy and sampled with a repetition penalty, on the persistent
-// step (F16; across its last local key, 768, where the per-op step takes over) and the per-op
-// one (Q8_0), up to the context's last position (where no step can start). A started step that
-// no eval takes is dropped: logits() and sample() then throw (its logits replaced the sampled
+// step (F16 and Q8_0; across its last local key, 768, where the per-op step takes over) and the
+// per-op one (Q4_K), up to the context's last position (where no step can start). A started step
+// that no eval takes is dropped: logits() and sample() then throw (its logits replaced the sampled
 // ones), and an eval of another token, or a reset and a new prompt, give the other engine's
 // logits.
 // REQ: M0-W-1214 M0-W-1420 WRK-D1
@@ -529,7 +534,7 @@ TEST(CudaEngine, SampleAndContinueStartsTheSampledTokensStep) {
   const auto same = [](std::span<const float> a, std::span<const float> b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
-  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf"}) {
+  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf", "qwen2-g7-q4_k.gguf"}) {
     const std::string path = generated_fixtures() + "/" + name;
     ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
     SCOPED_TRACE(name);
