@@ -369,55 +369,6 @@ __device__ __forceinline__ void q0_rows(RowPtr rowp, int nr, int units, const ui
   }
 }
 
-// q0_rows for few long rows (FFN down: 8 rows of 152 blocks a block on the 0.5B shape, where
-// q0_rows keeps 64 threads busy, each stepping its chain through every block): first all the
-// threads compute every (row, block, chain) integer and every (row, block) scale product into
-// shared arrays, S[i][u][c] = float(int) (row stride 8 (units + 1) floats: the 4 rows a warp
-// reads sit in different banks) and D[i][u] = d_w * d_a; then thread (row i, chain c) runs
-// the chain, acc = fma(D[i][u], S[i][u][c], acc) over u in order: the same steps with the same
-// operands as q0_rows (the product d_w * d_a is formed once, the same float either way).
-__host__ __device__ constexpr size_t q0_long_floats(int nr, int units) {
-  return static_cast<size_t>(nr) * (kQ0Chains * (units + 1) + units);
-}
-template <GgmlType T, class RowPtr, class Out>
-__device__ __forceinline__ void q0_rows_long(RowPtr rowp, int nr, int units, const uint32_t* aq,
-                                             const float* ad, float* S, Out&& out) {
-  constexpr int kPairWords = qd::block_bytes<T>() / 2;
-  const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
-  const int pairs = units / 2, rs = kQ0Chains * (units + 1);
-  float* const D = S + static_cast<size_t>(nr) * rs;
-  for (int it = tid; it < nr * pairs * kQ0Chains; it += kThreads) {
-    const int c = it % kQ0Chains, pp = it / kQ0Chains, i = pp / pairs, u = 2 * (pp % pairs);
-    const uint32_t* pw = reinterpret_cast<const uint32_t*>(rowp(i)) + (u / 2) * kPairWords;
-    int s0, s1;
-    float dw0, dw1;
-    q0_pair<T>(pw, c, aq[kQ0Chains * u + c], aq[kQ0Chains * (u + 1) + c], s0, s1, dw0, dw1);
-    float* const si = S + static_cast<size_t>(i) * rs + kQ0Chains * u + c;
-    si[0] = static_cast<float>(s0);
-    si[kQ0Chains] = static_cast<float>(s1);
-    if (c == 0) {
-      const float2 a = reinterpret_cast<const float2*>(ad)[u / 2];
-      reinterpret_cast<float2*>(D + static_cast<size_t>(i) * units)[u / 2] =
-          make_float2(dw0 * a.x, dw1 * a.y);
-    }
-  }
-  __syncthreads();
-  for (int t0 = 0; t0 < kQ0Chains * nr; t0 += kThreads) {  // uniform over the block
-    const int i = (t0 + tid) / kQ0Chains, c = (t0 + tid) % kQ0Chains;
-    float acc = 0.0f;
-    if (i < nr) {
-      const float* si = S + static_cast<size_t>(i) * rs + c;
-      const float* di = D + static_cast<size_t>(i) * units;
-#pragma unroll 8
-      for (int u = 0; u < units; ++u) acc = qm::fma_(di[u], si[kQ0Chains * u], acc);
-    }
-    float v[kQ0Chains];
-#pragma unroll
-    for (int k = 0; k < kQ0Chains; ++k) v[k] = __shfl_sync(0xffffffffu, acc, (lane & ~7) | k);
-    if (c == 0 && i < nr) out(i, qm::hsum8(v));
-  }
-}
-
 // The op's input in shared memory: floats rounded for float weights (xs), or quants and
 // scales for quantized ones.
 struct StepIn {
@@ -644,12 +595,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     stage_l2(xs, p.act_g, p.F);
     quantize(p.F);
     mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
-    if constexpr (kQ) {  // few long rows; the slots in G (free until the next attention)
-      q0_rows_long<T>([&](int i) { return P + static_cast<size_t>(i) * p.rbF; }, e1 - e0,
-                      p.F / 32, in.aq, in.ad, reinterpret_cast<float*>(Gr), add_residual);
-    } else {
-      rows_dot<T>(P, p.rbF, e1 - e0, p.F, in, add_residual);
-    }
+    rows_dot<T>(P, p.rbF, e1 - e0, p.F, in, add_residual);
     stamp(p.trace, l, 11);
     arrive(ctr + 4);
     if (l + 1 < p.n_layer) {
@@ -879,12 +825,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   const size_t wo_b = align16(share(E) * rbQ);
   const size_t qkv_b = align16(share(QD + 2 * KD) * rbE);
   const size_t down_b = align16(share(E) * rbF);
-  // G also holds q0_rows_long's arrays during down (quantized weights)
-  const size_t gu_b = std::max(
-      align16(2 * share(F) * rbE),
-      quant ? align16(q0_long_floats(static_cast<int>(share(E)), static_cast<int>(F / 32)) *
-                      sizeof(float))
-            : size_t{0});
+  const size_t gu_b = align16(2 * share(F) * rbE);
   const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
   const size_t widest = static_cast<size_t>(std::max({E, QD, F}));
   const size_t xf_b = align16(widest * sizeof(float));
