@@ -74,9 +74,8 @@ constexpr int kIssuer = 0;
 constexpr int kTracePoints = 17;  // a layer's timestamps (DecodeStep::read_trace)
 constexpr int kLmStages = 8;      // LM head ring: at most this many stages of lm_rows rows
 // Quantized weights (Q8_0, Q5_0: the reference's dot_q0_lanes, 8 lane chains a row): 8
-// threads a row, 32 rows at once; the LM head's stages hold 32 rows.
+// threads a row, 32 rows at once.
 constexpr int kQ0Chains = 8;
-constexpr int kQ0LmRows = kThreads / kQ0Chains;
 
 template <GgmlType T>
 __host__ __device__ constexpr bool q0_type() {
@@ -614,17 +613,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     mbar_wait(&bar_lm[s % p.lm_stages], static_cast<unsigned>((s / p.lm_stages) & 1));
     const int r0 = v0 + p.lm_rows * s;
     const uint8_t* stage = P + static_cast<size_t>(s % p.lm_stages) * lm_slot;
-    if constexpr (kQ) {
-      rows_dot<T>(stage, p.rbE, min(p.lm_rows, v1 - r0), p.E, in,
-                  [&](int i, float d) { p.logits[r0 + i] = d; });
-    } else {  // a row a warp
-      const int lane = tid & 31, w = tid >> 5;
-      if (r0 + w < v1) {
-        const float d = fr::smem_row_dot<T>(stage + static_cast<size_t>(w) * p.rbE, p.E,
-                                            reinterpret_cast<const float2*>(xs), xs, lane);
-        if (lane == 0) p.logits[r0 + w] = d;
-      }
-    }
+    rows_dot<T>(stage, p.rbE, min(p.lm_rows, v1 - r0), p.E, in,
+                [&](int i, float d) { p.logits[r0 + i] = d; });
     __syncthreads();
     issue_lm(s + p.lm_stages);
   }
@@ -833,10 +823,14 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   const size_t xs_b = xf_b + aq_b + (quant ? align16(widest / 32 * sizeof(float)) : 0);
   const size_t res_b = align16((share(E) + 2 * share(F)) * sizeof(float));
   constexpr size_t kStatic = 32 * sizeof(double) + 16 + (3 + kLmStages) * sizeof(uint64_t);
-  // The LM head's ring takes the P and G regions: as many stages as fit, at least 2.
-  const int lm_rows = quant ? kQ0LmRows : kWarps;
-  const size_t slot = static_cast<size_t>(lm_rows) * rbE;
+  // The LM head's ring takes the P and G regions: as many stages as fit, at least 2, of the
+  // most rows (64, 32, 16 or 8) of which 3 fit: each stage costs a wait, a barrier and a copy
+  // issue besides its rows (8-row stages of F16 rows measured 97 us for the 0.5B shape's 272
+  // MB, 2.8 TB/s; perf-notes v27).
   const size_t room = static_cast<size_t>(optin) - std::min<size_t>(optin, kStatic + xs_b + res_b);
+  int lm_rows = 64;
+  while (lm_rows > kWarps && room / (static_cast<size_t>(lm_rows) * rbE) < 3) lm_rows /= 2;
+  const size_t slot = static_cast<size_t>(lm_rows) * rbE;
   const int lm_stages = static_cast<int>(std::min<size_t>(kLmStages, room / slot));
   const size_t pg = std::max(p_b + gu_b, static_cast<size_t>(std::max(lm_stages, 2)) * slot);
   const size_t smem = pg + xs_b + res_b;
