@@ -4,9 +4,10 @@
 // kernel after the embedding; the blocks of the kernel after it start only once every block
 // of this one has passed its griddep_wait(), so nothing can hold an SM that a block of this
 // one still needs). Every op of a layer is split over the blocks: block c takes rows
-// [R c / G, R (c + 1) / G) of each product (G blocks), and blocks [0, n_head * C) the attention
-// (C blocks a head, in local mode: each computes all scores, no exchange between blocks). The
-// step runs while the keys fit local mode (DecodeStep::local_keys()); beyond, the engine takes
+// [R c / G, R (c + 1) / G) of each product (G blocks; rounded down to even rows where two rows
+// are the fewest whose bytes are a multiple of 16: part()), and blocks [0, n_head * C) the
+// attention (C blocks a head, in local mode: each computes all scores, no exchange between blocks).
+// The step runs while the keys fit local mode (DecodeStep::local_keys()); beyond, the engine takes
 // the launch-per-op step, whose attention blocks of a head are a hardware cluster that splits
 // the keys (one block a head here measured 747 / 583 / 404 tok/s at depth 1024 / 2048 / 4096
 // on the H100, 0.5B F16, against 1,044 at 512: perf-notes v19).
@@ -19,15 +20,17 @@
 //
 // Weights before the wait: shared memory is four regions, P (Wo + Q/K/V, the attention's
 // shared arrays over the Q/K/V tile, then the down tile), G (gate + up), XS (the op's input,
-// rounded for its weights) and a small one for the block's rows of x (the residual adds read
-// no global memory) and its gate / up dots. Thread 0 copies the block's rows of the next ops'
-// matrices into P and G with TMA bulk copies (cp.async.bulk, an mbarrier counting the bytes;
-// L2 evict-first, the weights are read once a step) as soon as the region is free:
+// rounded for its weights, or its Q8_0 quants and scales) and a small one for the block's rows of x
+// (the residual adds read no global memory) and its gate / up dots. Thread 0 copies the block's
+// rows of the next ops' matrices into P and G with TMA bulk copies (cp.async.bulk, an mbarrier
+// counting the bytes; L2 evict-first, the weights are read once a step) as soon as the region is
+// free:
 //   after down (l - 1):   P <- Wo (l), Q/K/V (l)
 //   after attention (l):  G <- gate, up (l)   (issued earlier, their 17 MB of loads slowed the
 //                                              norm and attention's latency-bound reads)
 //   after Wo (l):         P <- down (l)
-// After the last layer the LM head streams through P and G as a ring of 8-row stages.
+// After the last layer the LM head streams through P and G as a ring of stages of lm_rows rows
+// (64, 32, 16 or 8: the most of which three fit).
 //
 // Where a step's time goes is measured by the trace (enable_trace, bench/steptrace.py) and
 // written in reports/perf-notes.md (v11).
