@@ -10,7 +10,9 @@ per decode step: uint64 {n_layer, points, blocks}, then uint64 [n_layer + 1][poi
 wait for the previous layer's down), 1 norm done, 2 Q/K/V done, 3 attention inputs ready
 (attention blocks only; 0 in the others), 4 attention done, 5 Wo start, 6 Wo done, 7 gate+up
 start, 8 norm done, 9 gate+up done, 10 down start, 11 down done, 12-16 the attention's phases
-(RoPE, scores, exps, softmax sum, KQV; attention blocks); layer n_layer: 0 the LM head's start,
+(RoPE, scores, exps, softmax sum, KQV; attention blocks), 17 down's input staged, 18 down's
+input quantized (quantized weights; float weights stamp 17 and 18 together), so that down is
+stage (10-17), quantize (17-18) and rows (18-11); layer n_layer: 0 the LM head's start,
 1 its norm done, 2 its end. Prints, averaged over layers and steps (microseconds): each op's
 compute time (median and slowest block), each counter's latency from the last block's arrival to
 the median block's release, the attention's phases, the layer and the LM head.
@@ -26,6 +28,7 @@ WAITS = [("Q/K/V -> attn", 2, 3), ("attn -> Wo", 4, 5), ("Wo -> gate+up", 6, 7),
          ("gate+up -> down", 9, 10)]
 PHASES = [(3, 12, "RoPE"), (12, 13, "scores"), (13, 14, "exps"), (14, 15, "softmax sum"),
           (15, 16, "KQV"), (16, 4, "reduce, out")]
+DOWN = [("down: stage", 10, 17), ("down: quantize", 17, 18), ("down: rows", 18, 11)]
 
 
 def read(path):
@@ -70,6 +73,9 @@ def analyse(recs):
         for a, b, name in PHASES:
             out["attention " + name] = mean(
                 lambda t, l: statistics.median(diff(t, l, a, b, only=12) or [0]))
+    if P >= 19:
+        for name, a, b in DOWN:
+            out[name] = mean(lambda t, l: statistics.median(diff(t, l, a, b)))
     out["LM head"] = statistics.fmean(statistics.median(t[L][2]) - statistics.median(t[L][0])
                                       for _, _, _, t in recs) / 1000
     out["step"] = statistics.fmean(max(t[L][2]) - min(t[0][0]) for _, _, _, t in recs) / 1000
@@ -86,6 +92,9 @@ def main():
     print(f"{len(recs) - skip} steps, {L} layers, {G} blocks; per layer, us:")
     for name, _, _ in OPS:
         print(f"  {name:16s} median block {r[name]:6.2f}  slowest {r[name + ' slowest']:6.2f}")
+    for name, _, _ in DOWN:
+        if name in r:
+            print(f"    {name:14s} median block {r[name]:6.2f}")
     print(f"  {'attention':16s} slowest {r['attention slowest']:6.2f}")
     for name in [w[0] for w in WAITS] + ["down -> next"]:
         print(f"  wait {name:16s} last arrival -> median release {r['wait ' + name]:6.2f}")

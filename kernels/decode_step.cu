@@ -4,8 +4,7 @@
 // kernel after the embedding; the blocks of the kernel after it start only once every block
 // of this one has passed its griddep_wait(), so nothing can hold an SM that a block of this
 // one still needs). Every op of a layer is split over the blocks: block c takes rows
-// [R c / G, R (c + 1) / G) of each product (G blocks; rounded down to even rows where two rows
-// are the fewest whose bytes are a multiple of 16: part()), and blocks [0, n_head * C) the
+// [R c / G, R (c + 1) / G) of each product (G blocks: part()), and blocks [0, n_head * C) the
 // attention (C blocks a head, in local mode: each computes all scores, no exchange between blocks).
 // The step runs while the keys fit local mode (DecodeStep::local_keys()); beyond, the engine takes
 // the launch-per-op step, whose attention blocks of a head are a hardware cluster that splits
@@ -24,7 +23,8 @@
 // (the residual adds read no global memory) and its gate / up dots. Thread 0 copies the block's
 // rows of the next ops' matrices into P and G with TMA bulk copies (cp.async.bulk, an mbarrier
 // counting the bytes; L2 evict-first, the weights are read once a step) as soon as the region is
-// free:
+// free (a block's rows of a matrix as the 16-byte units that hold them: Span; rows of Q8_0,
+// Q5_0 or Q6_K need not start at a multiple of 16 bytes, the tile then starts at an offset):
 //   after down (l - 1):   P <- Wo (l), Q/K/V (l)
 //   after attention (l):  G <- gate, up (l)   (issued earlier, their 17 MB of loads slowed the
 //                                              norm and attention's latency-bound reads)
@@ -39,11 +39,13 @@
 // the certainty check (thread k summing columns k, k + 256, ...), each matrix row in the vec_dot
 // order of matvec1_float (fr::smem_rows_dot: independent rows interleaved, each row's chains
 // unchanged), SwiGLU (math::swiglu_one, a thread per row after the dots), the activation
-// roundings, and attn_decode_block for the attention. Q8_0 / Q5_0 weights: every block
-// quantizes the op's whole input as quantize_row_q8_0 (qm::act_q8_0_from) into shared memory,
-// and each row is matvec1_quant's dot_q0_lanes (8 lane chains over the blocks in order, a
-// thread each, then hsum_float_8; q0_rows); the attention output and the SwiGLU output stay
-// unrounded floats, quantized by every block when staged for Wo and down.
+// roundings, and attn_decode_block for the attention. Quantized weights (a type per matrix):
+// for Q8_0 / Q5_0 every block quantizes the op's whole input as quantize_row_q8_0
+// (qm::act_q8_0_from) into shared memory, and each row is matvec1_quant's dot_q0_lanes (8 lane
+// chains over the blocks in order, a thread each, then hsum_float_8; q0_rows); for a Q4_K /
+// Q6_K down the input is quantized as quantize_row_q8_K (qm::act_q8_k_from) and the rows are
+// matvec1_quant's long rows (qd::long_row_dots: the same code). The attention output and the
+// SwiGLU output stay unrounded floats, quantized by every block when staged for Wo and down.
 //
 // Compiled with -fmad=false: every product / sum / fma is explicit.
 #include <cuda_bf16.h>
@@ -74,20 +76,39 @@ constexpr int kOps = 5;  // counters a layer: Q/K/V, attention, Wo, gate + up, d
 // a thread of the last warp, the block's next barrier waited 2-3 us longer after the Wo and
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
 constexpr int kIssuer = 0;
-constexpr int kTracePoints = 17;  // a layer's timestamps (DecodeStep::read_trace)
+constexpr int kTracePoints = 19;  // a layer's timestamps (DecodeStep::read_trace)
 constexpr int kLmStages = 8;      // LM head ring: at most this many stages of lm_rows rows
 // Quantized weights (Q8_0, Q5_0: the reference's dot_q0_lanes, 8 lane chains a row): 8
 // threads a row, 32 rows at once.
 constexpr int kQ0Chains = 8;
 
+// The kernel's weight type: F32, F16 or BF16 (every matrix that type), or Q8_0 for the
+// quantized family: a type per matrix (StepLayer::t), Q8_0 or Q5_0, and FFN down also Q4_K
+// or Q6_K (llama.cpp's Q4_K_M mix of a model whose 896-column rows fall back from the
+// K-quants to Q5_0 / Q8_0).
 template <GgmlType T>
-__host__ __device__ constexpr bool q0_type() {
-  return T == GgmlType::Q8_0 || T == GgmlType::Q5_0;
+__host__ __device__ constexpr bool quant_family() {
+  return T == GgmlType::Q8_0;
 }
+__host__ __device__ constexpr bool k_quant(uint32_t t) {
+  return t == static_cast<uint32_t>(GgmlType::Q4_K) || t == static_cast<uint32_t>(GgmlType::Q6_K);
+}
+
+// A layer's matrices in StepLayer's arrays.
+enum Mat : int { kMq = 0, kMk, kMv, kMo, kMgate, kMup, kMdown, kMats };
+
+// A layer's matrix types (GgmlType) and bytes a row: the kernel copies every layer's into
+// shared memory before its first wait (read by every op: from the table in global memory
+// each read would be a round trip on the op's critical path).
+struct Shape {
+  uint32_t t[kMats];
+  uint32_t rb[kMats];
+};
 
 template <class KT>
 struct StepLayer {
-  const uint8_t *wq, *wk, *wv, *wo, *gate, *up, *down;
+  const uint8_t* w[kMats];  // Q, K, V, Wo, gate, up, down
+  Shape sh;
   const float *attn_norm, *ffn_norm;
   DecArgs<KT> attn;
 };
@@ -97,28 +118,55 @@ struct StepParams {
   const StepLayer<KT>* layers;
   int n_layer;
   int E, QD, KD, F, V;   // n_embd, n_head * head_dim, n_head_kv * head_dim, n_ff, vocab
-  int n_head, cv;        // heads; blocks a head in local mode
-  size_t rbE, rbQ, rbF;  // bytes of a row of E, QD, F columns
+  int n_head, cv;  // heads; blocks a head in local mode
   float eps;
   const float* out_norm;
   const uint8_t* out_w;
+  uint32_t out_t, out_rb;  // the output matrix's type and bytes a row
+  int down_rep;            // a Q4_K down sums in the repack order (repacked(Q4_K, E))
   float *x, *q, *k, *v, *att, *act_att, *act_g, *logits;
   unsigned* sync;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
   unsigned off_res;                 // the block's rows of x (Wo / down residual) and gate / up dots
-  unsigned off_aq, off_ad;          // quantized weights: the input's Q8_0 quants and scales
-  int rg;                           // row granule: a block's rows start at a multiple (1 or 2)
+  unsigned off_aq, off_ad;          // quantized weights: the input's Q8_0 / Q8_K quants, scales
+  unsigned off_abs;                 // a K-quant down: the Q8_K input's sums of 16
+  unsigned off_sf;                  // a K-quant down: long_row_dots' slot arrays (P and G)
+  unsigned off_shape;               // every layer's Shape
   int lm_stages;                    // 2 .. kLmStages: what fits in P and G
   int lm_rows;                      // rows a stage of the LM head
   uint64_t* trace;                  // nullptr, or kTracePoints timestamps a layer per block
 };
 
-// Block c's first row of `rows` (c = G: rows): a multiple of g, so that a block's rows start
-// 16-byte aligned when two rows are (Q8_0 rows of 896 columns are 952 bytes); the last block
-// takes an odd row count's last row.
-__device__ __forceinline__ int part(int rows, int c, int G, int g) {
-  return c == G ? rows : g * static_cast<int>(static_cast<long long>(rows / g) * c / G);
+// Block c's first row of `rows` (c = G: rows).
+__device__ __forceinline__ int part(int rows, int c, int G) {
+  return static_cast<int>(static_cast<long long>(rows) * c / G);
+}
+
+__host__ __device__ constexpr size_t align16(size_t n) {
+  return (n + 15) & ~size_t{15};
+}
+// A block's rows [r0, r1) of a matrix of rb bytes a row as the bulk copy moves them: the
+// 16-byte units that hold them, `bytes` from byte `lo` of the matrix, row r0 at byte `off` of
+// the copy (0 when rows are multiples of 16 bytes). The matrices lie in the weights' arena,
+// which aligns every tensor to 256 bytes (worker/cuda/device_buffer.h): the unit that holds a
+// matrix's last byte is inside the allocation.
+struct Span {
+  size_t lo;
+  unsigned bytes, off;
+};
+__host__ __device__ inline Span span_of(size_t rb, int r0, int r1) {
+  if (r1 <= r0) return {0, 0, 0};
+  const size_t a = static_cast<size_t>(r0) * rb, b = static_cast<size_t>(r1) * rb;
+  const size_t lo = a & ~size_t{15};
+  return {lo, static_cast<unsigned>(align16(b) - lo), static_cast<unsigned>(a - lo)};
+}
+// Shared bytes of the slot a copy of n rows lands in: exactly the rows when they are
+// multiples of 16 bytes (consecutive slots are then one tile), else the units with the
+// start's offset and 16 bytes past the end (qd::rd32 reads the word after a row's last).
+__host__ __device__ inline size_t slot_bytes(int n, size_t rb) {
+  if (n <= 0) return 0;
+  return rb % 16 == 0 ? static_cast<size_t>(n) * rb : align16(static_cast<size_t>(n) * rb) + 32;
 }
 
 // ---- counters ----------------------------------------------------------------------------
@@ -209,11 +257,6 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, size_t byt
       "l"(src), "r"(static_cast<unsigned>(bytes)), "r"(saddr(bar)), "l"(evict_first_policy())
       : "memory");
 }
-// Bytes of rows [r0, r1) (0 when empty).
-__device__ __forceinline__ size_t rows_bytes(size_t rb, int r0, int r1) {
-  return r1 > r0 ? static_cast<size_t>(r1 - r0) * rb : 0;
-}
-
 // for_each_batched (common.cuh) over n floats other blocks wrote (through L2).
 template <class F>
 __device__ __forceinline__ void for_each_l2(const float* src, int n, F&& f) {
@@ -308,6 +351,21 @@ __device__ __forceinline__ void quantize_q8_0(const float* xs, int n, int8_t* aq
   __syncthreads();
 }
 
+// A K-quant down's input xs[0 .. n) (n % 256 == 0) as the reference quantizes it for Q4_K /
+// Q6_K weights (quantize_row_q8_K: qm::act_q8_k_from, a warp a super-block) into aq / ad / abs.
+// Every thread of the block calls it.
+__device__ __forceinline__ void quantize_q8_k(const float* xs, int n, int8_t* aq, float* ad,
+                                              int32_t* abs) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, w = static_cast<int>(threadIdx.x) >> 5;
+  for (int k = w; k < n / 256; k += kWarps) {  // warp-uniform
+    const float4* xp = reinterpret_cast<const float4*>(xs + 256 * k + 8 * lane);
+    const float4 a = xp[0], b = xp[1];
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    qm::act_q8_k_from(v, aq, ad, abs, static_cast<size_t>(k));
+  }
+  __syncthreads();
+}
+
 // 32-bit word at byte offset `off` (even) of the 4-byte aligned words w: a funnel of two
 // words at a 2-byte offset.
 __device__ __forceinline__ uint32_t word_at(const uint32_t* w, int off) {
@@ -336,32 +394,57 @@ __device__ __forceinline__ void q0_pair(const uint32_t* pw, int c, uint32_t y0, 
   }
 }
 
-// out(i, dot of row i) for the nr rows at rowp(i) (shared memory, 4-byte aligned) of `units`
-// 32-blocks (even), Q8_0 / Q5_0 weights against the input's quants aq (as words) and scales
-// ad: bit for bit dot_q0_lanes (matvec1_quant's qd:: decomposition, unit_slots / chain_pass /
-// combine): thread (row i, chain c) runs chain c over the blocks in order, acc = fma(d_w *
-// d_a, float(int of elements 4c .. 4c + 3), acc), two blocks a step, and the row's 8 lanes
-// combine in hsum_float_8's tree.
-template <GgmlType T, class RowPtr, class Out>
-__device__ __forceinline__ void q0_rows(RowPtr rowp, int nr, int units, const uint32_t* aq,
-                                        const float* ad, Out&& out) {
+// Chain c of a row (pw: its words) over `units` 32-blocks (even), two blocks a step: acc =
+// fma(d_w * d_a, float(int of elements 4c .. 4c + 3), acc).
+template <GgmlType T>
+__device__ __forceinline__ float q0_chain(const uint32_t* pw, int units, int c, const uint32_t* ya,
+                                          const float2* da) {
   constexpr int kPairWords = qd::block_bytes<T>() / 2;  // 2 blocks = kPairWords words
+  float acc = 0.0f;
+#pragma unroll 2
+  for (int u = 0; u < units; u += 2, pw += kPairWords, ya += 2 * kQ0Chains, ++da) {
+    int s0, s1;
+    float dw0, dw1;
+    q0_pair<T>(pw, c, ya[0], ya[kQ0Chains], s0, s1, dw0, dw1);
+    const float2 a = *da;
+    acc = qm::lane_step(dw0 * a.x, s0, acc);
+    acc = qm::lane_step(dw1 * a.y, s1, acc);
+  }
+  return acc;
+}
+
+// A quantized row in shared memory (4-byte aligned) and whether it is Q8_0 (else Q5_0).
+struct QRow {
+  const uint8_t* p;
+  bool q8;
+};
+// q0_rows' rows: all Q8_0, all Q5_0 (the chain's type fixed at compile time: the loop has
+// no branch on it), or a type a row (QRow::q8).
+enum class Q0Rows { Q8_0, Q5_0, PerRow };
+
+// out(i, dot of row i) for the nr rows at(i) of `units` 32-blocks (even), Q8_0 / Q5_0 weights
+// against the input's quants aq (as words) and scales ad: bit for bit dot_q0_lanes
+// (matvec1_quant's qd:: decomposition, unit_slots / chain_pass / combine): thread (row i,
+// chain c) runs chain c over the blocks in order (q0_chain), and the row's 8 lanes combine in
+// hsum_float_8's tree.
+template <Q0Rows K, class RowAt, class Out>
+__device__ __forceinline__ void q0_rows(RowAt at, int nr, int units, const uint32_t* aq,
+                                        const float* ad, Out&& out) {
   const int tid = static_cast<int>(threadIdx.x), lane = tid & 31;
   for (int t0 = 0; t0 < kQ0Chains * nr; t0 += kThreads) {  // uniform over the block
     const int i = (t0 + tid) / kQ0Chains, c = (t0 + tid) % kQ0Chains;
     float acc = 0.0f;
     if (i < nr) {
-      const uint32_t* pw = reinterpret_cast<const uint32_t*>(rowp(i));
-      const uint32_t* ya = aq + c;
+      const QRow r = at(i);
+      const uint32_t* pw = reinterpret_cast<const uint32_t*>(r.p);
       const float2* da = reinterpret_cast<const float2*>(ad);
-#pragma unroll 2
-      for (int u = 0; u < units; u += 2, pw += kPairWords, ya += 2 * kQ0Chains, ++da) {
-        int s0, s1;
-        float dw0, dw1;
-        q0_pair<T>(pw, c, ya[0], ya[kQ0Chains], s0, s1, dw0, dw1);
-        const float2 a = *da;
-        acc = qm::lane_step(dw0 * a.x, s0, acc);
-        acc = qm::lane_step(dw1 * a.y, s1, acc);
+      if constexpr (K == Q0Rows::Q8_0) {
+        acc = q0_chain<GgmlType::Q8_0>(pw, units, c, aq + c, da);
+      } else if constexpr (K == Q0Rows::Q5_0) {
+        acc = q0_chain<GgmlType::Q5_0>(pw, units, c, aq + c, da);
+      } else {
+        acc = r.q8 ? q0_chain<GgmlType::Q8_0>(pw, units, c, aq + c, da)
+                   : q0_chain<GgmlType::Q5_0>(pw, units, c, aq + c, da);
       }
     }
     float v[kQ0Chains];
@@ -379,13 +462,18 @@ struct StepIn {
   const float* ad;
 };
 
-// out(i, dot of row i) for the nr rows of a tile (row i at tile + i rb) of `cols` columns.
+// out(i, dot of row i) for the nr rows of one matrix (type t, rb bytes a row) at tile (its
+// span's offset included), `cols` columns.
 template <GgmlType T, class Out>
-__device__ __forceinline__ void rows_dot(const uint8_t* tile, size_t rb, int nr, int cols,
-                                         const StepIn& in, Out&& out) {
-  if constexpr (q0_type<T>()) {
-    q0_rows<T>([&](int i) { return tile + static_cast<size_t>(i) * rb; }, nr, cols / 32, in.aq,
-               in.ad, out);
+__device__ __forceinline__ void rows_dot(const uint8_t* tile, uint32_t t, size_t rb, int nr,
+                                         int cols, const StepIn& in, Out&& out) {
+  if constexpr (quant_family<T>()) {
+    const auto at = [=](int i) { return QRow{tile + static_cast<size_t>(i) * rb, true}; };
+    if (t == static_cast<uint32_t>(GgmlType::Q8_0)) {
+      q0_rows<Q0Rows::Q8_0>(at, nr, cols / 32, in.aq, in.ad, out);
+    } else {
+      q0_rows<Q0Rows::Q5_0>(at, nr, cols / 32, in.aq, in.ad, out);
+    }
   } else {
     tile_rows<T>(tile, rb, nr, cols, in.xs, out);
   }
@@ -394,7 +482,7 @@ __device__ __forceinline__ void rows_dot(const uint8_t* tile, size_t rb, int nr,
 template <GgmlType T, class KV>
 __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typename KV::T> p) {
   using KT = typename KV::T;
-  constexpr bool kQ = q0_type<T>();
+  constexpr bool kQuant = quant_family<T>();
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ double shd[32];
   __shared__ float sh_mean;
@@ -412,62 +500,77 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   // Quantized weights: the input in xs quantized (its floats are the reference's before
   // quantize_row_q8_0: the norm's output, Wo's and down's inputs unrounded).
   const auto quantize = [&](int n) {
-    if constexpr (kQ) quantize_q8_0(xs, n, aq, ad);
+    if constexpr (kQuant) quantize_q8_0(xs, n, aq, ad);
   };
   // xres: this block's rows [e0, e1) of x, as the norm read them or Wo / down wrote them (the
   // residual adds need no global load), then its gate and up dots before the SwiGLU (gd).
   float* const xres = reinterpret_cast<float*>(smem + p.off_res);
   const int QKD = p.QD + 2 * p.KD;
+  Shape* const shapes = reinterpret_cast<Shape*>(smem + p.off_shape);
   // this block's rows of each product
-  const int e0 = part(p.E, c, G, p.rg), e1 = part(p.E, c + 1, G, p.rg);  // Wo, down
-  const int k0 = part(QKD, c, G, p.rg), k1 = part(QKD, c + 1, G, p.rg);  // Q/K/V
-  const int f0 = part(p.F, c, G, p.rg), f1 = part(p.F, c + 1, G, p.rg);  // gate, up
-  const int v0 = part(p.V, c, G, p.rg), v1 = part(p.V, c + 1, G, p.rg);  // LM head
+  const int e0 = part(p.E, c, G), e1 = part(p.E, c + 1, G);  // Wo, down
+  const int k0 = part(QKD, c, G), k1 = part(QKD, c + 1, G);  // Q/K/V
+  const int f0 = part(p.F, c, G), f1 = part(p.F, c + 1, G);  // gate, up
+  const int v0 = part(p.V, c, G), v1 = part(p.V, c + 1, G);  // LM head
 
-  // kIssuer issues the copies of layer L's P tiles (after a barrier of the block).
-  const auto issue_p = [&](const StepLayer<KT>& L) {
-    if (tid != kIssuer) return;
-    fence_async_smem();
-    const size_t wo_b = rows_bytes(p.rbQ, e0, e1), qkv_b = rows_bytes(p.rbE, k0, k1);
-    mbar_expect(&bar_p, static_cast<unsigned>(wo_b + qkv_b));
-    bulk_copy(P, L.wo + static_cast<size_t>(e0) * p.rbQ, wo_b, &bar_p);
-    const uint8_t* ws[3] = {L.wq, L.wk, L.wv};
-    const int lo[4] = {0, p.QD, p.QD + p.KD, QKD};
+  // Q/K/V: segment s (Q, K, V) holds this block's rows [max(k0, lo[s]), min(k1, lo[s + 1]))
+  // of matrix s (rows r0 .. r1 of it), copied as `sp` into P at `at` (the slots follow
+  // each other from off_qkv).
+  const int lo[4] = {0, p.QD, p.QD + p.KD, QKD};
+  struct Seg {
+    Span sp;
+    unsigned at;
+    int s0;  // the segment's first row of the block's Q/K/V rows (k0 .. k1)
+  };
+  const auto qkv_segs = [&](const Shape& sh, Seg (&sg)[3]) {
+    unsigned at = p.off_qkv;
     for (int s = 0; s < 3; ++s) {
       const int s0 = max(k0, lo[s]), s1 = min(k1, lo[s + 1]);
-      bulk_copy(P + p.off_qkv + rows_bytes(p.rbE, k0, s0),
-                ws[s] + static_cast<size_t>(max(0, s0 - lo[s])) * p.rbE, rows_bytes(p.rbE, s0, s1),
-                &bar_p);
+      sg[s] = {span_of(sh.rb[s], s0 - lo[s], s1 - lo[s]), at, s0};
+      at += static_cast<unsigned>(slot_bytes(s1 - s0, sh.rb[s]));
     }
   };
-  // ... and of its G tiles.
-  const auto issue_g = [&](const StepLayer<KT>& L) {
+  // kIssuer issues the copies of layer l's P tiles (after a barrier of the block).
+  const auto issue_p = [&](int l) {
     if (tid != kIssuer) return;
     fence_async_smem();
-    const size_t gu_b = rows_bytes(p.rbE, f0, f1);
-    mbar_expect(&bar_g, static_cast<unsigned>(2 * gu_b));
-    bulk_copy(Gr, L.gate + static_cast<size_t>(f0) * p.rbE, gu_b, &bar_g);
-    bulk_copy(Gr + gu_b, L.up + static_cast<size_t>(f0) * p.rbE, gu_b, &bar_g);
+    const StepLayer<KT>& L = p.layers[l];
+    const Shape& sh = shapes[l];
+    const Span wo = span_of(sh.rb[kMo], e0, e1);
+    Seg sg[3];
+    qkv_segs(sh, sg);
+    mbar_expect(&bar_p, wo.bytes + sg[0].sp.bytes + sg[1].sp.bytes + sg[2].sp.bytes);
+    bulk_copy(P, L.w[kMo] + wo.lo, wo.bytes, &bar_p);
+    for (int s = 0; s < 3; ++s) bulk_copy(P + sg[s].at, L.w[s] + sg[s].sp.lo, sg[s].sp.bytes, &bar_p);
+  };
+  // ... and of its G tiles: gate at 0, up after the gate's slot.
+  const auto up_at = [&](const Shape& sh) {
+    return static_cast<unsigned>(slot_bytes(f1 - f0, sh.rb[kMgate]));
+  };
+  const auto issue_g = [&](int l) {
+    if (tid != kIssuer) return;
+    fence_async_smem();
+    const StepLayer<KT>& L = p.layers[l];
+    const Shape& sh = shapes[l];
+    const Span gs = span_of(sh.rb[kMgate], f0, f1), us = span_of(sh.rb[kMup], f0, f1);
+    mbar_expect(&bar_g, gs.bytes + us.bytes);
+    bulk_copy(Gr, L.w[kMgate] + gs.lo, gs.bytes, &bar_g);
+    bulk_copy(Gr + up_at(sh), L.w[kMup] + us.lo, us.bytes, &bar_g);
   };
   // LM head: stage s holds rows v0 + lm_rows s .. (lm_rows rows), in slot s % lm_stages
   const int lm_chunks = (v1 - v0 + p.lm_rows - 1) / p.lm_rows;
-  const size_t lm_slot = static_cast<size_t>(p.lm_rows) * p.rbE;
+  const size_t lm_slot = slot_bytes(p.lm_rows, p.out_rb);
+  const auto lm_span = [&](int s) {
+    const int r0 = v0 + p.lm_rows * s;
+    return span_of(p.out_rb, r0, min(v1, r0 + p.lm_rows));
+  };
   const auto issue_lm = [&](int s) {  // kIssuer, after a barrier of the block
     if (tid != kIssuer || s >= lm_chunks) return;
     fence_async_smem();
-    const int r0 = v0 + p.lm_rows * s, r1 = min(v1, r0 + p.lm_rows);
-    const size_t b = rows_bytes(p.rbE, r0, r1), bulk = b & ~size_t{15};
-    uint8_t* const dst = P + static_cast<size_t>(s % p.lm_stages) * lm_slot;
-    const uint8_t* const src = p.out_w + static_cast<size_t>(r0) * p.rbE;
-    // An odd row count of rows not a multiple of 16 bytes (the last block, an odd vocabulary):
-    // the bulk copy's whole 16-byte units, the rest (< 16 bytes, even) by this thread; its
-    // stores are seen by the block after the barriers before the stage is read (>= 1: the
-    // stage is read lm_stages >= 2 stages later, or after the final norm).
-    for (size_t i = bulk; i < b; i += 2) {
-      *reinterpret_cast<uint16_t*>(dst + i) = *reinterpret_cast<const uint16_t*>(src + i);
-    }
-    mbar_expect(&bar_lm[s % p.lm_stages], static_cast<unsigned>(bulk));
-    bulk_copy(dst, src, bulk, &bar_lm[s % p.lm_stages]);
+    const Span sp = lm_span(s);
+    mbar_expect(&bar_lm[s % p.lm_stages], sp.bytes);
+    bulk_copy(P + static_cast<size_t>(s % p.lm_stages) * lm_slot, p.out_w + sp.lo, sp.bytes,
+              &bar_lm[s % p.lm_stages]);
   };
 
   if (tid == 0) {
@@ -477,8 +580,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     for (auto& b : bar_lm) mbar_init(&b);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
+  for (int i = tid; i < p.n_layer; i += kThreads) shapes[i] = p.layers[i].sh;  // host-written
   __syncthreads();
-  issue_p(p.layers[0]);
+  issue_p(0);
   // n_past: the step's io, copied before the embedding kernel (which this launch follows)
   const int n_past = p.d_n_past[0];
   if (n_past + 1 > p.layers[0].attn.local_keys) __trap();  // the engine's contract: local mode
@@ -492,6 +596,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   };
   for (int l = 0; l < p.n_layer; ++l) {
     const StepLayer<KT>& L = p.layers[l];
+    const Shape& sh = shapes[l];
     unsigned* const ctr = p.sync + static_cast<size_t>(kOps) * l;
     // ---- RMSNorm + Q/K/V ----
     if (l > 0) wait_for(ctr - 1, Gu);  // down (l - 1)
@@ -500,7 +605,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     quantize(p.E);
     stamp(p.trace, l, 1);
     mbar_wait(&bar_p, static_cast<unsigned>(l & 1));  // P: Wo, Q/K/V
-    rows_dot<T>(P + p.off_qkv, p.rbE, k1 - k0, p.E, in, [&](int i, float d) {
+    const auto qkv_out = [&](int i, float d) {
       const int r = k0 + i;
       if (r < p.QD) {
         p.q[r] = d;
@@ -509,7 +614,25 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
       } else {
         p.v[r - p.QD - p.KD] = d;
       }
-    });
+    };
+    if constexpr (kQuant) {  // the three segments' rows, each with its matrix's type
+      Seg sg[3];
+      qkv_segs(sh, sg);
+      const auto seg_row = [&](const Seg& g, int m, int r) {
+        return QRow{P + g.at + g.sp.off + static_cast<size_t>(r - g.s0) * sh.rb[m],
+                    sh.t[m] == static_cast<uint32_t>(GgmlType::Q8_0)};
+      };
+      q0_rows<Q0Rows::PerRow>(
+          [&](int i) {  // constant indices: sg stays in registers
+            const int r = k0 + i;
+            return r < lo[1]   ? seg_row(sg[0], kMq, r)
+                   : r < lo[2] ? seg_row(sg[1], kMk, r)
+                               : seg_row(sg[2], kMv, r);
+          },
+          k1 - k0, p.E / 32, in.aq, in.ad, qkv_out);
+    } else {  // float rows are multiples of 16 bytes: the three slots are one tile
+      rows_dot<T>(P + p.off_qkv, sh.t[kMq], sh.rb[kMq], k1 - k0, p.E, in, qkv_out);
+    }
     stamp(p.trace, l, 2);
     arrive(ctr + 0);
     // ---- attention (the shared arrays over the Q/K/V tile) ----
@@ -528,20 +651,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     }
     stamp(p.trace, l, 4);
     arrive(ctr + 1);
-    issue_g(L);  // after the attention: its latency-bound loads do not queue behind these
+    issue_g(l);  // after the attention: its latency-bound loads do not queue behind these
     // ---- Wo: x += Wo att ----
     wait_for(ctr + 1, Gu);
     stamp(p.trace, l, 5);
-    stage_l2(xs, kQ ? p.att : p.act_att, p.QD);
+    stage_l2(xs, kQuant ? p.att : p.act_att, p.QD);
     quantize(p.QD);
-    rows_dot<T>(P, p.rbQ, e1 - e0, p.QD, in, add_residual);
+    rows_dot<T>(P + span_of(sh.rb[kMo], e0, e1).off, sh.t[kMo], sh.rb[kMo], e1 - e0, p.QD, in,
+                add_residual);
     stamp(p.trace, l, 6);
     arrive(ctr + 2);
+    const Span ds = span_of(sh.rb[kMdown], e0, e1);
     if (tid == kIssuer) {  // P is free: Wo and the attention are done
       fence_async_smem();
-      const size_t b = rows_bytes(p.rbF, e0, e1);
-      mbar_expect(&bar_d, static_cast<unsigned>(b));
-      bulk_copy(P, L.down + static_cast<size_t>(e0) * p.rbF, b, &bar_d);
+      mbar_expect(&bar_d, ds.bytes);
+      bulk_copy(P, L.w[kMdown] + ds.lo, ds.bytes, &bar_d);
     }
     // ---- RMSNorm + gate + up + SwiGLU ----
     wait_for(ctr + 2, Gu);
@@ -552,35 +676,51 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     mbar_wait(&bar_g, static_cast<unsigned>(l & 1));  // G: gate, up
     // the dots into gd (after the block's rows of x), then the SwiGLU with a thread per row
     float* const gd = xres + (e1 - e0);
-    if constexpr (kQ) {  // gate rows then up rows, contiguous in G: one tile of 2 nr rows
+    {
       const int nr = f1 - f0;
-      rows_dot<T>(Gr, p.rbE, 2 * nr, p.E, in,
-                  [&](int i, float d) { gd[i < nr ? 2 * i : 2 * (i - nr) + 1] = d; });
-    } else {
-      const int lane = tid & 31, w = tid >> 5, nr = f1 - f0;
-      const float2* xp = reinterpret_cast<const float2*>(xs);
-      const uint8_t* up = Gr + static_cast<size_t>(nr) * p.rbE;
-      const auto out = [&](int i, float dg, float du) {
-        gd[2 * i] = dg;
-        gd[2 * i + 1] = du;
-      };
-      int i = w;
-      for (; i + kWarps < nr; i += 2 * kWarps) {  // rows i and i + 8: four chains at once
-        const size_t o = static_cast<size_t>(i) * p.rbE, o2 = o + kWarps * p.rbE;
-        const uint8_t* const rows[4] = {Gr + o, up + o, Gr + o2, up + o2};
-        float d[4];
-        fr::smem_rows_dot<T, 4>(rows, p.E, xp, xs, lane, d);
-        if (lane == 0) {
-          out(i, d[0], d[1]);
-          out(i + kWarps, d[2], d[3]);
+      const uint8_t* const gt = Gr + span_of(sh.rb[kMgate], f0, f1).off;
+      const uint8_t* const ut = Gr + up_at(sh) + span_of(sh.rb[kMup], f0, f1).off;
+      if constexpr (kQuant) {  // gate rows then up rows: one set of 2 nr rows
+        const bool gq8 = sh.t[kMgate] == static_cast<uint32_t>(GgmlType::Q8_0);
+        const bool uq8 = sh.t[kMup] == static_cast<uint32_t>(GgmlType::Q8_0);
+        const auto at = [&](int i) {
+          return i < nr ? QRow{gt + static_cast<size_t>(i) * sh.rb[kMgate], gq8}
+                        : QRow{ut + static_cast<size_t>(i - nr) * sh.rb[kMup], uq8};
+        };
+        const auto out = [&](int i, float d) { gd[i < nr ? 2 * i : 2 * (i - nr) + 1] = d; };
+        if (gq8 != uq8) {
+          q0_rows<Q0Rows::PerRow>(at, 2 * nr, p.E / 32, in.aq, in.ad, out);
+        } else if (gq8) {
+          q0_rows<Q0Rows::Q8_0>(at, 2 * nr, p.E / 32, in.aq, in.ad, out);
+        } else {
+          q0_rows<Q0Rows::Q5_0>(at, 2 * nr, p.E / 32, in.aq, in.ad, out);
         }
-      }
-      if (i < nr) {
-        const size_t o = static_cast<size_t>(i) * p.rbE;
-        const uint8_t* const rows[2] = {Gr + o, up + o};
-        float d[2];
-        fr::smem_rows_dot<T, 2>(rows, p.E, xp, xs, lane, d);
-        if (lane == 0) out(i, d[0], d[1]);
+      } else {
+        const int lane = tid & 31, w = tid >> 5;
+        const size_t rb = sh.rb[kMgate];
+        const float2* xp = reinterpret_cast<const float2*>(xs);
+        const auto out = [&](int i, float dg, float du) {
+          gd[2 * i] = dg;
+          gd[2 * i + 1] = du;
+        };
+        int i = w;
+        for (; i + kWarps < nr; i += 2 * kWarps) {  // rows i and i + 8: four chains at once
+          const size_t o = static_cast<size_t>(i) * rb, o2 = o + kWarps * rb;
+          const uint8_t* const rows[4] = {gt + o, ut + o, gt + o2, ut + o2};
+          float d[4];
+          fr::smem_rows_dot<T, 4>(rows, p.E, xp, xs, lane, d);
+          if (lane == 0) {
+            out(i, d[0], d[1]);
+            out(i + kWarps, d[2], d[3]);
+          }
+        }
+        if (i < nr) {
+          const size_t o = static_cast<size_t>(i) * rb;
+          const uint8_t* const rows[2] = {gt + o, ut + o};
+          float d[2];
+          fr::smem_rows_dot<T, 2>(rows, p.E, xp, xs, lane, d);
+          if (lane == 0) out(i, d[0], d[1]);
+        }
       }
     }
     __syncthreads();
@@ -595,13 +735,45 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     wait_for(ctr + 3, Gu);
     stamp(p.trace, l, 10);
     stage_l2(xs, p.act_g, p.F);
-    quantize(p.F);
-    mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
-    rows_dot<T>(P, p.rbF, e1 - e0, p.F, in, add_residual);
+    stamp(p.trace, l, 17);
+    const uint32_t td = sh.t[kMdown];
+    const uint8_t* const dt = P + ds.off;
+    if constexpr (kQuant) {
+      if (k_quant(td)) {  // Q8_K input; the long rows' slots of all units at once, then chains
+        int32_t* const abs = reinterpret_cast<int32_t*>(smem + p.off_abs);
+        quantize_q8_k(xs, p.F, aq, ad, abs);
+        stamp(p.trace, l, 18);
+        mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
+        const int nr = e1 - e0, units = p.F / 32;
+        int* const S = reinterpret_cast<int*>(smem + p.off_sf);
+        float* const F = reinterpret_cast<float*>(S + static_cast<size_t>(nr) * units * qd::kSlotStride);
+        const size_t rb = sh.rb[kMdown];
+        const auto row = [&](int r) { return dt + static_cast<size_t>(r) * rb; };
+        if (td == static_cast<uint32_t>(GgmlType::Q6_K)) {
+          qd::long_row_dots<GgmlType::Q6_K, false, kThreads>(row, nr, units, aq, ad, abs, S, F,
+                                                             add_residual);
+        } else if (p.down_rep != 0) {
+          qd::long_row_dots<GgmlType::Q4_K, true, kThreads>(row, nr, units, aq, ad, abs, S, F,
+                                                            add_residual);
+        } else {
+          qd::long_row_dots<GgmlType::Q4_K, false, kThreads>(row, nr, units, aq, ad, abs, S, F,
+                                                             add_residual);
+        }
+      } else {
+        quantize(p.F);
+        stamp(p.trace, l, 18);
+        mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
+        rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
+      }
+    } else {
+      stamp(p.trace, l, 18);
+      mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
+      rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
+    }
     stamp(p.trace, l, 11);
     arrive(ctr + 4);
     if (l + 1 < p.n_layer) {
-      issue_p(p.layers[l + 1]);
+      issue_p(l + 1);
     } else {
       for (int s = 0; s < p.lm_stages; ++s) issue_lm(s);
     }
@@ -615,8 +787,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   for (int s = 0; s < lm_chunks; ++s) {
     mbar_wait(&bar_lm[s % p.lm_stages], static_cast<unsigned>((s / p.lm_stages) & 1));
     const int r0 = v0 + p.lm_rows * s;
-    const uint8_t* stage = P + static_cast<size_t>(s % p.lm_stages) * lm_slot;
-    rows_dot<T>(stage, p.rbE, min(p.lm_rows, v1 - r0), p.E, in,
+    const uint8_t* stage = P + static_cast<size_t>(s % p.lm_stages) * lm_slot + lm_span(s).off;
+    rows_dot<T>(stage, p.out_t, p.out_rb, min(p.lm_rows, v1 - r0), p.E, in,
                 [&](int i, float d) { p.logits[r0 + i] = d; });
     __syncthreads();
     issue_lm(s + p.lm_stages);
@@ -639,10 +811,6 @@ void set_attrs(size_t smem) {
       cudaFuncSetAttribute(decode_step_kernel<T, KV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            static_cast<int>(smem)),
       "decode_step_kernel attributes", __FILE__, __LINE__);
-}
-
-size_t align16(size_t n) {
-  return (n + 15) & ~size_t{15};
 }
 
 // The layer table (either cache type) and the counters (kOps a layer + the exit count).
@@ -708,12 +876,12 @@ StepParams<KT> fill_params(const DecodeModel& m) {
   p.F = static_cast<int>(m.layers[0].gate.rows);
   p.V = static_cast<int>(m.output.rows);
   p.n_head = s.n_head;
-  p.rbE = m.layers[0].wq.row_bytes;
-  p.rbQ = m.layers[0].wo.row_bytes;
-  p.rbF = m.layers[0].down.row_bytes;
   p.eps = m.eps;
   p.out_norm = m.output_norm;
   p.out_w = static_cast<const uint8_t*>(m.output.data);
+  p.out_t = m.output.type;
+  p.out_rb = static_cast<uint32_t>(m.output.row_bytes);
+  p.down_rep = repacked(GgmlType::Q4_K, p.E) ? 1 : 0;
   p.x = m.x;
   p.q = m.q;
   p.k = m.k;
@@ -731,13 +899,12 @@ std::vector<StepLayer<KT>> layer_table(const DecodeModel& m) {
   std::vector<StepLayer<KT>> t;
   for (const DecodeLayer& d : m.layers) {
     StepLayer<KT> L = {};
-    L.wq = static_cast<const uint8_t*>(d.wq.data);
-    L.wk = static_cast<const uint8_t*>(d.wk.data);
-    L.wv = static_cast<const uint8_t*>(d.wv.data);
-    L.wo = static_cast<const uint8_t*>(d.wo.data);
-    L.gate = static_cast<const uint8_t*>(d.gate.data);
-    L.up = static_cast<const uint8_t*>(d.up.data);
-    L.down = static_cast<const uint8_t*>(d.down.data);
+    const WeightView* ws[kMats] = {&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down};
+    for (int i = 0; i < kMats; ++i) {
+      L.w[i] = static_cast<const uint8_t*>(ws[i]->data);
+      L.sh.t[i] = ws[i]->type;
+      L.sh.rb[i] = static_cast<uint32_t>(ws[i]->row_bytes);
+    }
     L.attn_norm = d.attn_norm;
     L.ffn_norm = d.ffn_norm;
     ActBuf a;
@@ -751,13 +918,13 @@ std::vector<StepLayer<KT>> layer_table(const DecodeModel& m) {
   return t;
 }
 
-// f(traits) for a weight type the step runs (float, Q8_0, Q5_0).
+// f(traits) for the kernel's weight type (F32, F16, BF16, or Q8_0: the quantized family).
 template <typename F>
 void by_step_type(uint32_t t, F&& f) {
   dispatch(t, [&](auto tr) {
     using Tr = decltype(tr);
     if constexpr (Tr::kSupported) {
-      if constexpr (Tr::kFamily == DotFamily::Float || q0_type<Tr::kType>()) f(tr);
+      if constexpr (Tr::kFamily == DotFamily::Float || quant_family<Tr::kType>()) f(tr);
     }
   });
 }
@@ -773,69 +940,84 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   if (m.device_mem == nullptr) return no("no device memory for the step's tables");
   const AttnShape& s = m.shape;
   const DecodeLayer& l0 = m.layers[0];
-  const uint32_t T = l0.wq.type;
-  const bool quant = q0_weight(T);
-  if (!float_type(T) && !quant) return no("weights are not F32 / F16 / BF16 / Q8_0 / Q5_0");
+  // Float weights: every matrix one type. Quantized (the kernel's Q8_0 family): Q8_0 / Q5_0
+  // matrices, FFN down also Q4_K / Q6_K (through the reference's Q8_K input and long rows).
+  const uint32_t T0 = l0.wq.type;
+  const bool quant = !float_type(T0);
+  if (quant && !q0_weight(T0)) return no("weights are not F32 / F16 / BF16 / Q8_0 / Q5_0");
   const int64_t E = l0.wq.cols, QD = static_cast<int64_t>(s.n_head) * s.head_dim,
                 KD = static_cast<int64_t>(s.n_head_kv) * s.head_dim, F = l0.gate.rows;
   if (s.head_dim > kDecMaxHd || s.n_head <= 0 || s.n_head_kv <= 0 || s.n_head % s.n_head_kv != 0) {
     return no("attention shape");
   }
-  // Rows start 16-byte aligned (the bulk copies): float rows are multiples of 16 bytes;
-  // quantized rows may be multiples of 8 only (Q8_0 of 896 columns: 952 bytes), then the
-  // blocks' shares start at even rows (rg 2), every row count even.
-  const int rg = l0.wq.row_bytes % 16 == 0 && l0.wo.row_bytes % 16 == 0 &&
-                         l0.down.row_bytes % 16 == 0 && m.output.row_bytes % 16 == 0
-                     ? 1
-                     : 2;
-  // odd_rows: the row count may be odd (the output: the last block takes the last row).
-  const auto shaped = [T, quant, rg](const WeightView& w, int64_t rows, int64_t cols,
-                                     bool odd_rows = false) {
-    return w.type == T && w.rows == rows && w.cols == cols && (odd_rows || rows % rg == 0) &&
-           (w.row_bytes * static_cast<size_t>(rg)) % 16 == 0 && w.data != nullptr &&
-           (quant ? cols % 64 == 0 : matvec1_float_takes(w.type, w.cols));
-  };
-  for (const DecodeLayer& d : m.layers) {
-    if (!shaped(d.wq, QD, E) || !shaped(d.wk, KD, E) || !shaped(d.wv, KD, E) ||
-        !shaped(d.wo, E, QD) || !shaped(d.gate, F, E) || !shaped(d.up, F, E) ||
-        !shaped(d.down, E, F)) {
-      return no("layer matrices differ in type or shape");
+  // Float rows are multiples of 16 bytes (the bulk copies land them 16-byte aligned); Q8_0 /
+  // Q5_0 rows hold pairs of 32-blocks (4-byte aligned words); K-quant rows whole super-blocks.
+  const auto shaped = [T0, quant](const WeightView& w, int64_t rows, int64_t cols, bool down) {
+    if (w.rows != rows || w.cols != cols || w.data == nullptr ||
+        reinterpret_cast<uintptr_t>(w.data) % 16 != 0) {
+      return false;
     }
+    if (!quant) return w.type == T0 && w.row_bytes % 16 == 0 && matvec1_float_takes(w.type, w.cols);
+    if (q0_weight(w.type)) return cols % 64 == 0;
+    return down && k_quant(w.type) && cols % 256 == 0;
+  };
+  // The largest row of each matrix over the layers (the slots' sizes).
+  size_t rbmax[kMats] = {};
+  bool kdown = false;
+  for (const DecodeLayer& d : m.layers) {
+    const WeightView* ws[kMats] = {&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down};
+    const int64_t rows[kMats] = {QD, KD, KD, E, F, F, E};
+    const int64_t cols[kMats] = {E, E, E, QD, E, E, F};
+    for (int i = 0; i < kMats; ++i) {
+      if (!shaped(*ws[i], rows[i], cols[i], i == kMdown)) {
+        return no("layer matrices differ in type or shape");
+      }
+      rbmax[i] = std::max(rbmax[i], ws[i]->row_bytes);
+    }
+    kdown = kdown || k_quant(d.down.type);
     if (d.kv.type != l0.kv.type) return no("cache types differ");
   }
-  if (!shaped(m.output, m.output.rows, E, true)) return no("output matrix type or shape");
-  if (QD % rg != 0 || KD % rg != 0) return no("Q / K / V rows");
+  if (!shaped(m.output, m.output.rows, E, false)) return no("output matrix type or shape");
 
   int dev = 0, sms = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   const int G = sms;
-  const auto share = [G, rg](int64_t rows) {
-    return static_cast<size_t>(rg) * static_cast<size_t>((rows / rg + G - 1) / G);
-  };
-  const size_t rbE = l0.wq.row_bytes, rbQ = l0.wo.row_bytes, rbF = l0.down.row_bytes;
-  const size_t wo_b = align16(share(E) * rbQ);
-  const size_t qkv_b = align16(share(QD + 2 * KD) * rbE);
-  const size_t down_b = align16(share(E) * rbF);
-  const size_t gu_b = align16(2 * share(F) * rbE);
+  const auto share = [G](int64_t rows) { return static_cast<int>((rows + G - 1) / G); };
+  // P: Wo at 0, then the Q/K/V slots (three: each may add its pad) or the attention's arrays;
+  // later the down tile at 0 and (a K-quant down) long_row_dots' slot arrays after it, into G.
+  const size_t wo_b = align16(slot_bytes(share(E), rbmax[kMo]));
+  const size_t rb_qkv = std::max({rbmax[kMq], rbmax[kMk], rbmax[kMv]});
+  // (quantized: each of the three slots rounds up to 16 bytes and adds 32)
+  const size_t qkv_b = align16(slot_bytes(share(QD + 2 * KD), rb_qkv) + (quant ? 3 * 48 : 0));
+  const size_t down_b = align16(slot_bytes(share(E), rbmax[kMdown]));
   const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
+  const size_t gu_b = align16(slot_bytes(share(F), rbmax[kMgate])) +
+                      align16(slot_bytes(share(F), rbmax[kMup]));
+  const size_t sf_at = down_b + 32;  // 32: qd::rd32's reads past the down tile's last row
+  const size_t sf_b = kdown ? qd::long_slot_bytes(share(E), static_cast<int>(F / 32)) : 0;
   const size_t widest = static_cast<size_t>(std::max({E, QD, F}));
   const size_t xf_b = align16(widest * sizeof(float));
-  const size_t aq_b = quant ? align16(widest) : 0;  // the input's Q8_0 quants, then scales
-  const size_t xs_b = xf_b + aq_b + (quant ? align16(widest / 32 * sizeof(float)) : 0);
-  const size_t res_b = align16((share(E) + 2 * share(F)) * sizeof(float));
+  const size_t aq_b = quant ? align16(widest) : 0;  // the input's quants, scales, sums of 16
+  const size_t ad_b = quant ? align16(widest / 32 * sizeof(float)) : 0;
+  const size_t abs_b = kdown ? align16(static_cast<size_t>(F) / 16 * sizeof(int32_t)) : 0;
+  const size_t xs_b = xf_b + aq_b + ad_b + abs_b;
+  const size_t rx_b = align16(static_cast<size_t>(share(E) + 2 * share(F)) * sizeof(float));
+  const size_t res_b = rx_b + align16(m.layers.size() * sizeof(Shape));  // then the Shapes
   constexpr size_t kStatic = 32 * sizeof(double) + 16 + (3 + kLmStages) * sizeof(uint64_t);
   // The LM head's ring takes the P and G regions: as many stages as fit, at least 2, of the
   // most rows (64, 32, 16 or 8) of which 3 fit: each stage costs a wait, a barrier and a copy
   // issue besides its rows (8-row stages of F16 rows measured 97 us for the 0.5B shape's 272
   // MB, 2.8 TB/s; perf-notes v27).
   const size_t room = static_cast<size_t>(optin) - std::min<size_t>(optin, kStatic + xs_b + res_b);
+  const size_t rb_out = m.output.row_bytes;
   int lm_rows = 64;
-  while (lm_rows > kWarps && room / (static_cast<size_t>(lm_rows) * rbE) < 3) lm_rows /= 2;
-  const size_t slot = static_cast<size_t>(lm_rows) * rbE;
+  while (lm_rows > kWarps && room / align16(slot_bytes(lm_rows, rb_out)) < 3) lm_rows /= 2;
+  const size_t slot = align16(slot_bytes(lm_rows, rb_out));
   const int lm_stages = static_cast<int>(std::min<size_t>(kLmStages, room / slot));
-  const size_t pg = std::max(p_b + gu_b, static_cast<size_t>(std::max(lm_stages, 2)) * slot);
+  const size_t pg = align16(std::max({p_b + gu_b, sf_at + sf_b,
+                                      static_cast<size_t>(std::max(lm_stages, 2)) * slot}));
   const size_t smem = pg + xs_b + res_b;
   if (lm_stages < 2 || smem + kStatic > static_cast<size_t>(optin)) {
     return no("a block's share of the weights needs " + std::to_string(smem) +
@@ -845,7 +1027,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   std::unique_ptr<DecodeStep> st(new DecodeStep());
   st->impl_ = new Impl();
   Impl& im = *st->impl_;
-  im.type = T;
+  im.type = quant ? static_cast<uint32_t>(GgmlType::Q8_0) : T0;  // the kernel's family
   im.n_layer = static_cast<int>(m.layers.size());
   im.kv_f16 = l0.kv.type == KvType::F16;
   st->blocks_ = G;
@@ -870,18 +1052,24 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   // Blocks a head in local mode: as many as fit, up to 8 (the per-op kernel's cluster). Fewer
   // measured slower (H100, 0.5B F16, depth 512: 4 -> 947, 2 -> 910 vs 8 -> 971 tok/s).
   const int cv = std::max(1, std::min(kDecMaxCluster, G / s.n_head));
-  for (auto* p : {&im.pf.off_qkv, &im.ph.off_qkv}) *p = static_cast<unsigned>(wo_b);
-  for (auto* p : {&im.pf.off_g, &im.ph.off_g}) *p = static_cast<unsigned>(p_b);
-  for (auto* p : {&im.pf.off_xs, &im.ph.off_xs}) *p = static_cast<unsigned>(pg);
-  for (auto* p : {&im.pf.off_res, &im.ph.off_res}) *p = static_cast<unsigned>(pg + xs_b);
-  for (auto* p : {&im.pf.off_aq, &im.ph.off_aq}) *p = static_cast<unsigned>(pg + xf_b);
-  for (auto* p : {&im.pf.off_ad, &im.ph.off_ad}) *p = static_cast<unsigned>(pg + xf_b + aq_b);
-  im.pf.cv = im.ph.cv = cv;
-  im.pf.rg = im.ph.rg = rg;
-  im.pf.lm_stages = im.ph.lm_stages = lm_stages;
-  im.pf.lm_rows = im.ph.lm_rows = lm_rows;
+  const auto offsets = [&](auto& p) {
+    p.off_qkv = static_cast<unsigned>(wo_b);
+    p.off_g = static_cast<unsigned>(p_b);
+    p.off_sf = static_cast<unsigned>(sf_at);
+    p.off_xs = static_cast<unsigned>(pg);
+    p.off_aq = static_cast<unsigned>(pg + xf_b);
+    p.off_ad = static_cast<unsigned>(pg + xf_b + aq_b);
+    p.off_abs = static_cast<unsigned>(pg + xf_b + aq_b + ad_b);
+    p.off_res = static_cast<unsigned>(pg + xs_b);
+    p.off_shape = static_cast<unsigned>(pg + xs_b + rx_b);
+    p.cv = cv;
+    p.lm_stages = lm_stages;
+    p.lm_rows = lm_rows;
+  };
+  offsets(im.pf);
+  offsets(im.ph);
   im.pf.sync = im.ph.sync = im.sync;
-  by_step_type(T, [&](auto tr) {
+  by_step_type(im.type, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {
       set_attrs<TT, math::KvF16>(smem);

@@ -7,9 +7,12 @@
 // (exact_float_rows.cuh, attention_exact_decode.cuh, exact_ops_math.cuh): the same bits as
 // the launch-per-op decode step, which the engine tests compare with the CPU reference.
 //
-// Runs models whose layer matrices and output matrix are all one type: F32, F16, BF16, or
-// Q8_0 / Q5_0 (the input quantized to Q8_0 in shared memory by every block, the rows' 8 lane
-// chains of dot_q0_lanes); DecodeStep::plan() says whether a model qualifies on this device.
+// Runs models whose layer matrices and output matrix are all one float type (F32, F16, BF16),
+// or quantized with a type per matrix: Q8_0 / Q5_0 (the input quantized to Q8_0 in shared
+// memory by every block, the rows' 8 lane chains of dot_q0_lanes), and FFN down also Q4_K /
+// Q6_K (its input quantized to Q8_K, the long rows of matvec1_quant: qd::long_row_dots):
+// llama.cpp's Q4_K_M of a model whose rows of n_embd columns are no multiple of 256 (Qwen2.5
+// 0.5B). DecodeStep::plan() says whether a model qualifies on this device.
 //
 // The kernel needs all of its blocks (one per SM) resident at once: one step in flight per
 // device (the worker's one inference thread, which waits for each step). Were SMs withheld (two
@@ -77,13 +80,13 @@ class DecodeStep {
   // Launches the step (after the embedding of this step's token into m.x, on the same
   // stream); the logits land in m.logits.
   void launch(cudaStream_t stream) const;
-  // Profiling for kernel work: every later launch records, per block, %globaltimer at 17
-  // points of each layer (after each wait, norm and product, and the attention's phases;
-  // [layer][point][block]) and 3 of the LM head (layer n_layer); read_trace() returns the
-  // last launch's.
+  // Profiling for kernel work: every later launch records, per block, %globaltimer at 19
+  // points of each layer (after each wait, norm and product, the attention's phases, and
+  // down's staged and quantized input; [layer][point][block]) and 3 of the LM head (layer
+  // n_layer); read_trace() returns the last launch's.
   void enable_trace();
   std::vector<uint64_t> read_trace() const;
-  static int trace_points();  // points a layer (17)
+  static int trace_points();  // points a layer (19)
   int blocks() const { return blocks_; }
   size_t smem_bytes() const { return smem_; }
   // The step may be launched while n_past + 1 <= local_keys() (the attention's local mode);

@@ -9,6 +9,7 @@
 // consecutive units of one row (32 blocks, or 4 super-blocks). Each lane writes its unit's
 // integer slots (kSlotStride ints) and float scales (kScaleStride floats) to the warp's
 // shared arrays; then lane c < kChains runs chain c's steps over the pass's blocks in order.
+#include <stddef.h>
 #include <stdint.h>
 
 #include "exact_quant_math.cuh"
@@ -263,5 +264,50 @@ template <GgmlType T, bool REP>
 EXQ_HD float combine(const float* acc) {
   return qm::combine<flavor_of<T, REP>()>(acc);
 }
+
+#if defined(__CUDACC__)
+// The dots of nr rows longer than one pass (FFN down: 152 units a row), NT threads (the whole
+// block, NT = blockDim.x): every thread computes the slots of items t, t + NT, ... of
+// [row][unit] into S / F ([row][unit] x kSlotStride ints / kScaleStride floats) at once,
+// then warp w runs the chains of rows w, w + NT / 32, ... over the whole row (chain_pass, 32
+// units at a time) and lane 0 writes out(row, dot). rowp(r): row r's raw blocks (2-byte
+// aligned; shared memory). aq / ad / abs: the input's Q8_K quants, scales and sums of 16 (or
+// Q8_0 quants and scales). matvec1_quant's qdecode_long_kernel and the persistent decode
+// step's K-quant down both run this: the same per-thread code, the same bits.
+template <GgmlType T, bool REP, int NT, class RowPtr, class Out>
+__device__ __forceinline__ void long_row_dots(RowPtr rowp, int nr, int units, const int8_t* aq,
+                                              const float* ad, const int32_t* abs, int* S,
+                                              float* F, Out&& out) {
+  const int tid = static_cast<int>(threadIdx.x);
+  const int items = nr * units;
+  for (int it = tid; it < items; it += NT) {
+    const int rr = it / units, u = it - rr * units;
+    uint32_t yw[8];
+    act_words(aq, u, yw);
+    unit_slots<T, REP>(rowp(rr), u, yw, act_scale<T>(ad, u), abs, S + it * kSlotStride,
+                       F + it * kScaleStride);
+  }
+  __syncthreads();
+  const int warp = tid / 32, lane = tid % 32;
+  constexpr int kC = chains<T, REP>();
+  for (int r = warp; r < nr; r += NT / 32) {  // warp-uniform
+    float acc = 0.0f;
+    if (lane < kC) {
+      for (int p0 = 0; p0 < units; p0 += kUnitsPerPass)
+        acc = chain_pass<T, REP>(lane, S + (r * units + p0) * kSlotStride,
+                                 F + (r * units + p0) * kScaleStride,
+                                 units - p0 < kUnitsPerPass ? units - p0 : kUnitsPerPass, acc);
+    }
+    float v[kC];
+    EXQ_UNROLL
+    for (int k = 0; k < kC; ++k) v[k] = __shfl_sync(0xffffffffu, acc, k);
+    if (lane == 0) out(r, combine<T, REP>(v));
+  }
+}
+// Shared bytes of long_row_dots' S and F for nr rows of `units`.
+__host__ __device__ constexpr size_t long_slot_bytes(int nr, int units) {
+  return static_cast<size_t>(nr) * static_cast<size_t>(units) * (kSlotStride + kScaleStride) * 4;
+}
+#endif
 
 }  // namespace worker::kern::exact::qd

@@ -334,9 +334,9 @@ __global__ void __launch_bounds__(kQdThreads)
 
 // Rows longer than one pass (decode of e.g. FFN down: 152 units a row) with few rows: the
 // passes of one warp would run one after another, so here the block's 128 threads compute
-// the slots of ALL the tile's units at once (thread t: items t, t + 128, ... of
-// [row][unit]) into shared arrays [R][units][slots], then warp w runs row w's chains over
-// the whole row (the same chain_pass steps, 32 units at a time). R <= 4 rows a block.
+// the slots of ALL the tile's units at once, then warp w runs row w's chains over the whole
+// row (qd::long_row_dots, which the persistent decode step's K-quant down runs too). R <= 4
+// rows a block.
 template <GgmlType T, bool REP>
 __global__ void __launch_bounds__(kQdThreads)
     qdecode_long_kernel(const uint8_t* __restrict__ w, int rows, int units, size_t rb, int R,
@@ -355,53 +355,24 @@ __global__ void __launch_bounds__(kQdThreads)
   const uint8_t* tile = reinterpret_cast<const uint8_t*>(s_raw) + off;
   int* S = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes);
   float* F = reinterpret_cast<float*>(S + static_cast<size_t>(R) * units * qd::kSlotStride);
-  const int items = nr * units;
-  for (int it = static_cast<int>(threadIdx.x); it < items; it += kQdThreads) {
-    const int rr = it / units, u = it - rr * units;
-    uint32_t yw[8];
-    qd::act_words(aq, u, yw);
-    qd::unit_slots<T, REP>(tile + static_cast<size_t>(rr) * rb, u, yw, qd::act_scale<T>(ad, u), abs,
-                           S + it * qd::kSlotStride, F + it * qd::kScaleStride);
-  }
-  __syncthreads();
-
-  const int warp = static_cast<int>(threadIdx.x) / kWarp,
-            lane = static_cast<int>(threadIdx.x) % kWarp;
-  constexpr int kC = qd::chains<T, REP>();
-  if (warp < nr) {  // warp-uniform
-    float acc = 0.0f;
-    if (lane < kC) {
-      for (int p0 = 0; p0 < units; p0 += qd::kUnitsPerPass)
-        acc = qd::chain_pass<T, REP>(lane, S + (warp * units + p0) * qd::kSlotStride,
-                                     F + (warp * units + p0) * qd::kScaleStride,
-                                     min(qd::kUnitsPerPass, units - p0), acc);
-    }
-    float v[kC];
-#pragma unroll
-    for (int k = 0; k < kC; ++k) v[k] = __shfl_sync(0xffffffffu, acc, k);
-    if (lane == 0) {
-      const float d = qd::combine<T, REP>(v);
-      float* out = y + r0 + warp;
-      *out = accumulate ? *out + d : d;
-    }
-  }
+  qd::long_row_dots<T, REP, kQdThreads>(
+      [&](int rr) { return tile + static_cast<size_t>(rr) * rb; }, nr, units, aq, ad, abs, S, F,
+      [&](int r, float d) {
+        float* o = y + r0 + r;
+        *o = accumulate ? *o + d : d;
+      });
 }
 
-// Shared bytes of the long-row kernel's slot arrays for R rows of `units`.
-size_t long_slot_bytes(int R, int units) {
-  return static_cast<size_t>(R) * static_cast<size_t>(units) *
-         (qd::kSlotStride + qd::kScaleStride) * 4;
-}
 constexpr size_t kSmemLimit = 46 * 1024;  // under the 48 KB default
 
 // Rows per block of the long-row kernel (1, 2 or 4: >= kMinBlocks blocks where the matrix
 // allows), or 0 when one row does not fit.
 int long_rows_per_block(int64_t rows, size_t rb, int units) {
   if (units <= qd::kUnitsPerPass) return 0;
-  if (tile_alloc(rb) + long_slot_bytes(1, units) > kSmemLimit) return 0;
+  if (tile_alloc(rb) + qd::long_slot_bytes(1, units) > kSmemLimit) return 0;
   int R = 1;
   for (int c = 2; c <= kQdWarps; c *= 2) {
-    if (tile_alloc(static_cast<size_t>(c) * rb) + long_slot_bytes(c, units) > kSmemLimit) break;
+    if (tile_alloc(static_cast<size_t>(c) * rb) + qd::long_slot_bytes(c, units) > kSmemLimit) break;
     if ((rows + c - 1) / c < kMinBlocks) break;
     R = c;
   }
@@ -429,7 +400,7 @@ void launch_qdecode(const WeightView& w, const ActBuf& a, float* y, bool accumul
     const size_t ta = tile_alloc(static_cast<size_t>(RL) * w.row_bytes);
     launch_pdl_smem("exact_qdecode_long_kernel", qdecode_long_kernel<T, REP>,
                     dim3(static_cast<unsigned>((w.rows + RL - 1) / RL)), dim3(kQdThreads),
-                    ta + long_slot_bytes(RL, units), stream, static_cast<const uint8_t*>(w.data),
+                    ta + qd::long_slot_bytes(RL, units), stream, static_cast<const uint8_t*>(w.data),
                     static_cast<int>(w.rows), units, w.row_bytes, RL, ta,
                     static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
                     static_cast<const int32_t*>(a.bsum), y, accumulate ? 1 : 0);

@@ -16,7 +16,7 @@ SPEC = importlib.util.spec_from_file_location("steptrace", ROOT / "bench/steptra
 steptrace = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(steptrace)
 
-L, P, G = 2, 17, 4  # layers, points, blocks; block 3 runs no attention
+L, P, G = 2, 19, 4  # layers, points, blocks; block 3 runs no attention
 
 
 def synthetic(step):
@@ -50,7 +50,9 @@ def synthetic(step):
         last = max(t[l][9])
         for b in range(G):
             t[l][10][b] = last + 500
-            t[l][11][b] = t[l][10][b] + 2400                       # down 2.4 us
+            t[l][17][b] = t[l][10][b] + 600                        # down: stage 0.6 us
+            t[l][18][b] = t[l][17][b] + 400                        # quantize 0.4 us
+            t[l][11][b] = t[l][10][b] + 2400                       # down 2.4 us (rows 1.4)
         now = max(t[l][11]) + 500
     for b in range(G):
         t[L][0][b] = now
@@ -83,7 +85,8 @@ class StepTraceTest(unittest.TestCase):
                              ("wait Wo -> gate+up", 0.5), ("wait gate+up -> down", 0.5),
                              ("wait down -> next", 0.5), ("attention scores", 5.5),
                              ("attention KQV", 1.8), ("attention reduce, out", 1.0),
-                             ("LM head", 88.0)]:
+                             ("down: stage", 0.6), ("down: quantize", 0.4),
+                             ("down: rows", 1.4), ("LM head", 88.0)]:
                 self.assertAlmostEqual(r[name], us, places=6, msg=name)
             # the attention (blocks 0-2 only): inputs ready -> done
             self.assertAlmostEqual(r["attention slowest"], 1.6 + 5.5 + 1.1 + 0.7 + 1.8 + 1.0)
@@ -92,6 +95,7 @@ class StepTraceTest(unittest.TestCase):
                                  capture_output=True, text=True, check=True).stdout
             self.assertIn("2 steps, 2 layers, 4 blocks", out)
             self.assertIn("scores", out)
+            self.assertIn("down: quantize", out)
 
     def test_an_empty_trace_is_an_error(self):
         with self.assertRaises(ValueError):

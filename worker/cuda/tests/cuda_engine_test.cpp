@@ -220,12 +220,14 @@ size_t count_bit_differences(std::span<const float> a, std::span<const float> b,
 // (tinyBLAS, repack gemm for 24 tokens and gemv for the last 3); decode the one-token orders
 // and the CUDA graph.
 //
-// The decode step: the fixtures of float weights (F32 / F16 / BF16, and stories260K) and of
-// Q8_0 / Q5_0 weights run it as the persistent kernel (kernels/decode_step.cuh; BackendInfo::
-// decode says so, checked here), the others (Q4_0, Q4_K, Q6_K) one kernel per op;
-// decode_step = false runs them all per op.
+// The decode step: the fixtures of float weights (F32 / F16 / BF16, and stories260K), of
+// Q8_0 / Q5_0 weights, and the g7 Q4_K / Q6_K ones (n_embd 896 is no multiple of 256: every
+// matrix but FFN down falls back to Q5_0 / Q8_0, down stays Q4_K / Q6_K, llama.cpp's Q4_K_M
+// shape) run it as the persistent kernel (kernels/decode_step.cuh; BackendInfo::decode says
+// so, checked here), the others (Q4_0; the g1 / g2 K-quants, whose every matrix is Q4_K /
+// Q6_K) one kernel per op; decode_step = false runs them all per op.
 bool step_weights(const std::string& name) {
-  for (const char* t : {"-f32.", "-f16.", "-bf16.", "-q8_0.", "-q5_0."}) {
+  for (const char* t : {"-f32.", "-f16.", "-bf16.", "-q8_0.", "-q5_0.", "-g7-q4_k.", "-g7-q6_k."}) {
     if (name.find(t) != std::string::npos) return true;
   }
   return false;
@@ -263,7 +265,7 @@ void run_exact_parity(bool kv_f32, bool decode_step = true,
     auto gpu = make_cuda_engine(model, 256, 0, gopt);
     if (step_weights(name) || path == stories_path()) {  // stories260K: F32
       EXPECT_EQ(gpu->info().decode, decode_step ? "persistent" : "per_op")
-          << "the float, Q8_0 and Q5_0 fixtures take the decode step";
+          << "the float, Q8_0 / Q5_0 and g7 K-quant fixtures take the decode step";
     } else {
       EXPECT_EQ(gpu->info().decode, "per_op");
     }
@@ -407,7 +409,7 @@ TEST(CudaEngine, DecodeCrossingThePersistentStepKeysStaysExact) {
 }
 
 // The persistent decode step's profile (WORKER_DECODE_STEP_TRACE, DecodeStep::enable_trace):
-// one record a decode step, {n_layer, 17, blocks} then uint64 [n_layer + 1][17][blocks]
+// one record a decode step, {n_layer, 19, blocks} then uint64 [n_layer + 1][19][blocks]
 // %globaltimer stamps. Checks that the counters order the ops: within a block the points
 // follow the op order, and no block starts Wo before every block has finished its attention
 // (nor gate + up before every block's Wo, down before every gate + up, the next layer before
@@ -436,7 +438,7 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
   ASSERT_GE(d.size(), 3u) << "no step trace in " << trace;
   const uint64_t L = d[0], P = d[1], G = d[2];
   ASSERT_EQ(L, model->config.n_layer);
-  ASSERT_EQ(P, 17u);
+  ASSERT_EQ(P, 19u);
   ASSERT_GT(G, 0u);
   const size_t rec = 3 + (L + 1) * P * G;
   ASSERT_EQ(d.size(), kSteps * rec) << "one record per decode step";
@@ -445,8 +447,8 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
     const auto at = [&](uint64_t l, uint64_t p, uint64_t b) { return t[(l * P + p) * G + b]; };
     // points every block stamps, in its op order: 0 norm start, 1 norm end, 2 Q/K/V end,
     // 4 attention end, 5 Wo start, 6 Wo end, 7 gate+up start, 8 norm end, 9 gate+up end,
-    // 10 down start, 11 down end
-    const uint64_t order[] = {0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 11};
+    // 10 down start, 17 its input staged, 18 quantized, 11 down end
+    const uint64_t order[] = {0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 17, 18, 11};
     for (uint64_t l = 0; l < L; ++l) {
       for (uint64_t b = 0; b < G; ++b) {
         for (size_t k = 0; k + 1 < std::size(order); ++k) {
@@ -479,13 +481,13 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
 
 // --numerics fast differs from exact in prompt batches only: its decode steps (and LM head)
 // are the exact kernels. Token by token (every eval a decode step), a fast engine's logits
-// equal an exact engine's bit for bit, for a float and a Q8_0 model (the persistent step in
-// both) and a Q4_K one (per op); after one 17-token prompt batch (cuBLAS in fast mode for F16)
-// the logits differ.
+// equal an exact engine's bit for bit, for a float and a Q4_K model of the g7 shape (the
+// persistent step in both; the Q4_K one has Q5_0 matrices and a Q4_K down) and a g2 Q4_K one
+// (per op); after one 17-token prompt batch (cuBLAS in fast mode for F16) the logits differ.
 // REQ: M0-W-1201 WRK-D2
 TEST(CudaEngine, FastNumericsDecodeStepsAreTheExactOnes) {
   REQUIRE_GPU();
-  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf", "qwen2-g7-q4_k.gguf"}) {
+  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q4_k.gguf", "qwen2-g2-q4_k.gguf"}) {
     const std::string path = generated_fixtures() + "/" + name;
     ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
     SCOPED_TRACE(name);
@@ -522,8 +524,8 @@ TEST(CudaEngine, FastNumericsDecodeStepsAreTheExactOnes) {
 // step before returning its id; the eval of that token then takes the started step. Against an
 // engine that samples and evaluates one call at a time: the same ids, logits hashes and logits
 // bit for bit at every step, greedy and sampled with a repetition penalty, on the persistent
-// step (F16 and Q8_0; across its last local key, 768, where the per-op step takes over) and the
-// per-op one (Q4_K), up to the context's last position (where no step can start). A started step
+// step (F16 and g7 Q4_K; across its last local key, 768, where the per-op step takes over) and
+// the per-op one (g2 Q4_K), up to the context's last position (where no step can start). A started step
 // that no eval takes is dropped: logits() and sample() then throw (its logits replaced the sampled
 // ones), and an eval of another token, or a reset and a new prompt, give the other engine's
 // logits.
@@ -534,7 +536,7 @@ TEST(CudaEngine, SampleAndContinueStartsTheSampledTokensStep) {
   const auto same = [](std::span<const float> a, std::span<const float> b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
-  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q8_0.gguf", "qwen2-g7-q4_k.gguf"}) {
+  for (const char* name : {"qwen2-g7-f16.gguf", "qwen2-g7-q4_k.gguf", "qwen2-g2-q4_k.gguf"}) {
     const std::string path = generated_fixtures() + "/" + name;
     ASSERT_TRUE(fs::exists(path)) << "missing " << path << " (run fixtures/generate_all.sh)";
     SCOPED_TRACE(name);
