@@ -82,13 +82,18 @@ constexpr int kLmStages = 8;      // LM head ring: at most this many stages of l
 // threads a row, 32 rows at once.
 constexpr int kQ0Chains = 8;
 
-// The kernel's weight type: F32, F16 or BF16 (every matrix that type), or Q8_0 for the
-// quantized family: a type per matrix (StepLayer::t), Q8_0 or Q5_0, and FFN down also Q4_K
-// or Q6_K (llama.cpp's Q4_K_M mix of a model whose 896-column rows fall back from the
-// K-quants to Q5_0 / Q8_0).
+// The kernel's weight type: F32, F16 or BF16 (every matrix that type); Q8_0 or Q5_0 (every
+// matrix that type); or Q4_K for a quantized mix: a type per matrix (Shape::t), Q8_0 or Q5_0,
+// and FFN down also Q4_K or Q6_K (llama.cpp's Q4_K_M of a model whose 896-column rows fall
+// back from the K-quants to Q5_0 / Q8_0). The uniform instantiations carry no per-row type
+// branch and no K-quant code (the mix's measured 5% slower on the Q8_0 model, perf-notes v28).
 template <GgmlType T>
 __host__ __device__ constexpr bool quant_family() {
-  return T == GgmlType::Q8_0;
+  return T == GgmlType::Q8_0 || T == GgmlType::Q5_0 || T == GgmlType::Q4_K;
+}
+template <GgmlType T>
+__host__ __device__ constexpr bool quant_mix() {
+  return T == GgmlType::Q4_K;
 }
 __host__ __device__ constexpr bool k_quant(uint32_t t) {
   return t == static_cast<uint32_t>(GgmlType::Q4_K) || t == static_cast<uint32_t>(GgmlType::Q6_K);
@@ -117,8 +122,8 @@ template <class KT>
 struct StepParams {
   const StepLayer<KT>* layers;
   int n_layer;
-  int E, QD, KD, F, V;   // n_embd, n_head * head_dim, n_head_kv * head_dim, n_ff, vocab
-  int n_head, cv;  // heads; blocks a head in local mode
+  int E, QD, KD, F, V;  // n_embd, n_head * head_dim, n_head_kv * head_dim, n_ff, vocab
+  int n_head, cv;       // heads; blocks a head in local mode
   float eps;
   const float* out_norm;
   const uint8_t* out_w;
@@ -257,11 +262,28 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, size_t byt
       "l"(src), "r"(static_cast<unsigned>(bytes)), "r"(saddr(bar)), "l"(evict_first_policy())
       : "memory");
 }
-// for_each_batched (common.cuh) over n floats other blocks wrote (through L2).
+// f(g, group g) for the n / 4 float4 groups of the n floats (n % 4 == 0, src 16-byte aligned)
+// other blocks wrote, read through L2: thread t takes groups t, t + kThreads, ..., up to 8 a
+// thread with every load issued before the first is used (a stage of 4,864 floats: one round
+// trip).
 template <class F>
 __device__ __forceinline__ void for_each_l2(const float* src, int n, F&& f) {
-  for_each_batched<kThreads>(
-      n, [src](int i) { return __ldcg(src + i); }, f);
+  constexpr int kBatch = 8;
+  const int tid = static_cast<int>(threadIdx.x), n4 = n / 4;
+  const float4* s4 = reinterpret_cast<const float4*>(src);
+  for (int g0 = 0; g0 < n4; g0 += kBatch * kThreads) {
+    float4 v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int g = g0 + u * kThreads + tid;
+      v[u] = g < n4 ? __ldcg(s4 + g) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int g = g0 + u * kThreads + tid;
+      if (g < n4) f(g, v[u]);
+    }
+  }
 }
 
 // xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2.
@@ -270,11 +292,17 @@ template <GgmlType T>
 __device__ void norm_act(float* xs, const float* x, const float* w, int n, float eps, double* shd,
                          float* sh_mean, float* keep, int r0, int r1) {
   const int tid = static_cast<int>(threadIdx.x);
-  double s = 0.0;  // thread k: columns k, k + kThreads, ... in order
-  for_each_l2(x, n, [&](int i, float xi) {
-    xs[i] = xi;
-    if (i >= r0 && i < r1) keep[i - r0] = xi;
-    s += static_cast<double>(xi * xi);
+  double s = 0.0;  // thread k: columns 4k .. 4k + 3, 4 (k + kThreads) .., in order (a tree:
+                   // rms_mean_certain's bound holds for any order)
+  for_each_l2(x, n, [&](int g, float4 v) {
+    reinterpret_cast<float4*>(xs)[g] = v;
+    const float e[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int i = 4 * g + j;
+      if (i >= r0 && i < r1) keep[i - r0] = e[j];
+      s += static_cast<double>(e[j] * e[j]);
+    }
   });
   s = math::block_sum_double(s, shd);
   float mean;
@@ -297,7 +325,7 @@ __device__ void norm_act(float* xs, const float* x, const float* w, int n, float
 
 // xs = n floats other blocks wrote (already rounded), from L2.
 __device__ __forceinline__ void stage_l2(float* xs, const float* src, int n) {
-  for_each_l2(src, n, [xs](int i, float v) { xs[i] = v; });
+  for_each_l2(src, n, [xs](int g, float4 v) { reinterpret_cast<float4*>(xs)[g] = v; });
   __syncthreads();
 }
 
@@ -469,7 +497,7 @@ __device__ __forceinline__ void rows_dot(const uint8_t* tile, uint32_t t, size_t
                                          int cols, const StepIn& in, Out&& out) {
   if constexpr (quant_family<T>()) {
     const auto at = [=](int i) { return QRow{tile + static_cast<size_t>(i) * rb, true}; };
-    if (t == static_cast<uint32_t>(GgmlType::Q8_0)) {
+    if (quant_mix<T>() ? t == static_cast<uint32_t>(GgmlType::Q8_0) : T == GgmlType::Q8_0) {
       q0_rows<Q0Rows::Q8_0>(at, nr, cols / 32, in.aq, in.ad, out);
     } else {
       q0_rows<Q0Rows::Q5_0>(at, nr, cols / 32, in.aq, in.ad, out);
@@ -513,20 +541,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   const int f0 = part(p.F, c, G), f1 = part(p.F, c + 1, G);  // gate, up
   const int v0 = part(p.V, c, G), v1 = part(p.V, c + 1, G);  // LM head
 
-  // Q/K/V: segment s (Q, K, V) holds this block's rows [max(k0, lo[s]), min(k1, lo[s + 1]))
+  // Q/K/V: segment s (Q, K, V) holds this block's rows [max(k0, lo(s)), min(k1, lo(s + 1)))
   // of matrix s (rows r0 .. r1 of it), copied as `sp` into P at `at` (the slots follow
   // each other from off_qkv).
-  const int lo[4] = {0, p.QD, p.QD + p.KD, QKD};
+  // (from the parameters at each use: an array here stays in registers through the layer)
+  const auto lo = [&](int s) { return s == 0 ? 0 : s == 1 ? p.QD : s == 2 ? p.QD + p.KD : QKD; };
   struct Seg {
     Span sp;
     unsigned at;
     int s0;  // the segment's first row of the block's Q/K/V rows (k0 .. k1)
   };
-  const auto qkv_segs = [&](const Shape& sh, Seg (&sg)[3]) {
+  const auto qkv_segs = [&](const Shape& sh, Seg(&sg)[3]) {
     unsigned at = p.off_qkv;
     for (int s = 0; s < 3; ++s) {
-      const int s0 = max(k0, lo[s]), s1 = min(k1, lo[s + 1]);
-      sg[s] = {span_of(sh.rb[s], s0 - lo[s], s1 - lo[s]), at, s0};
+      const int s0 = max(k0, lo(s)), s1 = min(k1, lo(s + 1));
+      sg[s] = {span_of(sh.rb[s], s0 - lo(s), s1 - lo(s)), at, s0};
       at += static_cast<unsigned>(slot_bytes(s1 - s0, sh.rb[s]));
     }
   };
@@ -541,7 +570,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     qkv_segs(sh, sg);
     mbar_expect(&bar_p, wo.bytes + sg[0].sp.bytes + sg[1].sp.bytes + sg[2].sp.bytes);
     bulk_copy(P, L.w[kMo] + wo.lo, wo.bytes, &bar_p);
-    for (int s = 0; s < 3; ++s) bulk_copy(P + sg[s].at, L.w[s] + sg[s].sp.lo, sg[s].sp.bytes, &bar_p);
+    for (int s = 0; s < 3; ++s)
+      bulk_copy(P + sg[s].at, L.w[s] + sg[s].sp.lo, sg[s].sp.bytes, &bar_p);
   };
   // ... and of its G tiles: gate at 0, up after the gate's slot.
   const auto up_at = [&](const Shape& sh) {
@@ -622,14 +652,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
         return QRow{P + g.at + g.sp.off + static_cast<size_t>(r - g.s0) * sh.rb[m],
                     sh.t[m] == static_cast<uint32_t>(GgmlType::Q8_0)};
       };
-      q0_rows<Q0Rows::PerRow>(
-          [&](int i) {  // constant indices: sg stays in registers
-            const int r = k0 + i;
-            return r < lo[1]   ? seg_row(sg[0], kMq, r)
-                   : r < lo[2] ? seg_row(sg[1], kMk, r)
-                               : seg_row(sg[2], kMv, r);
-          },
-          k1 - k0, p.E / 32, in.aq, in.ad, qkv_out);
+      const auto at = [&](int i) {  // constant indices: sg stays in registers
+        const int r = k0 + i;
+        return r < lo(1)   ? seg_row(sg[0], kMq, r)
+               : r < lo(2) ? seg_row(sg[1], kMk, r)
+                           : seg_row(sg[2], kMv, r);
+      };
+      if (quant_mix<T>() && (sh.t[kMq] != sh.t[kMk] || sh.t[kMq] != sh.t[kMv])) {
+        if constexpr (quant_mix<T>())
+          q0_rows<Q0Rows::PerRow>(at, k1 - k0, p.E / 32, in.aq, in.ad, qkv_out);
+      } else if (quant_mix<T>() ? sh.t[kMq] == static_cast<uint32_t>(GgmlType::Q8_0)
+                                : T == GgmlType::Q8_0) {
+        q0_rows<Q0Rows::Q8_0>(at, k1 - k0, p.E / 32, in.aq, in.ad, qkv_out);
+      } else {
+        q0_rows<Q0Rows::Q5_0>(at, k1 - k0, p.E / 32, in.aq, in.ad, qkv_out);
+      }
     } else {  // float rows are multiples of 16 bytes: the three slots are one tile
       rows_dot<T>(P + p.off_qkv, sh.t[kMq], sh.rb[kMq], k1 - k0, p.E, in, qkv_out);
     }
@@ -688,9 +725,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
                         : QRow{ut + static_cast<size_t>(i - nr) * sh.rb[kMup], uq8};
         };
         const auto out = [&](int i, float d) { gd[i < nr ? 2 * i : 2 * (i - nr) + 1] = d; };
-        if (gq8 != uq8) {
-          q0_rows<Q0Rows::PerRow>(at, 2 * nr, p.E / 32, in.aq, in.ad, out);
-        } else if (gq8) {
+        if (quant_mix<T>() && gq8 != uq8) {
+          if constexpr (quant_mix<T>())
+            q0_rows<Q0Rows::PerRow>(at, 2 * nr, p.E / 32, in.aq, in.ad, out);
+        } else if (quant_mix<T>() ? gq8 : T == GgmlType::Q8_0) {
           q0_rows<Q0Rows::Q8_0>(at, 2 * nr, p.E / 32, in.aq, in.ad, out);
         } else {
           q0_rows<Q0Rows::Q5_0>(at, 2 * nr, p.E / 32, in.aq, in.ad, out);
@@ -738,7 +776,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     stamp(p.trace, l, 17);
     const uint32_t td = sh.t[kMdown];
     const uint8_t* const dt = P + ds.off;
-    if constexpr (kQuant) {
+    if constexpr (quant_mix<T>()) {
       if (k_quant(td)) {  // Q8_K input; the long rows' slots of all units at once, then chains
         int32_t* const abs = reinterpret_cast<int32_t*>(smem + p.off_abs);
         quantize_q8_k(xs, p.F, aq, ad, abs);
@@ -746,7 +784,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
         mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
         const int nr = e1 - e0, units = p.F / 32;
         int* const S = reinterpret_cast<int*>(smem + p.off_sf);
-        float* const F = reinterpret_cast<float*>(S + static_cast<size_t>(nr) * units * qd::kSlotStride);
+        float* const F =
+            reinterpret_cast<float*>(S + static_cast<size_t>(nr) * units * qd::kSlotStride);
         const size_t rb = sh.rb[kMdown];
         const auto row = [&](int r) { return dt + static_cast<size_t>(r) * rb; };
         if (td == static_cast<uint32_t>(GgmlType::Q6_K)) {
@@ -766,6 +805,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
         rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
       }
     } else {
+      quantize(p.F);
       stamp(p.trace, l, 18);
       mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
       rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
@@ -963,7 +1003,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   };
   // The largest row of each matrix over the layers (the slots' sizes).
   size_t rbmax[kMats] = {};
-  bool kdown = false;
+  bool kdown = false, uniform = m.output.type == T0;  // every matrix T0
   for (const DecodeLayer& d : m.layers) {
     const WeightView* ws[kMats] = {&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down};
     const int64_t rows[kMats] = {QD, KD, KD, E, F, F, E};
@@ -975,9 +1015,13 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
       rbmax[i] = std::max(rbmax[i], ws[i]->row_bytes);
     }
     kdown = kdown || k_quant(d.down.type);
+    for (const WeightView* w : ws) uniform = uniform && w->type == T0;
     if (d.kv.type != l0.kv.type) return no("cache types differ");
   }
   if (!shaped(m.output, m.output.rows, E, false)) return no("output matrix type or shape");
+  for (const float* a : {m.x, m.att, m.act_att, m.act_g}) {  // read as float4s (for_each_l2)
+    if (reinterpret_cast<uintptr_t>(a) % 16 != 0) return no("activations not 16-byte aligned");
+  }
 
   int dev = 0, sms = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
@@ -993,8 +1037,8 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   const size_t qkv_b = align16(slot_bytes(share(QD + 2 * KD), rb_qkv) + (quant ? 3 * 48 : 0));
   const size_t down_b = align16(slot_bytes(share(E), rbmax[kMdown]));
   const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
-  const size_t gu_b = align16(slot_bytes(share(F), rbmax[kMgate])) +
-                      align16(slot_bytes(share(F), rbmax[kMup]));
+  const size_t gu_b =
+      align16(slot_bytes(share(F), rbmax[kMgate])) + align16(slot_bytes(share(F), rbmax[kMup]));
   const size_t sf_at = down_b + 32;  // 32: qd::rd32's reads past the down tile's last row
   const size_t sf_b = kdown ? qd::long_slot_bytes(share(E), static_cast<int>(F / 32)) : 0;
   const size_t widest = static_cast<size_t>(std::max({E, QD, F}));
@@ -1016,8 +1060,8 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   while (lm_rows > kWarps && room / align16(slot_bytes(lm_rows, rb_out)) < 3) lm_rows /= 2;
   const size_t slot = align16(slot_bytes(lm_rows, rb_out));
   const int lm_stages = static_cast<int>(std::min<size_t>(kLmStages, room / slot));
-  const size_t pg = align16(std::max({p_b + gu_b, sf_at + sf_b,
-                                      static_cast<size_t>(std::max(lm_stages, 2)) * slot}));
+  const size_t pg = align16(
+      std::max({p_b + gu_b, sf_at + sf_b, static_cast<size_t>(std::max(lm_stages, 2)) * slot}));
   const size_t smem = pg + xs_b + res_b;
   if (lm_stages < 2 || smem + kStatic > static_cast<size_t>(optin)) {
     return no("a block's share of the weights needs " + std::to_string(smem) +
@@ -1027,7 +1071,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   std::unique_ptr<DecodeStep> st(new DecodeStep());
   st->impl_ = new Impl();
   Impl& im = *st->impl_;
-  im.type = quant ? static_cast<uint32_t>(GgmlType::Q8_0) : T0;  // the kernel's family
+  im.type = !quant || uniform ? T0 : static_cast<uint32_t>(GgmlType::Q4_K);  // the kernel's
   im.n_layer = static_cast<int>(m.layers.size());
   im.kv_f16 = l0.kv.type == KvType::F16;
   st->blocks_ = G;

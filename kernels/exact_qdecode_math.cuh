@@ -276,8 +276,8 @@ EXQ_HD float combine(const float* acc) {
 // step's K-quant down both run this: the same per-thread code, the same bits.
 template <GgmlType T, bool REP, int NT, class RowPtr, class Out>
 __device__ __forceinline__ void long_row_dots(RowPtr rowp, int nr, int units, const int8_t* aq,
-                                              const float* ad, const int32_t* abs, int* S,
-                                              float* F, Out&& out) {
+                                              const float* ad, const int32_t* abs, int* S, float* F,
+                                              Out&& out) {
   const int tid = static_cast<int>(threadIdx.x);
   const int items = nr * units;
   for (int it = tid; it < items; it += NT) {

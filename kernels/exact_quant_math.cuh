@@ -118,9 +118,13 @@ EXQ_HD void q4_0_ints(const uint32_t (&w)[4], const uint32_t (&y)[8], int (&s)[8
 
 // Q5_0 block: qh (bytes 2..5) and qs words w[4]; fifth bit of element j is bit j of qh.
 // Lane i's int: qs word w (word i % 4 of the block's qs), activation word y.
+// The lane's 4 fifth bits h (bits 4i .. 4i + 3 of qh) go to bit 4 of bytes 0..3 by one
+// multiply: h * 0x00204081 places bit k of h at bit 8k (the four shifted copies occupy the
+// disjoint bits 0-3, 7-10, 14-17, 21-24: no carries), the mask keeps those four bits.
 EXQ_HD int q5_0_int(int i, uint32_t qh, uint32_t w, uint32_t y) {
-  uint32_t v = (i < 4 ? w : (w >> 4)) & 0x0F0F0F0Fu;
-  for (int k = 0; k < 4; ++k) v |= ((qh >> (4 * i + k)) & 1u) << (8 * k + 4);
+  const uint32_t h = (qh >> (4 * i)) & 0xFu;
+  const uint32_t v =
+      ((i < 4 ? w : (w >> 4)) & 0x0F0F0F0Fu) | (((h * 0x00204081u) & 0x01010101u) << 4);
   return dp4a(v, y, 0) - 16 * bytesum(y);
 }
 EXQ_HD void q5_0_ints(uint32_t qh, const uint32_t (&w)[4], const uint32_t (&y)[8], int (&s)[8]) {

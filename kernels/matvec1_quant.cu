@@ -355,12 +355,12 @@ __global__ void __launch_bounds__(kQdThreads)
   const uint8_t* tile = reinterpret_cast<const uint8_t*>(s_raw) + off;
   int* S = reinterpret_cast<int*>(reinterpret_cast<uint8_t*>(s_raw) + tile_alloc_bytes);
   float* F = reinterpret_cast<float*>(S + static_cast<size_t>(R) * units * qd::kSlotStride);
-  qd::long_row_dots<T, REP, kQdThreads>(
-      [&](int rr) { return tile + static_cast<size_t>(rr) * rb; }, nr, units, aq, ad, abs, S, F,
-      [&](int r, float d) {
-        float* o = y + r0 + r;
-        *o = accumulate ? *o + d : d;
-      });
+  qd::long_row_dots<T, REP, kQdThreads>([&](int rr) { return tile + static_cast<size_t>(rr) * rb; },
+                                        nr, units, aq, ad, abs, S, F,
+                                        [&](int r, float d) {
+                                          float* o = y + r0 + r;
+                                          *o = accumulate ? *o + d : d;
+                                        });
 }
 
 constexpr size_t kSmemLimit = 46 * 1024;  // under the 48 KB default
@@ -398,12 +398,12 @@ void launch_qdecode(const WeightView& w, const ActBuf& a, float* y, bool accumul
   const int RL = long_rows_per_block(w.rows, w.row_bytes, units);
   if (RL > 0) {
     const size_t ta = tile_alloc(static_cast<size_t>(RL) * w.row_bytes);
-    launch_pdl_smem("exact_qdecode_long_kernel", qdecode_long_kernel<T, REP>,
-                    dim3(static_cast<unsigned>((w.rows + RL - 1) / RL)), dim3(kQdThreads),
-                    ta + qd::long_slot_bytes(RL, units), stream, static_cast<const uint8_t*>(w.data),
-                    static_cast<int>(w.rows), units, w.row_bytes, RL, ta,
-                    static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d),
-                    static_cast<const int32_t*>(a.bsum), y, accumulate ? 1 : 0);
+    launch_pdl_smem(
+        "exact_qdecode_long_kernel", qdecode_long_kernel<T, REP>,
+        dim3(static_cast<unsigned>((w.rows + RL - 1) / RL)), dim3(kQdThreads),
+        ta + qd::long_slot_bytes(RL, units), stream, static_cast<const uint8_t*>(w.data),
+        static_cast<int>(w.rows), units, w.row_bytes, RL, ta, static_cast<const int8_t*>(a.q),
+        static_cast<const float*>(a.d), static_cast<const int32_t*>(a.bsum), y, accumulate ? 1 : 0);
     return;
   }
   const int R = rows_per_block(w.rows, w.row_bytes);

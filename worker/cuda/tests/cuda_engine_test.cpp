@@ -525,9 +525,9 @@ TEST(CudaEngine, FastNumericsDecodeStepsAreTheExactOnes) {
 // engine that samples and evaluates one call at a time: the same ids, logits hashes and logits
 // bit for bit at every step, greedy and sampled with a repetition penalty, on the persistent
 // step (F16 and g7 Q4_K; across its last local key, 768, where the per-op step takes over) and
-// the per-op one (g2 Q4_K), up to the context's last position (where no step can start). A started step
-// that no eval takes is dropped: logits() and sample() then throw (its logits replaced the sampled
-// ones), and an eval of another token, or a reset and a new prompt, give the other engine's
+// the per-op one (g2 Q4_K), up to the context's last position (where no step can start). A started
+// step that no eval takes is dropped: logits() and sample() then throw (its logits replaced the
+// sampled ones), and an eval of another token, or a reset and a new prompt, give the other engine's
 // logits.
 // REQ: M0-W-1214 M0-W-1420 WRK-D1
 TEST(CudaEngine, SampleAndContinueStartsTheSampledTokensStep) {
