@@ -149,7 +149,14 @@ GenerationResult generate(Engine& engine, const Tokenizer& tok, const Generation
         res.stop_reason = StopReason::Eos;
         break;
       }
-      emit(stops.push(decoder.push(id)), id);
+      std::string text = stops.push(decoder.push(id));
+      if (!stops.matched() && i + 1 == max_new) {
+        // The last token: text held as a possible stop-sequence prefix goes out with it (an
+        // event after it would make more token events than tokens_out).
+        text += stops.release();
+        text += decoder.flush();
+      }
+      emit(text, id);
       if (stops.matched()) {
         res.stop_reason = StopReason::StopSequence;
         res.stop_sequence_matched = stops.matched_stop();
