@@ -391,6 +391,34 @@ TEST(ExactQuantHost, ConversionsAgreeWithCpuReference) {
   }
 }
 
+// HOST: Q5_0's per-lane integer (qm::q5_0_int: the 4 fifth bits of a lane placed by one
+// multiply, the persistent decode step's and the per-op kernels' helper) against the block's
+// elements as ggml's dequantize_row_q5_0 reads them (element j: low nibble of qs[j] and bit j
+// of qh; element j + 16: high nibble and bit j + 16), on random blocks and activations: lane i
+// is the integer dot of elements 4i .. 4i + 3 (minus 16 each) with the lane's 4 quants.
+// REQ: M0-W-1430
+TEST(ExactQuantHost, Q5_0LaneIntegerIsTheDotOfItsFourElements) {
+  XorShift rng(11);
+  for (int n = 0; n < 200000; ++n) {
+    const uint32_t qh = static_cast<uint32_t>(rng.next());
+    uint8_t qs[16];
+    for (auto& b : qs) b = static_cast<uint8_t>(rng.next());
+    int q[32];
+    for (int j = 0; j < 16; ++j) {
+      q[j] = static_cast<int>((qs[j] & 0xF) | (((qh >> j) & 1u) << 4)) - 16;
+      q[j + 16] = static_cast<int>((qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+    }
+    uint32_t w[4];
+    std::memcpy(w, qs, sizeof w);
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t y = static_cast<uint32_t>(rng.next());
+      int ref = 0;
+      for (int k = 0; k < 4; ++k) ref += q[4 * i + k] * static_cast<int8_t>(y >> (8 * k));
+      ASSERT_EQ(qm::q5_0_int(i, qh, w[i % 4], y), ref) << "qh " << qh << " lane " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // HOST WARP SIMULATOR: the matmul kernels' own per-thread code (qm::qmm_block,
 // qm::qmv_row_block) run by one host thread per GPU thread, kMMWarps x 32 per block; warp
