@@ -106,4 +106,34 @@ class DecodeStep {
 // measurements); read once.
 bool decode_step_enabled();
 
+// How the step copies a block's rows of a matrix into shared memory (decode_step.cu; here for
+// its host test, DecodeStepHost.*).
+namespace step {
+__host__ __device__ constexpr size_t align16(size_t n) {
+  return (n + 15) & ~size_t{15};
+}
+// A block's rows [r0, r1) of a matrix of rb bytes a row as the bulk copy moves them: the
+// 16-byte units that hold them, `bytes` from byte `lo` of the matrix, row r0 at byte `off` of
+// the copy (0 when rows are multiples of 16 bytes). The matrices lie in the weights' arena,
+// which aligns every tensor to 256 bytes (worker/cuda/device_buffer.h): the unit that holds a
+// matrix's last byte is inside the allocation.
+struct Span {
+  size_t lo;
+  unsigned bytes, off;
+};
+__host__ __device__ inline Span span_of(size_t rb, int r0, int r1) {
+  if (r1 <= r0) return {0, 0, 0};
+  const size_t a = static_cast<size_t>(r0) * rb, b = static_cast<size_t>(r1) * rb;
+  const size_t lo = a & ~size_t{15};
+  return {lo, static_cast<unsigned>(align16(b) - lo), static_cast<unsigned>(a - lo)};
+}
+// Shared bytes of the slot a copy of n rows lands in: exactly the rows when they are
+// multiples of 16 bytes (consecutive slots are then one tile), else the units with the
+// start's offset and 16 bytes past the end (qd::rd32 reads the word after a row's last).
+__host__ __device__ inline size_t slot_bytes(int n, size_t rb) {
+  if (n <= 0) return 0;
+  return rb % 16 == 0 ? static_cast<size_t>(n) * rb : align16(static_cast<size_t>(n) * rb) + 32;
+}
+}  // namespace step
+
 }  // namespace worker::kern::exact

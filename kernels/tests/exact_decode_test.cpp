@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "decode_step.cuh"
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
@@ -270,6 +271,54 @@ TEST(ExactDecodeGpu, MatchesMatmulAtModelShapes) {
       EXPECT_EQ(0, std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)))
           << "matvec1_float and matmul differ: " << ggml_type_name(static_cast<uint32_t>(t)) << " "
           << rows << "x" << cols;
+    }
+  }
+}
+
+// HOST: how the persistent decode step copies a block's rows (ex::step::span_of,
+// ex::step::slot_bytes): for the row sizes of the step's types (Q8_0 / Q5_0 / Q4_K / Q6_K / float
+// rows of the test and 0.5B shapes) and every split of a matrix over 1 .. 140 blocks, each block's
+// copy starts and ends on 16-byte units, holds its rows (row r0 at `off`), ends no later than the
+// unit that holds the matrix's last byte (inside the weights' 256-byte aligned allocation), fits
+// its slot with 4 bytes to spare past the last row where rows are not multiples of 16 (qd::rd32
+// reads the next word), and is exactly the rows where they are (float tiles stay contiguous).
+// REQ: M0-W-1214 WRK-D15
+TEST(DecodeStepHost, SpansHoldTheRowsInsideTheirSlots) {
+  const size_t row_bytes[] = {952, 616, 68, 44, 5168, 3344, 2736, 3990, 576, 840, 1792, 256, 3584};
+  const int matrix_rows[] = {1, 7, 128, 896, 1152, 2051, 4864, 151936};
+  for (const size_t rb : row_bytes) {
+    for (const int R : matrix_rows) {
+      for (int G = 1; G <= 140; ++G) {
+        for (int c = 0; c < G; ++c) {
+          const int r0 = static_cast<int>(static_cast<long long>(R) * c / G);
+          const int r1 = static_cast<int>(static_cast<long long>(R) * (c + 1) / G);
+          const ex::step::Span sp = ex::step::span_of(rb, r0, r1);
+          SCOPED_TRACE("rb " + std::to_string(rb) + " rows " + std::to_string(R) + " block " +
+                       std::to_string(c) + " of " + std::to_string(G));
+          if (r1 == r0) {
+            ASSERT_EQ(sp.bytes, 0u);
+            ASSERT_EQ(ex::step::slot_bytes(0, rb), 0u);
+            continue;
+          }
+          const size_t a = static_cast<size_t>(r0) * rb, b = static_cast<size_t>(r1) * rb;
+          ASSERT_EQ(sp.lo % 16, 0u);
+          ASSERT_EQ(sp.bytes % 16, 0u);
+          ASSERT_EQ(sp.lo + sp.off, a);
+          ASSERT_LT(sp.off, 16u);
+          ASSERT_GE(sp.lo + sp.bytes, b);
+          ASSERT_LE(sp.lo + sp.bytes, ex::step::align16(static_cast<size_t>(R) * rb));
+          const size_t slot = ex::step::slot_bytes(r1 - r0, rb);
+          ASSERT_EQ(slot % 16, 0u);
+          ASSERT_LE(sp.bytes, slot);
+          if (rb % 16 == 0) {
+            ASSERT_EQ(sp.off, 0u);
+            ASSERT_EQ(sp.bytes, b - a);
+            ASSERT_EQ(slot, b - a);
+          } else {
+            ASSERT_GE(slot, sp.off + (b - a) + 4);
+          }
+        }
+      }
     }
   }
 }
