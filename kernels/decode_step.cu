@@ -36,7 +36,7 @@
 // written in reports/perf-notes.md (v11).
 //
 // Numerics: the same per-thread code as the launch-per-op step: the RMSNorm's double tree with
-// the certainty check (thread k summing columns k, k + 256, ...), each matrix row in the vec_dot
+// the certainty check (thread k summing the float4 groups k, k + 256, ...), each row in the vec_dot
 // order of matvec1_float (fr::smem_rows_dot: independent rows interleaved, each row's chains
 // unchanged), SwiGLU (math::swiglu_one, a thread per row after the dots), the activation
 // roundings, and attn_decode_block for the attention. Quantized weights (a type per matrix):
