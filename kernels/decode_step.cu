@@ -52,6 +52,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -777,13 +778,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
           qd::long_row_dots<GgmlType::Q4_K, false, kThreads>(row, nr, units, aq, ad, abs, S, F,
                                                              add_residual);
         }
-      } else {
-        quantize(p.F);
-        stamp(p.trace, l, 18);
-        mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
-        rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
       }
-    } else {
+    }
+    if (!quant_mix<T>() || !k_quant(td)) {
       quantize(p.F);
       stamp(p.trace, l, 18);
       mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
@@ -913,12 +910,17 @@ StepParams<KT> fill_params(const DecodeModel& m) {
   return p;
 }
 
+// A layer's matrices in StepLayer's order (Mat).
+std::array<const WeightView*, kMats> mats(const DecodeLayer& d) {
+  return {&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down};
+}
+
 template <class KT>
 std::vector<StepLayer<KT>> layer_table(const DecodeModel& m) {
   std::vector<StepLayer<KT>> t;
   for (const DecodeLayer& d : m.layers) {
     StepLayer<KT> L = {};
-    const WeightView* ws[kMats] = {&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down};
+    const std::array<const WeightView*, kMats> ws = mats(d);
     for (int i = 0; i < kMats; ++i) {
       L.w[i] = static_cast<const uint8_t*>(ws[i]->data);
       L.sh.t[i] = ws[i]->type;
@@ -984,7 +986,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   size_t rbmax[kMats] = {};
   bool kdown = false, uniform = m.output.type == T0;  // every matrix T0
   for (const DecodeLayer& d : m.layers) {
-    const WeightView* ws[kMats] = {&d.wq, &d.wk, &d.wv, &d.wo, &d.gate, &d.up, &d.down};
+    const std::array<const WeightView*, kMats> ws = mats(d);
     const int64_t rows[kMats] = {QD, KD, KD, E, F, F, E};
     const int64_t cols[kMats] = {E, E, E, QD, E, E, F};
     for (int i = 0; i < kMats; ++i) {
