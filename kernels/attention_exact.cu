@@ -584,14 +584,19 @@ __global__ void __launch_bounds__(kKqvThreads)
 // ---- attention, one token (decode): one launch (attention_exact_decode.cuh) ------------
 
 // Block blockIdx.x % C of head blockIdx.x / C; a hardware cluster of C blocks when C > 1.
+// Dynamic shared memory: DecSmem, then the K / V stage (dec_kv_stage_bytes, or none).
 template <class KV, bool ROPE>
 __global__ void __launch_bounds__(kDecThreads)
     ex_attn_decode_kernel(DecArgs<typename KV::T> a, int C) {
-  __shared__ DecSmem sm;
+  extern __shared__ __align__(16) uint8_t dsm[];
+  auto& sm = *reinterpret_cast<DecSmem*>(dsm);
+  uint32_t* const kst =
+      dec_kv_stage_bytes<KV>() != 0 ? reinterpret_cast<uint32_t*>(dsm + sizeof(DecSmem)) : nullptr;
   const int blk = static_cast<int>(blockIdx.x);
   attn_decode_block<KV, ROPE>(
-      a, blk / C, blk % C, C, true, sm, [] { griddep_wait(); }, [](int) {});
+      a, blk / C, blk % C, C, true, sm, kst, false, [] { griddep_wait(); }, [](int) {});
 }
+static_assert(sizeof(DecSmem) % 16 == 0, "the key stage after DecSmem: 16-byte aligned");
 
 __global__ void ex_f16_bits_kernel(const float* __restrict__ x, uint16_t* __restrict__ y,
                                    size_t n) {
@@ -696,7 +701,15 @@ void launch_decode(const DecArgs<T>& a, cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(a.n_head * cluster));
   cfg.blockDim = dim3(kDecThreads);
-  cfg.dynamicSmemBytes = 0;
+  constexpr size_t kSmem = sizeof(DecSmem) + dec_kv_stage_bytes<KV>();
+  static const bool attr_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(ex_attn_decode_kernel<KV, ROPE>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kSmem)));
+    return true;
+  }();
+  (void)attr_set;
+  cfg.dynamicSmemBytes = kSmem;
   cfg.stream = stream;
   cudaLaunchAttribute attr[2] = {};
   unsigned na = 0;

@@ -40,9 +40,10 @@ namespace worker::kern::exact {
 //     rounding fused here, by block 0 of the cluster after one more cluster barrier, measured
 //     slower than the separate quantize_act launch: bench/kernel_bench, reports/perf-notes.md.)
 // Scores and exps live in the scratch (token 0's slots of the batch layout), read across blocks
-// only after a cluster barrier (its release / acquire) and through L2 (__ldcg). Before its
-// PDL wait each block reads n_past and prefetches its cache rows below n_past into L2.
-// Geometry: n_head * C blocks, independent of n_past.
+// only after a cluster barrier (its release / acquire) and through L2 (__ldcg). FP16 cache: the
+// block's K rows (head_dim 64) and its 8 V columns are copied into a stage in shared memory
+// (dec_stage, attn_stage_kv: cp.async) and read from there; what is not staged is prefetched
+// into L2 before the wait. Geometry: n_head * C blocks, independent of n_past.
 
 constexpr int kDecThreads = 256;
 constexpr int kDecMaxHd = 256;
@@ -56,14 +57,22 @@ static_assert(kDecMaxHd <= kDecThreads, "dec_rope_qkv: one element of a head a t
 // alike (bench/kernel_bench, H100, 0.5B shape: FP16 cache 6.8 vs 10.2 us at n_past 100, 10.0
 // vs 11.3 at 500, 13.7 vs 13.1 at 1000; FP32 cache 7.3 vs 10.0 at 100, 12.0 vs 11.3 at 500).
 constexpr int kDecLocalKeys = 768;  // the shared arrays' size: the larger of the two
-// Keys a thread scores with all their rows loaded at once (local mode: kDecLocalKeys keys).
-constexpr int kDecKeysAtOnce = (kDecLocalKeys + kDecThreads - 1) / kDecThreads;
 template <class KV>
 constexpr int local_keys_of() {
   return sizeof(typename KV::T) == 2 ? 768 : 384;
 }
-// Words of a staged FP16 key row of head_dim 64 (32 words of data, 4 of padding).
+// The key stage (FP16 cache, head_dim 64): a block's key rows (at most kDecLocalKeys) copied
+// into shared memory by cp.async, kDecKeyRowWords words a row (32 words of data, 4 of
+// padding: a quarter warp's 16-byte reads of 8 rows hit distinct banks).
 constexpr int kDecKeyRowWords = 36;
+// Then the V stage: 8 values (16 bytes) a key.
+constexpr size_t kDecKvStageBytes = static_cast<size_t>(kDecLocalKeys) * kDecKeyRowWords * 4 +
+                                    static_cast<size_t>(kDecLocalKeys) * 16;
+// The stage a block of the decode attention needs (0: every read from global memory).
+template <class KV>
+__host__ __device__ constexpr size_t dec_kv_stage_bytes() {
+  return sizeof(typename KV::T) == 2 ? kDecKvStageBytes : 0;
+}
 // The rounding of the output for the next matmul: an ActType, or kDecActNone.
 constexpr int kDecActNone = -1;
 
@@ -88,15 +97,38 @@ struct DecRope {
 //
 // One head's bias_rope_store ops before the store, for q (query head h) and k / v (its KV
 // group at offset go): dst = RoPE(src + bias) for the first n_rot dims, src + bias for the
-// rest; v + bias. cs: the position's {cos, sin} pairs. Every load (through L2: other blocks
-// wrote q / k / v) is issued before the first is used: one memory round trip, not three.
+// rest; v + bias. The biases and the position's {cos, sin} pairs (constants of the model: no
+// op of the step writes them) are loaded before the block's wait (DecRopeConst); after it, q,
+// k and v (through L2: other blocks wrote them) in one round trip.
 // hd <= kDecThreads (kDecMaxHd): one element (or pair) a thread.
 struct DecRopeSrc {
   const float *src, *bias;
   float* dst;
 };
+struct DecRopeConst {
+  float2 cs = make_float2(0.0f, 0.0f);  // this thread's pair's {cos, sin}
+  float q0 = 0.0f, q1 = 0.0f, qt = 0.0f, k0 = 0.0f, k1 = 0.0f, kt = 0.0f, v = 0.0f;  // biases
+};
+__device__ __forceinline__ DecRopeConst dec_rope_consts(const float* bq, const float* bk,
+                                                        const float* bv, const float2* cs, int hd,
+                                                        int n_rot, int neox) {
+  const int tid = static_cast<int>(threadIdx.x), half = n_rot / 2;
+  const int i0 = neox ? tid : 2 * tid, i1 = neox ? tid + half : 2 * tid + 1, it = n_rot + tid;
+  DecRopeConst r;
+  if (tid < half) {
+    r.cs = cs[tid];
+    if (bq != nullptr) r.q0 = bq[i0], r.q1 = bq[i1];
+    if (bk != nullptr) r.k0 = bk[i0], r.k1 = bk[i1];
+  }
+  if (it < hd) {
+    if (bq != nullptr) r.qt = bq[it];
+    if (bk != nullptr) r.kt = bk[it];
+  }
+  if (tid < hd && bv != nullptr) r.v = bv[tid];
+  return r;
+}
 __device__ __forceinline__ void dec_rope_qkv(DecRopeSrc q, DecRopeSrc k, DecRopeSrc v,
-                                             const float2* cs, int hd, int n_rot, int neox) {
+                                             const DecRopeConst& b, int hd, int n_rot, int neox) {
   const int tid = static_cast<int>(threadIdx.x), half = n_rot / 2;
   const bool pair = tid < half, tail = n_rot + tid < hd, vt = tid < hd;
   const int i0 = neox ? tid : 2 * tid, i1 = neox ? tid + half : 2 * tid + 1, it = n_rot + tid;
@@ -113,25 +145,24 @@ __device__ __forceinline__ void dec_rope_qkv(DecRopeSrc q, DecRopeSrc k, DecRope
   }
   if (vt) vv = __ldcg(v.src + tid);
   if (pair) {
-    const float2 c = cs[tid];
-    const auto rot = [&](const DecRopeSrc& o, float x0, float x1) {
+    const auto rot = [&](const DecRopeSrc& o, float x0, float x1, float b0, float b1) {
       if (o.bias != nullptr) {
-        x0 = x0 + o.bias[i0];
-        x1 = x1 + o.bias[i1];
+        x0 = x0 + b0;
+        x1 = x1 + b1;
       }
       float d0, d1;
-      math::rope_pair(x0, x1, c.x, c.y, d0, d1);
+      math::rope_pair(x0, x1, b.cs.x, b.cs.y, d0, d1);
       o.dst[i0] = d0;
       o.dst[i1] = d1;
     };
-    rot(q, q0, q1);
-    rot(k, k0, k1);
+    rot(q, q0, q1, b.q0, b.q1);
+    rot(k, k0, k1, b.k0, b.k1);
   }
   if (tail) {
-    q.dst[it] = q.bias != nullptr ? qt + q.bias[it] : qt;
-    k.dst[it] = k.bias != nullptr ? kt + k.bias[it] : kt;
+    q.dst[it] = q.bias != nullptr ? qt + b.qt : qt;
+    k.dst[it] = k.bias != nullptr ? kt + b.kt : kt;
   }
-  if (vt) v.dst[tid] = v.bias != nullptr ? vv + v.bias[tid] : vv;
+  if (vt) v.dst[tid] = v.bias != nullptr ? vv + b.v : vv;
 }
 
 // The cluster barrier's arrive has release and its wait acquire semantics at cluster scope
@@ -147,6 +178,19 @@ __device__ __forceinline__ void dec_cluster_sync(int C) {
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+// 16 bytes global -> shared, asynchronous (L2 only: the cache rows are read once a step).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                   static_cast<unsigned>(__cvta_generic_to_shared(dst))),
+               "l"(src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // The arguments of one head's decode attention (the kernel's parameters).
@@ -167,19 +211,15 @@ struct DecArgs {
   DecRope<T> rp;
 };
 
-// The shared memory of one block of the decode attention.
-struct DecSmem {
+// The shared memory of one block of the decode attention (the key stage, when there is one,
+// follows it).
+struct alignas(16) DecSmem {
   float qs[kDecMaxHd];  // the query as KQ reads it
   // ROPE: the rotated q (the q output) and this token's K and V rows as stored.
   float qr[kDecMaxHd];
   float knew[kDecMaxHd];
   float vnew[kDecMaxHd];
-  union {
-    float r32[32 * kDecMaxHd];  // KQV's partial chains
-    // The scores' FP16 key rows (head_dim 64), kDecThreads at a time, padded to
-    // kDecKeyRowWords words so that a quarter warp's 16-byte reads of 8 rows hit distinct banks.
-    uint32_t krows[kDecThreads * kDecKeyRowWords];
-  };
+  float r32[32 * kDecMaxHd];  // KQV's partial chains
   float shf[32];
   double shd[32];
   float sh_inv;
@@ -189,21 +229,112 @@ struct DecSmem {
   float bs_l[kDecLocalKeys / 16];
 };
 
+// The block's share of the keys (block r of a head's C): its 16-blocks [s_lo, s_hi), the keys
+// it scores [j_lo, j_hi) (all of them in local mode), and the keys below n_cached that are read
+// from the cache ((ROPE) key n_past comes from the block's own copy).
+struct DecKeys {
+  int n_past, n_att, nb, cap, s_lo, s_hi, b_lo, b_hi, j_lo, j_hi, n_cached;
+  bool local;  // uniform over the grid
+};
+template <bool ROPE, class T>
+__device__ __forceinline__ DecKeys dec_keys(const DecArgs<T>& a, int r, int C) {
+  DecKeys k;
+  k.n_past = a.d_n_past[0];
+  k.n_att = k.n_past + 1;
+  k.nb = (k.n_att + 15) / 16;
+  k.cap = (k.n_att + 63) & ~63;
+  k.local = k.n_att <= a.local_keys;
+  const int per = (k.nb + C - 1) / C;
+  k.s_lo = min(k.nb, r * per);
+  k.s_hi = min(k.nb, r * per + per);
+  k.b_lo = k.local ? 0 : k.s_lo;
+  k.b_hi = k.local ? k.nb : k.s_hi;
+  k.j_lo = 16 * k.b_lo;
+  k.j_hi = min(k.n_att, 16 * k.b_hi);
+  k.n_cached = ROPE ? k.n_past : k.n_att;
+  return k;
+}
+
+// The cache reads that go through the block's stage (kst, the caller's shared memory of
+// dec_kv_stage_bytes; nullptr: none), FP16 cache only: the K rows of its keys when head_dim is
+// 64 and they are at most kDecLocalKeys (kDecKeyRowWords words a row), and the V columns of its
+// KQV dims when they are 8 (16 bytes a key) and the cached keys at most kDecLocalKeys. The rest
+// is read from global memory (through L2 prefetches issued before the wait).
+struct DecStage {
+  uint32_t* k = nullptr;  // K rows, row i = key j_lo + i
+  uint16_t* v = nullptr;  // V: key j's 8 values at v + 8 j
+  int d_lo = 0, dn = 0;   // the block's KQV dims [d_lo, d_lo + dn)
+};
+template <class KV>
+__device__ __forceinline__ DecStage dec_stage(const DecArgs<typename KV::T>& a, const DecKeys& k,
+                                              int h, int r, int C, uint32_t* kst) {
+  DecStage st;
+  const int hd = a.hd;
+  const int dper = (hd + C - 1) / C;
+  st.d_lo = min(hd, r * dper);
+  st.dn = min(hd, st.d_lo + dper) - st.d_lo;
+  if (kst == nullptr || sizeof(typename KV::T) != 2 || a.kv_dim % 8 != 0) return st;
+  const size_t go = static_cast<size_t>(h / a.group) * hd;
+  if (hd == 64 && k.j_hi - k.j_lo <= kDecLocalKeys && math::aligned16(a.k_cache + go)) st.k = kst;
+  if (st.dn == 8 && k.n_cached <= kDecLocalKeys && math::aligned16(a.v_cache + go + st.d_lo)) {
+    st.v = reinterpret_cast<uint16_t*>(kst + kDecLocalKeys * kDecKeyRowWords);
+  }
+  return st;
+}
+
+// Issues the block's stage copies (cp.async, 16 bytes each, coalesced: 8 threads a 128-byte K
+// row; one thread a key's 8 V values) and commits them as one group; attn_decode_block waits for
+// them (cp.async.wait_all) after RoPE. Every thread of the block calls it.
+template <class KV, bool ROPE>
+__device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, int h, int r, int C,
+                                              uint32_t* kst) {
+  const DecKeys k = dec_keys<ROPE>(a, r, C);
+  const DecStage st = dec_stage<KV>(a, k, h, r, C, kst);
+  // Warps 1.. issue them: thread 0 (the persistent kernel's counter poll) then waits behind
+  // none (issued by every warp, the Q/K/V -> attention wait measured 0.5 us longer a layer).
+  const int tid = static_cast<int>(threadIdx.x) - kWarp;
+  constexpr int kN = kDecThreads - kWarp;
+  if (tid < 0) return;
+  const size_t go = static_cast<size_t>(h / a.group) * a.hd;
+  if (st.k != nullptr) {
+    const int rows = max(0, min(k.j_hi, k.n_cached) - k.j_lo);
+    for (int e = tid; e < 8 * rows; e += kN) {
+      const int i = e >> 3, pc = e & 7;
+      cp_async16(st.k + i * kDecKeyRowWords + 4 * pc,
+                 reinterpret_cast<const uint4*>(a.k_cache +
+                                                static_cast<size_t>(k.j_lo + i) * a.kv_dim + go) +
+                     pc);
+    }
+  }
+  if (st.v != nullptr) {
+    for (int j = tid; j < k.n_cached; j += kN) {
+      cp_async16(st.v + 8 * j, a.v_cache + static_cast<size_t>(j) * a.kv_dim + go + st.d_lo);
+    }
+  }
+  cp_async_commit();
+}
+
 // q, k_cache and v_cache are not __restrict__: with ROPE the block writes q (rp.q_out) and this
 // token's cache rows (rp.k_cache / v_cache) through other pointers; plain coherent loads also
 // measured faster here than the read-only path restrict allows.
 //
 // Block r (< C) of head h. `wait()` is called once, after the loads of data no earlier op of
-// the step writes (n_past, L2 prefetches of cache rows below n_past) and before anything an
-// earlier op wrote is read: griddep_wait() in ex_attn_decode_kernel, the persistent decode
-// kernel's barrier there. `hw_cluster`: the C blocks of the head are a hardware cluster
-// (C > 1); without one, C > 1 is allowed in local mode only (the blocks exchange nothing),
-// and rp.q_out must then be nullptr (no block may write q while another reads it).
-// `mark(k)` is called by every thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps,
-// 3 the softmax sum, 4 KQV).
+// the step writes (n_past, the RoPE's biases and {cos, sin}, the stage copies or L2 prefetches
+// of cache rows below n_past) and before anything an earlier op wrote is read: griddep_wait()
+// in ex_attn_decode_kernel, the persistent decode kernel's barrier there. `hw_cluster`: the C
+// blocks of the head are a hardware cluster (C > 1); without one, C > 1 is allowed in local
+// mode only (the blocks exchange nothing), and rp.q_out must then be nullptr (no block may
+// write q while another reads it). `kst`: the stage (dec_stage); `stage_early`: its copies are
+// issued before the wait (the persistent decode kernel, whose griddep_wait at its start ordered
+// every earlier step's cache writes before it), else after it (a PDL wait: an earlier kernel
+// may still run). Issued before the wait, they land while the block waits for q / k / v (the
+// wait is then ~1.7 us longer, the copies' L2 traffic: every block of a head copies all of its
+// K rows; the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2, perf-notes v29). `mark(k)` is called by every
+// thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the softmax sum, 4 KQV).
 template <class KV, bool ROPE, class Wait, class Mark>
 __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>& a, int h, int r,
-                                                  int C, bool hw_cluster, DecSmem& sm, Wait&& wait,
+                                                  int C, bool hw_cluster, DecSmem& sm,
+                                                  uint32_t* kst, bool stage_early, Wait&& wait,
                                                   Mark&& mark) {
   using T = typename KV::T;
   float* const qs = sm.qs;
@@ -222,41 +353,40 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   const int g = h / group;
   const DecRope<T>& rp = a.rp;
   const int tid = threadIdx.x;
-  // Before the wait: n_past (the step's io, written by a copy before the step's first kernel)
-  // and L2 prefetches of the cache rows below n_past this block reads (K rows of its keys, the
-  // V rows of the same keys: the cluster's blocks together cover every key), which earlier
-  // steps wrote; nothing this kernel's predecessors may still write.
-  const int n_past = a.d_n_past[0];
-  const int n_att = n_past + 1;
-  const int nb = (n_att + 15) / 16;
-  const int cap = (n_att + 63) & ~63;
-  const bool local = n_att <= a.local_keys;  // uniform over the grid
-  // This block's share of the cluster's 16-blocks of keys, [s_lo, s_hi); it computes the
-  // scores of all of them (local) or of its share, and prefetches its share either way (the
-  // other blocks' loads then hit L2).
-  const int per = (nb + C - 1) / C;
-  const int s_lo = min(nb, r * per), s_hi = min(nb, r * per + per);
-  const int b_lo = local ? 0 : s_lo, b_hi = local ? nb : s_hi;
-  const int j_lo = 16 * b_lo, j_hi = min(n_att, 16 * b_hi);
+  // Before the wait: n_past (the step's io, written by a copy before the step's first kernel),
+  // the stage copies or L2 prefetches of the cache rows below n_past this block reads (K rows
+  // of its keys, the V rows of the same keys: the cluster's blocks together cover every key),
+  // which earlier steps wrote, and the RoPE's constants.
+  const DecKeys ks = dec_keys<ROPE>(a, r, C);
+  const int n_past = ks.n_past, n_att = ks.n_att, nb = ks.nb, cap = ks.cap;
+  const bool local = ks.local;
+  const int b_lo = ks.b_lo, b_hi = ks.b_hi, j_lo = ks.j_lo, j_hi = ks.j_hi;
+  const int n_cached = ks.n_cached;
+  const DecStage st = dec_stage<KV>(a, ks, h, r, C, kst);
+  if (stage_early) attn_stage_kv<KV, ROPE>(a, h, r, C, kst);
+  const size_t go = static_cast<size_t>(g) * hd;
   {
-    const int p_lo = 16 * s_lo, p_hi = min(n_att, 16 * s_hi);
-    const size_t go = static_cast<size_t>(g) * hd;
+    const int p_lo = 16 * ks.s_lo, p_hi = min(n_att, 16 * ks.s_hi);
     for (int j = p_lo + tid; j < min(p_hi, n_past); j += kDecThreads) {
-      prefetch_l2(k_cache + static_cast<size_t>(j) * kv_dim + go);
-      prefetch_l2(v_cache + static_cast<size_t>(j) * kv_dim + go);
+      if (st.k == nullptr) prefetch_l2(k_cache + static_cast<size_t>(j) * kv_dim + go);
+      if (st.v == nullptr) prefetch_l2(v_cache + static_cast<size_t>(j) * kv_dim + go);
     }
   }
-  wait();
+  const T* kbase = k_cache + go;
   const float* qh = q + static_cast<size_t>(h) * hd;
-  // Keys below n_cached are read from the cache; (ROPE) key n_past from knew / vnew.
-  const int n_cached = ROPE ? n_past : n_att;
+  const float* const bq = rp.bq != nullptr ? rp.bq + static_cast<size_t>(h) * hd : nullptr;
+  const float* const bk = rp.bk != nullptr ? rp.bk + go : nullptr;
+  const float* const bv = rp.bv != nullptr ? rp.bv + go : nullptr;
+  DecRopeConst rc;
   if constexpr (ROPE) {
-    const float2* cs = rp.table + static_cast<size_t>(n_past) * (rp.n_rot / 2);
-    const size_t go = static_cast<size_t>(g) * hd;
-    dec_rope_qkv({qh, rp.bq != nullptr ? rp.bq + static_cast<size_t>(h) * hd : nullptr, qr},
-                 {rp.k_new + go, rp.bk != nullptr ? rp.bk + go : nullptr, knew},
-                 {rp.v_new + go, rp.bv != nullptr ? rp.bv + go : nullptr, vnew}, cs, hd, rp.n_rot,
-                 rp.neox);
+    rc = dec_rope_consts(bq, bk, bv, rp.table + static_cast<size_t>(n_past) * (rp.n_rot / 2), hd,
+                         rp.n_rot, rp.neox);
+  }
+  wait();
+  if (!stage_early) attn_stage_kv<KV, ROPE>(a, h, r, C, kst);
+  if constexpr (ROPE) {
+    dec_rope_qkv({qh, bq, qr}, {rp.k_new + go, bk, knew}, {rp.v_new + go, bv, vnew}, rc, hd,
+                 rp.n_rot, rp.neox);
     __syncthreads();
     const bool store = r == 0 && h % group == 0;  // one block per KV group
     const size_t row = static_cast<size_t>(n_past) * kv_dim + go;
@@ -273,6 +403,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   } else {
     for (int i = tid; i < hd; i += kDecThreads) qs[i] = KV::query(__ldcg(qh + i));
   }
+  cp_async_wait_all();  // this thread's stage copies (none: no-op); the barrier: everyone's
   __syncthreads();
   mark(0);
   // Scores, exps and block sums: this block's shared arrays (local mode) or the head's scratch
@@ -288,67 +419,34 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   const bool split_barrier = ROPE && local && C > 1 && hw_cluster;
   if (split_barrier) asm volatile("barrier.cluster.arrive;" ::: "memory");
   // 1. scores of this block's keys
-  const T* kbase = k_cache + static_cast<size_t>(g) * hd;
   float mx = -INFINITY;
   const auto score = [&](int j, float d) {
     const float s = d * a.kq_scale;
     sc[j] = s;
     mx = fmaxf(mx, s);
   };
-  if (sizeof(T) == 2 && hd == 64 && j_hi - j_lo <= kDecKeysAtOnce * kDecThreads &&
-      math::aligned16(kbase) && kv_dim % 8 == 0) {
-    // FP16 cache, head_dim 64, at most kDecKeysAtOnce keys a thread (local mode): every load
-    // of the block's key rows is issued before the first is used (one memory round trip, not
-    // one a key), coalesced (8 threads a 128-byte row: a warp's 16-byte loads touch 4 lines,
-    // where a thread a row touched 32: 8x the L1 wavefronts), then staged kDecThreads rows at
-    // a time in shared memory, where each thread runs KvF16::kq_vec's arithmetic on its own
-    // key: 64 chains of one FMA each and vecdot_reduce64.
-    uint4 kr[kDecKeysAtOnce][8];
-    const int prow = tid >> 3, pc = tid & 7;  // this thread's 16 bytes: rows prow + 32 i
+  if (st.k != nullptr) {
+    // Each thread runs KvF16::kq_vec's arithmetic on its keys' staged rows: 64 chains of one
+    // FMA each and vecdot_reduce64.
+    for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {
+      if (ROPE && j >= n_cached) {
+        score(j, KV::kq_vec(knew, qs, hd, false));
+      } else {
+        const uint32_t* row = st.k + (j - j_lo) * kDecKeyRowWords;
+        float acc[64];
 #pragma unroll
-    for (int t = 0; t < kDecKeysAtOnce; ++t) {
+        for (int c = 0; c < 8; ++c) {
+          const uint4 w4 = *reinterpret_cast<const uint4*>(row + 4 * c);
+          const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int j = j_lo + t * kDecThreads + prow + 32 * i;
-        kr[t][i] = make_uint4(0u, 0u, 0u, 0u);
-        if (j < j_hi && j < n_cached) {
-          kr[t][i] =
-              __ldg(reinterpret_cast<const uint4*>(kbase + static_cast<size_t>(j) * kv_dim) + pc);
-        }
-      }
-    }
-    uint32_t* const krows = sm.krows;
-#pragma unroll
-    for (int t = 0; t < kDecKeysAtOnce; ++t) {
-      const int j0 = j_lo + t * kDecThreads;
-      if (j0 >= j_hi) break;  // uniform over the block
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        *reinterpret_cast<uint4*>(krows + (prow + 32 * i) * kDecKeyRowWords + 4 * pc) = kr[t][i];
-      }
-      __syncthreads();
-      const int j = j0 + tid;
-      if (j < j_hi) {
-        if (ROPE && j >= n_cached) {
-          score(j, KV::kq_vec(knew, qs, hd, false));
-        } else {
-          const uint32_t* row = krows + tid * kDecKeyRowWords;
-          float acc[64];
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const uint4 w4 = *reinterpret_cast<const uint4*>(row + 4 * c);
-            const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-              const int l = 8 * c + 2 * i;
-              acc[l] = fmaf(math::h2f(static_cast<uint16_t>(w[i] & 0xFFFFu)), qs[l], 0.0f);
-              acc[l + 1] = fmaf(math::h2f(static_cast<uint16_t>(w[i] >> 16)), qs[l + 1], 0.0f);
-            }
+          for (int i = 0; i < 4; ++i) {
+            const int l = 8 * c + 2 * i;
+            acc[l] = fmaf(math::h2f(static_cast<uint16_t>(w[i] & 0xFFFFu)), qs[l], 0.0f);
+            acc[l + 1] = fmaf(math::h2f(static_cast<uint16_t>(w[i] >> 16)), qs[l + 1], 0.0f);
           }
-          score(j, math::vecdot_reduce64(acc));
         }
+        score(j, math::vecdot_reduce64(acc));
       }
-      __syncthreads();  // krows is refilled by the next 256 keys (or reused as r32)
     }
   } else {
     for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {
@@ -398,9 +496,10 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   }
   mark(3);
   // 3. KQV for dims [d_lo, d_lo + dn): task (l, d), l < 32, runs chains l and l + 32.
-  const int dper = (hd + C - 1) / C;
-  const int d_lo = min(hd, r * dper), dn = min(hd, d_lo + dper) - d_lo;
-  const T* vbase = v_cache + static_cast<size_t>(g) * hd + d_lo;
+  const int d_lo = st.d_lo, dn = st.dn;
+  // V of key j, dim d_lo + dl: vcol[j * vstride] (the stage's, or the cache's)
+  const T* const vbase = st.v != nullptr ? reinterpret_cast<const T*>(st.v) : v_cache + go + d_lo;
+  const size_t vstride = st.v != nullptr ? 8 : static_cast<size_t>(kv_dim);
   const int full = n_cached & ~63;
   for (int task = tid; task < 32 * dn; task += kDecThreads) {
     const int dl = task % dn, l = task / dn;
@@ -412,19 +511,19 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
 #pragma unroll 8
     for (; base < full; base += 64) {
       const size_t j0 = static_cast<size_t>(base + l), j1 = j0 + 32;
-      a0 = fmaf(KV::load(vcol[j0 * kv_dim]), KV::prob(ld(sc + j0), inv), a0);
-      a1 = fmaf(KV::load(vcol[j1 * kv_dim]), KV::prob(ld(sc + j1), inv), a1);
+      a0 = fmaf(KV::load(vcol[j0 * vstride]), KV::prob(ld(sc + j0), inv), a0);
+      a1 = fmaf(KV::load(vcol[j1 * vstride]), KV::prob(ld(sc + j1), inv), a1);
     }
     for (; base < cap; base += 64) {  // the last group (at most one)
       const int j0 = base + l, j1 = j0 + 32;
       float v0 = 0.0f, v1 = 0.0f;  // cache rows at or beyond n_cached are never read
       if (j0 < n_att) {
         v0 = ROPE && j0 >= n_cached ? vnew[d_lo + dl]
-                                    : KV::load(vcol[static_cast<size_t>(j0) * kv_dim]);
+                                    : KV::load(vcol[static_cast<size_t>(j0) * vstride]);
       }
       if (j1 < n_att) {
         v1 = ROPE && j1 >= n_cached ? vnew[d_lo + dl]
-                                    : KV::load(vcol[static_cast<size_t>(j1) * kv_dim]);
+                                    : KV::load(vcol[static_cast<size_t>(j1) * vstride]);
       }
       // Beyond n_att: the CPU's zero-padded values times zero weights.
       a0 = j0 < n_att ? fmaf(v0, KV::prob(ld(sc + j0), inv), a0) : fmaf(0.0f, 0.0f, a0);

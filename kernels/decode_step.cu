@@ -26,6 +26,8 @@
 // free (a block's rows of a matrix as the 16-byte units that hold them: Span; rows of Q8_0,
 // Q5_0 or Q6_K need not start at a multiple of 16 bytes, the tile then starts at an offset):
 //   after down (l - 1):   P <- Wo (l), Q/K/V (l)
+//   attention (l):        P and G, after the attention's arrays <- its K / V stage (cp.async
+//                         by warps 1.., issued before the attention's wait; attn_stage_kv)
 //   after attention (l):  G <- gate, up (l)   (issued earlier, their 17 MB of loads slowed the
 //                                              norm and attention's latency-bound reads)
 //   after Wo (l):         P <- down (l)
@@ -139,6 +141,7 @@ struct StepParams {
   unsigned* sync;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
+  unsigned off_kst;                 // the attention's key stage after its DecSmem (0: none)
   unsigned off_res;                 // the block's rows of x (Wo / down residual) and gate / up dots
   unsigned off_aq, off_ad;          // quantized weights: the input's Q8_0 / Q8_K quants, scales
   unsigned off_abs;                 // a K-quant down: the Q8_K input's sums of 16
@@ -266,11 +269,28 @@ __device__ __forceinline__ void for_each_l2(const float* src, int n, F&& f) {
   }
 }
 
-// xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2.
-// Also keeps x[r0 .. r1) in keep[0 ..].
+// The RMSNorm's weight, a constant of the model: loaded before the op's wait, so that its
+// round trip overlaps the wait (thread t holds w[t + kThreads u], u < kNormEarly; a wider
+// model's further columns are loaded after the sum).
+constexpr int kNormEarly = 8;
+struct NormW {
+  float v[kNormEarly];
+};
+__device__ __forceinline__ NormW norm_w(const float* w, int n) {
+  NormW r;
+#pragma unroll
+  for (int u = 0; u < kNormEarly; ++u) {
+    const int i = u * kThreads + static_cast<int>(threadIdx.x);
+    r.v[u] = i < n ? __ldg(w + i) : 0.0f;
+  }
+  return r;
+}
+
+// xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2, w's
+// first columns are in wp (norm_w). Also keeps x[r0 .. r1) in keep[0 ..].
 template <GgmlType T>
-__device__ void norm_act(float* xs, const float* x, const float* w, int n, float eps, double* shd,
-                         float* sh_mean, float* keep, int r0, int r1) {
+__device__ void norm_act(float* xs, const float* x, const float* w, const NormW& wp, int n,
+                         float eps, double* shd, float* sh_mean, float* keep, int r0, int r1) {
   const int tid = static_cast<int>(threadIdx.x);
   double s = 0.0;  // thread k: columns 4k .. 4k + 3, 4 (k + kThreads) .., in order (a tree:
                    // rms_mean_certain's bound holds for any order)
@@ -297,9 +317,20 @@ __device__ void norm_act(float* xs, const float* x, const float* w, int n, float
   }
   const float scale = math::rms_scale(mean, eps);
   __syncthreads();  // thread 0's fallback reads xs
-  for_each_batched<kThreads>(
-      n, [w](int i) { return __ldg(w + i); },
-      [&](int i, float wi) { xs[i] = math::act_round(act_type_of(T), (xs[i] * scale) * wi); });
+  const auto put = [&](int i, float wi) {
+    xs[i] = math::act_round(act_type_of(T), (xs[i] * scale) * wi);
+  };
+#pragma unroll
+  for (int u = 0; u < kNormEarly; ++u) {
+    const int i = u * kThreads + tid;
+    if (i < n) put(i, wp.v[u]);
+  }
+  constexpr int kDone = kNormEarly * kThreads;
+  if (n > kDone) {
+    for_each_batched<kThreads>(
+        n - kDone, [w](int i) { return __ldg(w + kDone + i); },
+        [&](int i, float wi) { put(kDone + i, wi); });
+  }
   __syncthreads();
 }
 
@@ -598,6 +629,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   if (n_past + 1 > p.layers[0].attn.local_keys) __trap();  // the engine's contract: local mode
   const int C = p.cv;
   griddep_wait();  // the embedding of this step's token (m.x)
+  // The attention's K / V stage: after the block's DecSmem in P, and over G, which is free
+  // from gate + up (l - 1) to the end of attention (l).
+  uint32_t* const kst = p.off_kst != 0 ? reinterpret_cast<uint32_t*>(P + p.off_kst) : nullptr;
   // Wo and down: x[e0 + i] += the row's dot (the block's rows of x are in xres)
   const auto add_residual = [&](int i, float d) {
     const float v = xf::add_rn(xres[i], d);
@@ -609,9 +643,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     const Shape& sh = shapes[l];
     unsigned* const ctr = p.sync + static_cast<size_t>(kOps) * l;
     // ---- RMSNorm + Q/K/V ----
+    const NormW wa = norm_w(L.attn_norm, p.E);
     if (l > 0) wait_for(ctr - 1, Gu);  // down (l - 1)
     stamp(p.trace, l, 0);
-    norm_act<T>(xs, p.x, L.attn_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e1);
+    norm_act<T>(xs, p.x, L.attn_norm, wa, p.E, p.eps, shd, &sh_mean, xres, e0, e1);
     quantize(p.E);
     stamp(p.trace, l, 1);
     mbar_wait(&bar_p, static_cast<unsigned>(l & 1));  // P: Wo, Q/K/V
@@ -656,7 +691,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     for (int u = c; u < p.n_head * C; u += G) {  // (head, block of the head) units
       auto& sm = *reinterpret_cast<DecSmem*>(P + p.off_qkv);
       attn_decode_block<KV, true>(
-          L.attn, u / C, u % C, C, false, sm,
+          L.attn, u / C, u % C, C, false, sm, kst, true,
           [&] {
             wait_for(ctr + 0, Gu);
             stamp(p.trace, l, 3);
@@ -685,9 +720,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
       bulk_copy(P, L.w[kMdown] + ds.lo, ds.bytes, &bar_d);
     }
     // ---- RMSNorm + gate + up + SwiGLU ----
+    const NormW wf = norm_w(L.ffn_norm, p.E);
     wait_for(ctr + 2, Gu);
     stamp(p.trace, l, 7);
-    norm_act<T>(xs, p.x, L.ffn_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+    norm_act<T>(xs, p.x, L.ffn_norm, wf, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
     quantize(p.E);
     stamp(p.trace, l, 8);
     mbar_wait(&bar_g, static_cast<unsigned>(l & 1));  // G: gate, up
@@ -795,9 +831,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     }
   }
   // ---- final RMSNorm + LM head ----
+  const NormW wo = norm_w(p.out_norm, p.E);
   wait_for(p.sync + static_cast<size_t>(kOps) * p.n_layer - 1, Gu);
   stamp(p.trace, p.n_layer, 0);
-  norm_act<T>(xs, p.x, p.out_norm, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+  norm_act<T>(xs, p.x, p.out_norm, wo, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
   quantize(p.E);
   stamp(p.trace, p.n_layer, 1);
   for (int s = 0; s < lm_chunks; ++s) {
@@ -1018,6 +1055,11 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   const size_t qkv_b = align16(slot_bytes(share(QD + 2 * KD), rb_qkv) + (quant ? 3 * 48 : 0));
   const size_t down_b = align16(slot_bytes(share(E), rbmax[kMdown]));
   const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
+  // The attention's key stage (FP16 cache, head_dim 64) after its DecSmem, over the rest of P
+  // and G (free from the block's Q/K/V to its attention's end; gate + up are copied after it).
+  const size_t kst_at = wo_b + std::max(qkv_b, align16(sizeof(DecSmem)));
+  const size_t kst_b = l0.kv.type == KvType::F16 ? dec_kv_stage_bytes<math::KvF16>()
+                                                 : dec_kv_stage_bytes<math::KvF32>();
   const size_t gu_b =
       align16(slot_bytes(share(F), rbmax[kMgate])) + align16(slot_bytes(share(F), rbmax[kMup]));
   const size_t sf_at = down_b + 32;  // 32: qd::rd32's reads past the down tile's last row
@@ -1041,8 +1083,8 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   while (lm_rows > kWarps && room / align16(slot_bytes(lm_rows, rb_out)) < 3) lm_rows /= 2;
   const size_t slot = align16(slot_bytes(lm_rows, rb_out));
   const int lm_stages = static_cast<int>(std::min<size_t>(kLmStages, room / slot));
-  const size_t pg = align16(
-      std::max({p_b + gu_b, sf_at + sf_b, static_cast<size_t>(std::max(lm_stages, 2)) * slot}));
+  const size_t pg = align16(std::max({p_b + gu_b, sf_at + sf_b, kst_at + kst_b,
+                                      static_cast<size_t>(std::max(lm_stages, 2)) * slot}));
   const size_t smem = pg + xs_b + res_b;
   if (lm_stages < 2 || smem + kStatic > static_cast<size_t>(optin)) {
     return no("a block's share of the weights needs " + std::to_string(smem) +
@@ -1079,6 +1121,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   const int cv = std::max(1, std::min(kDecMaxCluster, G / s.n_head));
   const auto offsets = [&](auto& p) {
     p.off_qkv = static_cast<unsigned>(wo_b);
+    p.off_kst = kst_b != 0 ? static_cast<unsigned>(kst_at) : 0u;
     p.off_g = static_cast<unsigned>(p_b);
     p.off_sf = static_cast<unsigned>(sf_at);
     p.off_xs = static_cast<unsigned>(pg);
