@@ -1046,59 +1046,56 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   const int G = sms;
-  const auto share = [G](int64_t rows) { return static_cast<int>((rows + G - 1) / G); };
-  // P: Wo at 0, then the Q/K/V slots (three: each may add its pad) or the attention's arrays;
-  // later the down tile at 0 and (a K-quant down) long_row_dots' slot arrays after it, into G.
-  const size_t wo_b = align16(slot_bytes(share(E), rbmax[kMo]));
-  const size_t rb_qkv = std::max({rbmax[kMq], rbmax[kMk], rbmax[kMv]});
-  // (quantized: each of the three slots rounds up to 16 bytes and adds 32)
-  const size_t qkv_b = align16(slot_bytes(share(QD + 2 * KD), rb_qkv) + (quant ? 3 * 48 : 0));
-  const size_t down_b = align16(slot_bytes(share(E), rbmax[kMdown]));
-  const size_t p_b = std::max(down_b, wo_b + std::max(qkv_b, align16(sizeof(DecSmem))));
-  // The attention's key stage (FP16 cache, head_dim 64) after its DecSmem, over the rest of P
-  // and G (free from the block's Q/K/V to its attention's end; gate + up are copied after it).
-  const size_t kst_at = wo_b + std::max(qkv_b, align16(sizeof(DecSmem)));
-  const size_t kst_b = l0.kv.type == KvType::F16 ? dec_kv_stage_bytes<math::KvF16>()
-                                                 : dec_kv_stage_bytes<math::KvF32>();
-  const size_t gu_b =
-      align16(slot_bytes(share(F), rbmax[kMgate])) + align16(slot_bytes(share(F), rbmax[kMup]));
-  const size_t sf_at = down_b + 32;  // 32: qd::rd32's reads past the down tile's last row
-  const size_t sf_b = kdown ? qd::long_slot_bytes(share(E), static_cast<int>(F / 32)) : 0;
-  const size_t widest = static_cast<size_t>(std::max({E, QD, F}));
-  const size_t xf_b = align16(widest * sizeof(float));
-  const size_t aq_b = quant ? align16(widest) : 0;  // the input's quants, scales, sums of 16
-  const size_t ad_b = quant ? align16(widest / 32 * sizeof(float)) : 0;
-  const size_t abs_b = kdown ? align16(static_cast<size_t>(F) / 16 * sizeof(int32_t)) : 0;
-  const size_t xs_b = xf_b + aq_b + ad_b + abs_b;
-  const size_t rx_b = align16(static_cast<size_t>(share(E) + 2 * share(F)) * sizeof(float));
-  const size_t res_b = rx_b + align16(m.layers.size() * sizeof(Shape));  // then the Shapes
-  constexpr size_t kStatic = 32 * sizeof(double) + 16 + (3 + kLmStages) * sizeof(uint64_t);
-  // The LM head's ring takes the P and G regions: as many stages as fit, at least 2, of the
-  // most rows (64, 32, 16 or 8) of which 3 fit: each stage costs a wait, a barrier and a copy
-  // issue besides its rows (8-row stages of F16 rows measured 97 us for the 0.5B shape's 272
-  // MB, 2.8 TB/s; perf-notes v27).
-  const size_t room = static_cast<size_t>(optin) - std::min<size_t>(optin, kStatic + xs_b + res_b);
-  const size_t rb_out = m.output.row_bytes;
-  int lm_rows = 64;
-  while (lm_rows > kWarps && room / align16(slot_bytes(lm_rows, rb_out)) < 3) lm_rows /= 2;
-  const size_t slot = align16(slot_bytes(lm_rows, rb_out));
-  const int lm_stages = static_cast<int>(std::min<size_t>(kLmStages, room / slot));
-  const size_t pg = align16(std::max({p_b + gu_b, sf_at + sf_b, kst_at + kst_b,
-                                      static_cast<size_t>(std::max(lm_stages, 2)) * slot}));
-  const size_t smem = pg + xs_b + res_b;
-  if (lm_stages < 2 || smem + kStatic > static_cast<size_t>(optin)) {
-    return no("a block's share of the weights needs " + std::to_string(smem) +
+  const uint32_t kernel_type = !quant || uniform ? T0 : static_cast<uint32_t>(GgmlType::Q4_K);
+  const bool kv_f16 = l0.kv.type == KvType::F16;
+  size_t static_b = 0;  // the kernel's static shared memory (its barriers and reductions)
+  by_step_type(kernel_type, [&](auto tr) {
+    constexpr GgmlType TT = decltype(tr)::kType;
+    cudaFuncAttributes fa{};
+    CUDA_CHECK(kv_f16 ? cudaFuncGetAttributes(&fa, decode_step_kernel<TT, math::KvF16>)
+                      : cudaFuncGetAttributes(&fa, decode_step_kernel<TT, math::KvF32>));
+    static_b = fa.sharedSizeBytes;
+  });
+  step::SmemIn si;
+  si.blocks = G;
+  si.E = E;
+  si.QD = QD;
+  si.KD = KD;
+  si.F = F;
+  si.rb_q = rbmax[kMq];
+  si.rb_k = rbmax[kMk];
+  si.rb_v = rbmax[kMv];
+  si.rb_o = rbmax[kMo];
+  si.rb_gate = rbmax[kMgate];
+  si.rb_up = rbmax[kMup];
+  si.rb_down = rbmax[kMdown];
+  si.rb_out = m.output.row_bytes;
+  si.quant = quant;
+  si.kdown = kdown;
+  si.long_unit_b = qd::long_slot_bytes(1, 1);
+  si.n_layer = static_cast<int>(m.layers.size());
+  si.shape_b = sizeof(Shape);
+  si.dec_smem_b = sizeof(DecSmem);
+  si.kv_stage_b = l0.kv.type == KvType::F16 ? dec_kv_stage_bytes<math::KvF16>()
+                                            : dec_kv_stage_bytes<math::KvF32>();
+  si.static_b = static_b;
+  si.min_lm_rows = kWarps;
+  si.max_lm_stages = kLmStages;
+  si.optin = static_cast<size_t>(optin);
+  const step::SmemLayout ly = step::smem_layout(si);
+  if (!ly.fits) {
+    return no("a block's share of the weights needs " + std::to_string(ly.smem) +
               " bytes of shared memory (" + std::to_string(optin) + " on this device)");
   }
 
   std::unique_ptr<DecodeStep> st(new DecodeStep());
   st->impl_ = new Impl();
   Impl& im = *st->impl_;
-  im.type = !quant || uniform ? T0 : static_cast<uint32_t>(GgmlType::Q4_K);  // the kernel's
+  im.type = kernel_type;
   im.n_layer = static_cast<int>(m.layers.size());
-  im.kv_f16 = l0.kv.type == KvType::F16;
+  im.kv_f16 = kv_f16;
   st->blocks_ = G;
-  st->smem_ = smem;
+  st->smem_ = ly.smem;
   auto* base = static_cast<uint8_t*>(m.device_mem);
   const auto finish = [&](auto& p, auto table) {
     st->local_keys_ = table[0].attn.local_keys;
@@ -1120,19 +1117,19 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   // measured slower (H100, 0.5B F16, depth 512: 4 -> 947, 2 -> 910 vs 8 -> 971 tok/s).
   const int cv = std::max(1, std::min(kDecMaxCluster, G / s.n_head));
   const auto offsets = [&](auto& p) {
-    p.off_qkv = static_cast<unsigned>(wo_b);
-    p.off_kst = kst_b != 0 ? static_cast<unsigned>(kst_at) : 0u;
-    p.off_g = static_cast<unsigned>(p_b);
-    p.off_sf = static_cast<unsigned>(sf_at);
-    p.off_xs = static_cast<unsigned>(pg);
-    p.off_aq = static_cast<unsigned>(pg + xf_b);
-    p.off_ad = static_cast<unsigned>(pg + xf_b + aq_b);
-    p.off_abs = static_cast<unsigned>(pg + xf_b + aq_b + ad_b);
-    p.off_res = static_cast<unsigned>(pg + xs_b);
-    p.off_shape = static_cast<unsigned>(pg + xs_b + rx_b);
+    p.off_qkv = static_cast<unsigned>(ly.wo_b);
+    p.off_kst = ly.kst_b != 0 ? static_cast<unsigned>(ly.kst_at) : 0u;
+    p.off_g = static_cast<unsigned>(ly.p_b);
+    p.off_sf = static_cast<unsigned>(ly.sf_at);
+    p.off_xs = static_cast<unsigned>(ly.pg);
+    p.off_aq = static_cast<unsigned>(ly.pg + ly.xf_b);
+    p.off_ad = static_cast<unsigned>(ly.pg + ly.xf_b + ly.aq_b);
+    p.off_abs = static_cast<unsigned>(ly.pg + ly.xf_b + ly.aq_b + ly.ad_b);
+    p.off_res = static_cast<unsigned>(ly.pg + ly.xs_b);
+    p.off_shape = static_cast<unsigned>(ly.pg + ly.xs_b + ly.rx_b);
     p.cv = cv;
-    p.lm_stages = lm_stages;
-    p.lm_rows = lm_rows;
+    p.lm_stages = ly.lm_stages;
+    p.lm_rows = ly.lm_rows;
   };
   offsets(im.pf);
   offsets(im.ph);
@@ -1140,9 +1137,9 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   by_step_type(im.type, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {
-      set_attrs<TT, math::KvF16>(smem);
+      set_attrs<TT, math::KvF16>(ly.smem);
     } else {
-      set_attrs<TT, math::KvF32>(smem);
+      set_attrs<TT, math::KvF32>(ly.smem);
     }
   });
   return st;

@@ -134,6 +134,93 @@ __host__ __device__ inline size_t slot_bytes(int n, size_t rb) {
   if (n <= 0) return 0;
   return rb % 16 == 0 ? static_cast<size_t>(n) * rb : align16(static_cast<size_t>(n) * rb) + 32;
 }
+
+// The persistent step's dynamic shared memory (DecodeStep::plan; the kernel's use of it in
+// decode_step.cu's file comment). Regions, as byte ranges from 0:
+//   P = [0, p_b):          Wo's tile [0, wo_b), then Q/K/V's [wo_b, wo_b + qkv_b) and the
+//                          attention's arrays [wo_b, wo_b + dec_smem_b) over it; later the
+//                          down tile [0, down_b) and a K-quant down's slot arrays
+//                          [sf_at, sf_at + sf_b), which may run on into G
+//   G = [p_b, p_b + gu_b): gate's and up's tiles
+//   the attention's K / V stage [kst_at, kst_at + kst_b): after Wo, Q/K/V and the attention's
+//                          arrays (all live while it is copied), over the rest of P and G
+//   the LM head's ring [0, lm_stages * slot) over P and G after the last layer
+//   XS = [pg, pg + xs_b):  the op's input (floats, then Q8_0 / Q8_K quants, scales, sums)
+//   [pg + xs_b, smem):     the block's rows of x and gate / up dots (rx_b), every layer's Shape
+struct SmemIn {
+  int blocks = 0;                        // G: one block an SM
+  int64_t E = 0, QD = 0, KD = 0, F = 0;  // n_embd, q, k / v and FFN widths
+  size_t rb_q = 0, rb_k = 0, rb_v = 0, rb_o = 0, rb_gate = 0, rb_up = 0, rb_down = 0;  // bytes a
+                                                                                       // row (max)
+  size_t rb_out = 0;       // the output matrix's row
+  bool quant = false;      // quantized weights (Q8_0 / Q5_0 input quants, padded slots)
+  bool kdown = false;      // a K-quant FFN down (Q8_K input, long_row_dots' slot arrays)
+  size_t long_unit_b = 0;  // kdown: slot bytes a (row, 32-unit) of long_row_dots
+  int n_layer = 0;
+  size_t shape_b = 0;     // bytes of one layer's Shape
+  size_t dec_smem_b = 0;  // sizeof(DecSmem)
+  size_t kv_stage_b = 0;  // the attention's K / V stage (dec_kv_stage_bytes; 0: none)
+  size_t static_b = 0;    // the kernel's static shared memory
+  int min_lm_rows = 8, max_lm_stages = 8;
+  size_t optin = 0;  // shared memory a block may opt in to
+};
+struct SmemLayout {
+  size_t wo_b, qkv_b, down_b, p_b, gu_b, kst_at, kst_b, sf_at, sf_b, pg;
+  size_t xf_b, aq_b, ad_b, abs_b, xs_b, rx_b, res_b;
+  int lm_rows, lm_stages;
+  size_t slot;  // one LM-head stage
+  size_t smem;  // dynamic bytes: pg + xs_b + res_b
+  bool fits;    // at least 2 LM-head stages and smem + static_b <= optin
+};
+inline SmemLayout smem_layout(const SmemIn& in) {
+  SmemLayout o{};
+  const int64_t G = in.blocks;
+  const auto share = [G](int64_t rows) { return static_cast<int>((rows + G - 1) / G); };
+  const auto mx = [](size_t a, size_t b) { return a > b ? a : b; };
+  o.wo_b = align16(slot_bytes(share(in.E), in.rb_o));
+  const size_t rb_qkv = mx(in.rb_q, mx(in.rb_k, in.rb_v));
+  // (quantized: each of the three slots rounds up to 16 bytes and adds 32)
+  o.qkv_b = align16(slot_bytes(share(in.QD + 2 * in.KD), rb_qkv) + (in.quant ? 3 * 48 : 0));
+  o.down_b = align16(slot_bytes(share(in.E), in.rb_down));
+  const size_t att_b = mx(o.qkv_b, align16(in.dec_smem_b));
+  o.p_b = mx(o.down_b, o.wo_b + att_b);
+  o.kst_at = o.wo_b + att_b;
+  o.kst_b = in.kv_stage_b;
+  o.gu_b =
+      align16(slot_bytes(share(in.F), in.rb_gate)) + align16(slot_bytes(share(in.F), in.rb_up));
+  o.sf_at = o.down_b + 32;  // 32: qd::rd32's reads past the down tile's last row
+  o.sf_b = in.kdown
+               ? static_cast<size_t>(share(in.E)) * static_cast<size_t>(in.F / 32) * in.long_unit_b
+               : 0;
+  const size_t widest = static_cast<size_t>(in.E > in.QD ? (in.E > in.F ? in.E : in.F)
+                                                         : (in.QD > in.F ? in.QD : in.F));
+  o.xf_b = align16(widest * sizeof(float));
+  o.aq_b = in.quant ? align16(widest) : 0;  // the input's quants, scales, sums of 16
+  o.ad_b = in.quant ? align16(widest / 32 * sizeof(float)) : 0;
+  o.abs_b = in.kdown ? align16(static_cast<size_t>(in.F) / 16 * sizeof(int32_t)) : 0;
+  o.xs_b = o.xf_b + o.aq_b + o.ad_b + o.abs_b;
+  o.rx_b = align16(static_cast<size_t>(share(in.E) + 2 * share(in.F)) * sizeof(float));
+  o.res_b = o.rx_b + align16(static_cast<size_t>(in.n_layer) * in.shape_b);  // then the Shapes
+  // The LM head's ring takes the P and G regions: as many stages as fit, at least 2, of the
+  // most rows (64, 32, 16 or 8) of which 3 fit: each stage costs a wait, a barrier and a copy
+  // issue besides its rows (8-row stages of F16 rows measured 97 us for the 0.5B shape's 272
+  // MB, 2.8 TB/s; perf-notes v27).
+  const size_t fixed = in.static_b + o.xs_b + o.res_b;
+  const size_t room = in.optin - (fixed < in.optin ? fixed : in.optin);
+  o.lm_rows = 64;
+  while (o.lm_rows > in.min_lm_rows && room / align16(slot_bytes(o.lm_rows, in.rb_out)) < 3) {
+    o.lm_rows /= 2;
+  }
+  o.slot = align16(slot_bytes(o.lm_rows, in.rb_out));
+  const size_t stages = room / o.slot;
+  o.lm_stages =
+      static_cast<int>(stages < static_cast<size_t>(in.max_lm_stages) ? stages : in.max_lm_stages);
+  const size_t ring = static_cast<size_t>(o.lm_stages > 2 ? o.lm_stages : 2) * o.slot;
+  o.pg = align16(mx(mx(o.p_b + o.gu_b, o.sf_at + o.sf_b), mx(o.kst_at + o.kst_b, ring)));
+  o.smem = o.pg + o.xs_b + o.res_b;
+  o.fits = o.lm_stages >= 2 && o.smem + in.static_b <= in.optin;
+  return o;
+}
 }  // namespace step
 
 }  // namespace worker::kern::exact

@@ -5,6 +5,7 @@
 // and without the residual accumulate; and the same bits as exact::matmul's one-token path.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -320,6 +321,157 @@ TEST(DecodeStepHost, SpansHoldTheRowsInsideTheirSlots) {
         }
       }
     }
+  }
+}
+
+// The persistent step's shared-memory layout (step::smem_layout, what DecodeStep::plan launches
+// with): for the 0.5B shape in every weight type the step takes, other shapes and SM counts,
+// with and without the attention's K / V stage, the regions that are live together never
+// overlap, each holds what its op puts there, and a layout said to fit fits.
+TEST(DecodeStepHost, SharedMemoryRegionsLiveTogetherDoNotOverlap) {
+  struct Types {
+    const char* name;
+    size_t qkv, o, gu, down, out;  // bytes a row for a model of n_embd E, n_ff F
+    bool quant, kdown;
+  };
+  const auto q0 = [](int64_t cols, size_t block) { return static_cast<size_t>(cols / 32) * block; };
+  const auto kq = [](int64_t cols, size_t block) {
+    return static_cast<size_t>(cols / 256) * block;
+  };
+  struct Shape {
+    int64_t E, QD, KD, F;
+  };
+  const Shape shapes[] = {
+      {896, 896, 128, 4864}, {512, 512, 128, 1536}, {2048, 2048, 512, 8192}, {64, 64, 32, 192}};
+  const int blocks[] = {132, 114, 78, 170, 16};
+  const size_t optins[] = {232448, 101376};
+  const size_t dec_smems[] = {40528, 8192};
+  const size_t stages[] = {0, 122880};
+  int fitted = 0, checked = 0;
+  for (const Shape& sh : shapes) {
+    const Types types[] = {
+        {"f16", 2 * size_t(sh.E), 2 * size_t(sh.QD), 2 * size_t(sh.E), 2 * size_t(sh.F),
+         2 * size_t(sh.E), false, false},
+        {"f32", 4 * size_t(sh.E), 4 * size_t(sh.QD), 4 * size_t(sh.E), 4 * size_t(sh.F),
+         4 * size_t(sh.E), false, false},
+        {"q8_0", q0(sh.E, 34), q0(sh.QD, 34), q0(sh.E, 34), q0(sh.F, 34), q0(sh.E, 34), true,
+         false},
+        {"q5_0", q0(sh.E, 22), q0(sh.QD, 22), q0(sh.E, 22), q0(sh.F, 22), q0(sh.E, 34), true,
+         false},
+        {"mix q6_k down", q0(sh.E, 34), q0(sh.QD, 22), q0(sh.E, 22), kq(sh.F, 210), q0(sh.E, 34),
+         true, true},
+        {"mix q4_k down", q0(sh.E, 22), q0(sh.QD, 22), q0(sh.E, 22), kq(sh.F, 144), q0(sh.E, 34),
+         true, true},
+    };
+    for (const Types& ty : types) {
+      if (ty.kdown && sh.F % 256 != 0) continue;
+      for (const int G : blocks) {
+        for (const size_t optin : optins) {
+          for (const size_t dec : dec_smems) {
+            for (const size_t kst : stages) {
+              ex::step::SmemIn in;
+              in.blocks = G;
+              in.E = sh.E;
+              in.QD = sh.QD;
+              in.KD = sh.KD;
+              in.F = sh.F;
+              in.rb_q = in.rb_k = in.rb_v = ty.qkv;
+              in.rb_o = ty.o;
+              in.rb_gate = in.rb_up = ty.gu;
+              in.rb_down = ty.down;
+              in.rb_out = ty.out;
+              in.quant = ty.quant;
+              in.kdown = ty.kdown;
+              in.long_unit_b = 44;
+              in.n_layer = 24;
+              in.shape_b = 56;
+              in.dec_smem_b = dec;
+              in.kv_stage_b = kst;
+              in.static_b = 384;
+              in.optin = optin;
+              const ex::step::SmemLayout l = ex::step::smem_layout(in);
+              SCOPED_TRACE(std::string(ty.name) + " E " + std::to_string(sh.E) + " G " +
+                           std::to_string(G) + " optin " + std::to_string(optin) + " DecSmem " +
+                           std::to_string(dec) + " stage " + std::to_string(kst));
+              ++checked;
+              if (!l.fits) {
+                // not fitting means it does not: fewer than 2 LM-head stages, or too big
+                ASSERT_TRUE(l.lm_stages < 2 || l.smem + in.static_b > optin);
+                continue;
+              }
+              ++fitted;
+              const auto share = [G](int64_t rows) { return static_cast<int>((rows + G - 1) / G); };
+              const auto disjoint = [](size_t a0, size_t a1, size_t b0, size_t b1) {
+                return a1 <= b0 || b1 <= a0 || a0 == a1 || b0 == b1;
+              };
+              // every region starts and ends on 16 bytes (bulk copies, float4 and cp.async)
+              for (const size_t v : {l.wo_b, l.qkv_b, l.down_b, l.p_b, l.gu_b, l.kst_at, l.pg,
+                                     l.xf_b, l.aq_b, l.ad_b, l.abs_b, l.rx_b, l.slot}) {
+                ASSERT_EQ(v % 16, 0u) << v;
+              }
+              // each holds its op's rows: every block's share, with the slots' pads
+              ASSERT_GE(l.wo_b, ex::step::slot_bytes(share(sh.E), ty.o));
+              ASSERT_GE(l.qkv_b, ex::step::slot_bytes(share(sh.QD + 2 * sh.KD), ty.qkv) +
+                                     (ty.quant ? 3 * 48 : 0));
+              ASSERT_GE(l.down_b, ex::step::slot_bytes(share(sh.E), ty.down));
+              ASSERT_GE(l.gu_b, 2 * ex::step::slot_bytes(share(sh.F), ty.gu));
+              ASSERT_GE(l.xf_b, 4 * static_cast<size_t>(std::max({sh.E, sh.QD, sh.F})));
+              ASSERT_EQ(l.kst_b, kst);
+              // Q/K/V: Wo's tile and Q/K/V's; the attention: Wo's tile, its arrays, its stage
+              ASSERT_TRUE(disjoint(l.wo_b, l.wo_b + l.qkv_b, l.kst_at, l.kst_at + kst));
+              ASSERT_TRUE(disjoint(l.wo_b, l.wo_b + dec, l.kst_at, l.kst_at + kst));
+              ASSERT_TRUE(disjoint(0, l.wo_b, l.kst_at, l.kst_at + kst));
+              ASSERT_LE(l.kst_at + kst, l.pg);
+              // gate + up are copied after the attention while Wo's tile is live, and down's
+              // tile after Wo while gate + up's are
+              ASSERT_TRUE(disjoint(0, l.wo_b, l.p_b, l.p_b + l.gu_b));
+              ASSERT_TRUE(disjoint(l.wo_b, l.wo_b + std::max(l.qkv_b, dec), l.p_b, l.p_b + l.gu_b));
+              ASSERT_TRUE(disjoint(0, l.down_b, l.p_b, l.p_b + l.gu_b));
+              ASSERT_LE(l.down_b + 32, l.pg);  // qd::rd32's reads past its last row: inside
+              ASSERT_LE(l.p_b + l.gu_b, l.pg);
+              // a K-quant down's slot arrays after its tile (and the 32 bytes read past it)
+              if (ty.kdown) {
+                ASSERT_GE(l.sf_at, l.down_b + 32);
+                ASSERT_GE(l.sf_b, static_cast<size_t>(share(sh.E)) * (sh.F / 32) * 44);
+              }
+              ASSERT_LE(l.sf_at + l.sf_b, l.pg);
+              // the LM head's ring (at least 2 stages of lm_rows rows) in P and G
+              ASSERT_GE(l.lm_stages, 2);
+              ASSERT_GE(l.slot, ex::step::slot_bytes(l.lm_rows, ty.out));
+              ASSERT_LE(static_cast<size_t>(l.lm_stages) * l.slot, l.pg);
+              // XS and the rows of x after P and G; the whole within the device's limit
+              ASSERT_GE(l.xs_b, l.xf_b + l.aq_b + l.ad_b + l.abs_b);
+              ASSERT_GE(l.res_b, l.rx_b + 24 * 56);
+              ASSERT_EQ(l.smem, l.pg + l.xs_b + l.res_b);
+              ASSERT_LE(l.smem + in.static_b, optin);
+            }
+          }
+        }
+      }
+    }
+  }
+  // the 0.5B shape fits on 132 SMs in every type but F32, with the stage
+  ASSERT_GT(fitted, 0);
+  ASSERT_GT(checked, fitted);
+  for (const size_t down : {size_t{9728}, size_t{5168}, size_t{3990}}) {
+    ex::step::SmemIn in;
+    in.blocks = 132;
+    in.E = in.QD = 896;
+    in.KD = 128;
+    in.F = 4864;
+    in.rb_q = in.rb_k = in.rb_v = in.rb_o = in.rb_gate = in.rb_up = down == 9728 ? 1792 : 952;
+    in.rb_down = down;
+    in.rb_out = down == 9728 ? 1792 : 952;
+    in.quant = down != 9728;
+    in.kdown = down == 3990;
+    in.long_unit_b = 44;
+    in.n_layer = 24;
+    in.shape_b = 56;
+    in.dec_smem_b = 40528;
+    in.kv_stage_b = 122880;
+    in.static_b = 384;
+    in.optin = 232448;
+    EXPECT_TRUE(ex::step::smem_layout(in).fits) << down;
   }
 }
 
