@@ -441,7 +441,7 @@ TEST(DecodeStepHost, SharedMemoryRegionsLiveTogetherDoNotOverlap) {
               ASSERT_LE(static_cast<size_t>(l.lm_stages) * l.slot, l.pg);
               // XS and the rows of x after P and G; the whole within the device's limit
               ASSERT_GE(l.xs_b, l.xf_b + l.aq_b + l.ad_b + l.abs_b);
-              ASSERT_GE(l.res_b, l.rx_b + 24 * 56);
+              ASSERT_GE(l.res_b, l.rx_b + size_t{24} * 56);
               ASSERT_EQ(l.smem, l.pg + l.xs_b + l.res_b);
               ASSERT_LE(l.smem + in.static_b, optin);
             }
