@@ -328,6 +328,7 @@ TEST(DecodeStepHost, SpansHoldTheRowsInsideTheirSlots) {
 // with): for the 0.5B shape in every weight type the step takes, other shapes and SM counts,
 // with and without the attention's K / V stage, the regions that are live together never
 // overlap, each holds what its op puts there, and a layout said to fit fits.
+// REQ: M0-W-1214 WRK-D15
 TEST(DecodeStepHost, SharedMemoryRegionsLiveTogetherDoNotOverlap) {
   struct Types {
     const char* name;
