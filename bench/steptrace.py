@@ -3,6 +3,10 @@
 
     WORKER_DECODE_STEP_TRACE=/tmp/t.bin build/bench/decode_bench --model M.gguf --decode 24
     python3 bench/steptrace.py /tmp/t.bin [steps to skip, default 2]
+    python3 bench/steptrace.py --compare before.bin after.bin [steps to skip]
+
+(WORKER_DECODE_STEP_TRACE appends: remove the file between runs.) --compare prints every figure
+of two traces (an A/B's two builds on one model) side by side with the difference, after - before.
 
 The trace (CudaEngine with WORKER_DECODE_STEP_TRACE=file; kernels/decode_step.cuh) is one record
 per decode step: uint64 {n_layer, points, blocks}, then uint64 [n_layer + 1][points][blocks]
@@ -82,9 +86,26 @@ def analyse(recs):
     return out
 
 
+def compare(before, after):
+    """[(name, before, after, after - before)] for the figures both analyses have, in order."""
+    return [(k, before[k], after[k], after[k] - before[k]) for k in before if k in after]
+
+
+def print_compare(paths, skip):
+    ra, rb = (analyse(read(p)[skip:]) for p in paths)
+    print(f"{'us (per layer; LM head, step: per step)':42s} {'before':>9s} {'after':>9s} {'delta':>9s}")
+    for name, a, b, d in compare(ra, rb):
+        print(f"  {name:40s} {a:9.2f} {b:9.2f} {d:+9.2f}")
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
+    if sys.argv[1] == "--compare":
+        if len(sys.argv) < 4:
+            sys.exit(__doc__)
+        print_compare(sys.argv[2:4], int(sys.argv[4]) if len(sys.argv) > 4 else 2)
+        return
     recs = read(sys.argv[1])
     skip = int(sys.argv[2]) if len(sys.argv) > 2 else 2
     r = analyse(recs[skip:])

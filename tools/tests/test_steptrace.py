@@ -19,7 +19,7 @@ SPEC.loader.exec_module(steptrace)
 L, P, G = 2, 19, 4  # layers, points, blocks; block 3 runs no attention
 
 
-def synthetic(step):
+def synthetic(step, gate_up_ns=3500):
     """Stamps (ns) where every block takes the same times, except block 1, 1 us slower in
     Q/K/V, and each counter is released 500 ns after its last arrival."""
     t = [[[0] * G for _ in range(P)] for _ in range(L + 1)]
@@ -46,7 +46,7 @@ def synthetic(step):
         for b in range(G):
             t[l][7][b] = last + 500
             t[l][8][b] = t[l][7][b] + 2300                         # norm 2.3 us
-            t[l][9][b] = t[l][8][b] + 3500                         # gate+up 3.5 us
+            t[l][9][b] = t[l][8][b] + gate_up_ns                   # gate+up 3.5 us
         last = max(t[l][9])
         for b in range(G):
             t[l][10][b] = last + 500
@@ -62,11 +62,11 @@ def synthetic(step):
 
 
 class StepTraceTest(unittest.TestCase):
-    def write(self, path, steps):
+    def write(self, path, steps, **kw):
         with open(path, "wb") as f:
             for s in range(steps):
                 f.write(struct.pack("<3Q", L, P, G))
-                t = synthetic(s)
+                t = synthetic(s, **kw)
                 f.write(struct.pack(f"<{(L + 1) * P * G}Q",
                                     *[t[l][p][b] for l in range(L + 1) for p in range(P)
                                       for b in range(G)]))
@@ -96,6 +96,24 @@ class StepTraceTest(unittest.TestCase):
             self.assertIn("2 steps, 2 layers, 4 blocks", out)
             self.assertIn("scores", out)
             self.assertIn("down: quantize", out)
+
+    def test_compare_gives_each_figure_of_both_and_the_difference(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            a, b = Path(tmp) / "a.bin", Path(tmp) / "b.bin"
+            self.write(a, 3)
+            self.write(b, 3, gate_up_ns=2500)  # gate+up 1 us faster, everything else the same
+            rows = {n: (x, y, d) for n, x, y, d in steptrace.compare(
+                steptrace.analyse(steptrace.read(a)), steptrace.analyse(steptrace.read(b)))}
+            self.assertAlmostEqual(rows["gate+up"][0], 3.5)
+            self.assertAlmostEqual(rows["gate+up"][1], 2.5)
+            self.assertAlmostEqual(rows["gate+up"][2], -1.0)
+            self.assertAlmostEqual(rows["layer"][2], -1.0)  # the layer is 1 us shorter
+            self.assertAlmostEqual(rows["Q/K/V"][2], 0.0)
+            self.assertAlmostEqual(rows["step"][2], -2.0)  # two layers
+            out = subprocess.run([sys.executable, str(ROOT / "bench/steptrace.py"), "--compare",
+                                  str(a), str(b), "1"],
+                                 capture_output=True, text=True, check=True).stdout
+            self.assertIn(["gate+up", "3.50", "2.50", "-1.00"], [x.split() for x in out.splitlines()])
 
     def test_an_empty_trace_is_an_error(self):
         with self.assertRaises(ValueError):
