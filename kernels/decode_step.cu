@@ -141,7 +141,7 @@ struct StepParams {
   unsigned* sync;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
-  unsigned off_kst;                 // the attention's key stage after its DecSmem (0: none)
+  unsigned off_kst;                 // the attention's K / V stage (step::smem_layout; 0: none)
   unsigned off_res;                 // the block's rows of x (Wo / down residual) and gate / up dots
   unsigned off_aq, off_ad;          // quantized weights: the input's Q8_0 / Q8_K quants, scales
   unsigned off_abs;                 // a K-quant down: the Q8_K input's sums of 16
