@@ -211,8 +211,9 @@ struct DecArgs {
   DecRope<T> rp;
 };
 
-// The shared memory of one block of the decode attention (the key stage, when there is one,
-// follows it).
+// The shared memory of one block of the decode attention (its K / V stage, when there is one,
+// is the caller's: after it in ex_attn_decode_kernel, at StepParams::off_kst in the persistent
+// step).
 struct alignas(16) DecSmem {
   float qs[kDecMaxHd];  // the query as KQ reads it
   // ROPE: the rotated q (the q output) and this token's K and V rows as stored.
