@@ -594,7 +594,8 @@ __global__ void __launch_bounds__(kDecThreads)
       dec_kv_stage_bytes<KV>() != 0 ? reinterpret_cast<uint32_t*>(dsm + sizeof(DecSmem)) : nullptr;
   const int blk = static_cast<int>(blockIdx.x);
   attn_decode_block<KV, ROPE>(
-      a, blk / C, blk % C, C, true, sm, kst, false, [] { griddep_wait(); }, [](int) {});
+      a, blk / C, blk % C, C, true, sm, kst, false, [] { griddep_wait(); }, [](int) {},
+      [C] { dec_cluster_sync(C); });
 }
 static_assert(sizeof(DecSmem) % 16 == 0, "the key stage after DecSmem: 16-byte aligned");
 

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "act_round.cuh"
 #include "attention_exact.cuh"
 #include "attention_exact_math.cuh"
@@ -26,7 +28,11 @@ namespace worker::kern::exact {
 //  1. scores: block r of the cluster takes the keys of 16-blocks [b_lo, b_hi) (one thread per
 //     key, KV::kq_vec) and its max; cluster barrier; the max of the C block maxima (max: exact
 //     in any order). Local mode (n_att <= local_keys_of<KV>()): every block takes all keys, into
-//     its own shared memory, and no cluster barrier is needed in steps 1-2.
+//     its own shared memory, and no cluster barrier is needed in steps 1-2; or, in split mode
+//     (DecKeys), an equal share of the keys, exchanged with the other blocks' through the
+//     scratch at one barrier of the head's blocks (`xchg`: the cluster barrier in
+//     ex_attn_decode_kernel, a counter of the head in the persistent decode kernel), after which
+//     every block has all scores and goes on as in local mode.
 //  2. exps of its own 16-blocks and their hsum16; cluster barrier; every block sums all block
 //     sums in one tree (256 threads, thread k summing blocks k, k + 256, ..., then
 //     block_sum_double), the prompt softmax's certainty check and sequential fallback: every
@@ -193,6 +199,9 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
+// attn_decode_block's `xchg` when the caller has none (no split mode).
+struct NoXchg {};
+
 // The arguments of one head's decode attention (the kernel's parameters).
 template <class T>
 struct DecArgs {
@@ -224,27 +233,35 @@ struct alignas(16) DecSmem {
   float shf[32];
   double shd[32];
   float sh_inv;
-  // Local mode (n_att <= local_keys): every block of the cluster computes all scores, exps
-  // and block sums itself, here; no data crosses blocks.
+  // Local mode (n_att <= local_keys): every block of the cluster computes all exps and block
+  // sums itself, here, and all scores (split mode: its share, exchanged through the scratch).
   float sc_l[kDecLocalKeys];
   float bs_l[kDecLocalKeys / 16];
 };
 
 // The block's share of the keys (block r of a head's C): its 16-blocks [s_lo, s_hi), the keys
-// it scores [j_lo, j_hi) (all of them in local mode), and the keys below n_cached that are read
-// from the cache ((ROPE) key n_past comes from the block's own copy).
+// of its exps [j_lo, j_hi) (all of them in local mode), the keys it scores [q_lo, q_hi) (the
+// same, except in split mode), and the keys below n_cached that are read from the cache ((ROPE)
+// key n_past comes from the block's own copy).
+//
+// Split mode (local mode, C > 1, and the caller can exchange: `xchg`): block r scores only the
+// keys [q_lo, q_hi) (an equal share of the n_att keys), writes them and its maximum to the
+// head's scratch, and after the exchange (a barrier of the head's C blocks) every block reads
+// all scores back and goes on as in local mode: the same values, one exchange instead of every
+// block scoring (and staging the K rows of) every key.
 struct DecKeys {
-  int n_past, n_att, nb, cap, s_lo, s_hi, b_lo, b_hi, j_lo, j_hi, n_cached;
-  bool local;  // uniform over the grid
+  int n_past, n_att, nb, cap, s_lo, s_hi, b_lo, b_hi, j_lo, j_hi, q_lo, q_hi, n_cached;
+  bool local, split;  // uniform over the grid
 };
 template <bool ROPE, class T>
-__device__ __forceinline__ DecKeys dec_keys(const DecArgs<T>& a, int r, int C) {
+__device__ __forceinline__ DecKeys dec_keys(const DecArgs<T>& a, int r, int C, bool xchg) {
   DecKeys k;
   k.n_past = a.d_n_past[0];
   k.n_att = k.n_past + 1;
   k.nb = (k.n_att + 15) / 16;
   k.cap = (k.n_att + 63) & ~63;
   k.local = k.n_att <= a.local_keys;
+  k.split = k.local && C > 1 && xchg;
   const int per = (k.nb + C - 1) / C;
   k.s_lo = min(k.nb, r * per);
   k.s_hi = min(k.nb, r * per + per);
@@ -252,6 +269,14 @@ __device__ __forceinline__ DecKeys dec_keys(const DecArgs<T>& a, int r, int C) {
   k.b_hi = k.local ? k.nb : k.s_hi;
   k.j_lo = 16 * k.b_lo;
   k.j_hi = min(k.n_att, 16 * k.b_hi);
+  if (k.split) {
+    const int kper = (k.n_att + C - 1) / C;
+    k.q_lo = min(k.n_att, r * kper);
+    k.q_hi = min(k.n_att, k.q_lo + kper);
+  } else {
+    k.q_lo = k.j_lo;
+    k.q_hi = k.j_hi;
+  }
   k.n_cached = ROPE ? k.n_past : k.n_att;
   return k;
 }
@@ -262,7 +287,7 @@ __device__ __forceinline__ DecKeys dec_keys(const DecArgs<T>& a, int r, int C) {
 // KQV dims when they are 8 (16 bytes a key) and the cached keys at most kDecLocalKeys. The rest
 // is read from global memory (through L2 prefetches issued before the wait).
 struct DecStage {
-  uint32_t* k = nullptr;  // K rows, row i = key j_lo + i
+  uint32_t* k = nullptr;  // K rows, row i = key q_lo + i
   uint16_t* v = nullptr;  // V: key j's 8 values at v + 8 j
   int d_lo = 0, dn = 0;   // the block's KQV dims [d_lo, d_lo + dn)
 };
@@ -276,7 +301,7 @@ __device__ __forceinline__ DecStage dec_stage(const DecArgs<typename KV::T>& a, 
   st.dn = min(hd, st.d_lo + dper) - st.d_lo;
   if (kst == nullptr || sizeof(typename KV::T) != 2 || a.kv_dim % 8 != 0) return st;
   const size_t go = static_cast<size_t>(h / a.group) * hd;
-  if (hd == 64 && k.j_hi - k.j_lo <= kDecLocalKeys && math::aligned16(a.k_cache + go)) st.k = kst;
+  if (hd == 64 && k.q_hi - k.q_lo <= kDecLocalKeys && math::aligned16(a.k_cache + go)) st.k = kst;
   if (st.dn == 8 && k.n_cached <= kDecLocalKeys && math::aligned16(a.v_cache + go + st.d_lo)) {
     st.v = reinterpret_cast<uint16_t*>(kst + kDecLocalKeys * kDecKeyRowWords);
   }
@@ -286,11 +311,9 @@ __device__ __forceinline__ DecStage dec_stage(const DecArgs<typename KV::T>& a, 
 // Issues the block's stage copies (cp.async, 16 bytes each, coalesced: 8 threads a 128-byte K
 // row; one thread a key's 8 V values) and commits them as one group; attn_decode_block waits for
 // them (cp.async.wait_all) after RoPE. Every thread of the block calls it.
-template <class KV, bool ROPE>
-__device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, int h, int r, int C,
-                                              uint32_t* kst) {
-  const DecKeys k = dec_keys<ROPE>(a, r, C);
-  const DecStage st = dec_stage<KV>(a, k, h, r, C, kst);
+template <class KV>
+__device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, int h,
+                                              const DecKeys& k, const DecStage& st) {
   // Warps 1.. issue them: thread 0 (the persistent kernel's counter poll) then waits behind
   // none (issued by every warp, the Q/K/V -> attention wait measured 0.5 us longer a layer).
   const int tid = static_cast<int>(threadIdx.x) - kWarp;
@@ -298,12 +321,12 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
   if (tid < 0) return;
   const size_t go = static_cast<size_t>(h / a.group) * a.hd;
   if (st.k != nullptr) {
-    const int rows = max(0, min(k.j_hi, k.n_cached) - k.j_lo);
+    const int rows = max(0, min(k.q_hi, k.n_cached) - k.q_lo);
     for (int e = tid; e < 8 * rows; e += kN) {
       const int i = e >> 3, pc = e & 7;
       cp_async16(st.k + i * kDecKeyRowWords + 4 * pc,
                  reinterpret_cast<const uint4*>(a.k_cache +
-                                                static_cast<size_t>(k.j_lo + i) * a.kv_dim + go) +
+                                                static_cast<size_t>(k.q_lo + i) * a.kv_dim + go) +
                      pc);
     }
   }
@@ -332,11 +355,15 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
 // wait is then ~1.7 us longer, the copies' L2 traffic: every block of a head copies all of its
 // K rows; the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2, perf-notes v29). `mark(k)` is called by every
 // thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the softmax sum, 4 KQV).
-template <class KV, bool ROPE, class Wait, class Mark>
+// `xchg()` (split mode, DecKeys): called by every thread of the C blocks of head h, once; it
+// returns in each once all have called it, with their earlier writes of the scratch visible
+// (release / acquire at least at the scope of the C blocks). NoXchg: no split mode.
+template <class KV, bool ROPE, class Wait, class Mark, class Xchg = NoXchg>
 __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>& a, int h, int r,
                                                   int C, bool hw_cluster, DecSmem& sm,
                                                   uint32_t* kst, bool stage_early, Wait&& wait,
-                                                  Mark&& mark) {
+                                                  Mark&& mark, Xchg&& xchg = Xchg{}) {
+  constexpr bool kXchg = !std::is_same_v<std::decay_t<Xchg>, NoXchg>;
   using T = typename KV::T;
   float* const qs = sm.qs;
   float* const qr = sm.qr;
@@ -358,16 +385,18 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   // the stage copies or L2 prefetches of the cache rows below n_past this block reads (K rows
   // of its keys, the V rows of the same keys: the cluster's blocks together cover every key),
   // which earlier steps wrote, and the RoPE's constants.
-  const DecKeys ks = dec_keys<ROPE>(a, r, C);
+  const DecKeys ks = dec_keys<ROPE>(a, r, C, kXchg);
   const int n_past = ks.n_past, n_att = ks.n_att, nb = ks.nb, cap = ks.cap;
-  const bool local = ks.local;
-  const int b_lo = ks.b_lo, b_hi = ks.b_hi, j_lo = ks.j_lo, j_hi = ks.j_hi;
+  const bool local = ks.local, split = ks.split;
+  const int b_lo = ks.b_lo, b_hi = ks.b_hi, j_lo = ks.j_lo, q_lo = ks.q_lo, q_hi = ks.q_hi;
   const int n_cached = ks.n_cached;
   const DecStage st = dec_stage<KV>(a, ks, h, r, C, kst);
-  if (stage_early) attn_stage_kv<KV, ROPE>(a, h, r, C, kst);
+  if (stage_early) attn_stage_kv<KV>(a, h, ks, st);
   const size_t go = static_cast<size_t>(g) * hd;
   {
-    const int p_lo = 16 * ks.s_lo, p_hi = min(n_att, 16 * ks.s_hi);
+    // The keys this block reads: its K rows [q_lo, q_hi) (split mode), else its 16-blocks'
+    // (the cluster's blocks together cover every key), and the V rows of the same keys.
+    const int p_lo = split ? q_lo : 16 * ks.s_lo, p_hi = split ? q_hi : min(n_att, 16 * ks.s_hi);
     for (int j = p_lo + tid; j < min(p_hi, n_past); j += kDecThreads) {
       if (st.k == nullptr) prefetch_l2(k_cache + static_cast<size_t>(j) * kv_dim + go);
       if (st.v == nullptr) prefetch_l2(v_cache + static_cast<size_t>(j) * kv_dim + go);
@@ -384,7 +413,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
                          rp.n_rot, rp.neox);
   }
   wait();
-  if (!stage_early) attn_stage_kv<KV, ROPE>(a, h, r, C, kst);
+  if (!stage_early) attn_stage_kv<KV>(a, h, ks, st);
   if constexpr (ROPE) {
     dec_rope_qkv({qh, bq, qr}, {rp.k_new + go, bk, knew}, {rp.v_new + go, bv, vnew}, rc, hd,
                  rp.n_rot, rp.neox);
@@ -416,24 +445,25 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   // Reads of them: other blocks wrote the scratch (through L2); the shared ones are this block's.
   const auto ld = [local](const float* p) { return local ? *p : __ldcg(p); };
   // Local mode with a cluster: the blocks' reads of q are done; the q output is written after
-  // the wait at the end.
-  const bool split_barrier = ROPE && local && C > 1 && hw_cluster;
+  // the wait at the end. (Split mode: after the exchange.)
+  const bool split_barrier = ROPE && local && !split && C > 1 && hw_cluster;
   if (split_barrier) asm volatile("barrier.cluster.arrive;" ::: "memory");
-  // 1. scores of this block's keys
+  // 1. scores of this block's keys [q_lo, q_hi) (split mode: into the head's scratch)
   float mx = -INFINITY;
+  float* const sq = split ? hs : sc;
   const auto score = [&](int j, float d) {
     const float s = d * a.kq_scale;
-    sc[j] = s;
+    sq[j] = s;
     mx = fmaxf(mx, s);
   };
   if (st.k != nullptr) {
     // Each thread runs KvF16::kq_vec's arithmetic on its keys' staged rows: 64 chains of one
     // FMA each and vecdot_reduce64.
-    for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {
+    for (int j = q_lo + tid; j < q_hi; j += kDecThreads) {
       if (ROPE && j >= n_cached) {
         score(j, KV::kq_vec(knew, qs, hd, false));
       } else {
-        const uint32_t* row = st.k + (j - j_lo) * kDecKeyRowWords;
+        const uint32_t* row = st.k + (j - q_lo) * kDecKeyRowWords;
         float acc[64];
 #pragma unroll
         for (int c = 0; c < 8; ++c) {
@@ -450,24 +480,28 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
       }
     }
   } else {
-    for (int j = j_lo + tid; j < j_hi; j += kDecThreads) {
+    for (int j = q_lo + tid; j < q_hi; j += kDecThreads) {
       score(j, ROPE && j >= n_cached
                    ? KV::kq_vec(knew, qs, hd, false)
                    : KV::kq_vec(kbase + static_cast<size_t>(j) * kv_dim, qs, hd, true));
     }
   }
   mx = block_max(mx, sm.shf);
-  mark(1);
-  if (!local) {  // the max of the cluster's block maxima (exact in any order)
+  if (!local || split) {  // the max of the cluster's block maxima (exact in any order)
     if (tid == 0) pmax[r] = mx;
-    dec_cluster_sync(hw_cluster ? C : 1);
+    if constexpr (kXchg) {
+      if (split) xchg();
+    }
+    if (!split) dec_cluster_sync(hw_cluster ? C : 1);
     mx = -INFINITY;
     for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
   }
+  mark(1);
   // 2. exps of this block's keys (0 in the 16-padding beyond n_att), a thread per key as for
-  // the scores (each thread reads its own scores), then the 16-block sums (hsum16).
+  // the scores (each thread reads its own scores; split mode: every score from the scratch,
+  // into the block's own array), then the 16-block sums (hsum16).
   for (int j = j_lo + tid; j < 16 * b_hi; j += kDecThreads) {
-    sc[j] = j < n_att ? math::expf_ggml(ld(sc + j) - mx) : 0.0f;
+    sc[j] = j < n_att ? math::expf_ggml((split ? __ldcg(hs + j) : ld(sc + j)) - mx) : 0.0f;
   }
   __syncthreads();
   for (int b = b_lo + tid; b < b_hi; b += kDecThreads) {

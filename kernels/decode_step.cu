@@ -5,7 +5,8 @@
 // of this one has passed its griddep_wait(), so nothing can hold an SM that a block of this
 // one still needs). Every op of a layer is split over the blocks: block c takes rows
 // [R c / G, R (c + 1) / G) of each product (G blocks: part()), and blocks [0, n_head * C) the
-// attention (C blocks a head, in local mode: each computes all scores, no exchange between blocks).
+// attention (C blocks a head, in local mode's split form: each scores a share of the keys, one
+// exchange of the scores between the head's blocks, then each computes the softmax itself).
 // The step runs while the keys fit local mode (DecodeStep::local_keys()); beyond, the engine takes
 // the launch-per-op step, whose attention blocks of a head are a hardware cluster that splits
 // the keys (one block a head here measured 747 / 583 / 404 tok/s at depth 1024 / 2048 / 4096
@@ -13,8 +14,10 @@
 //
 // Dependencies: after its share of op k, a block adds 1 to counter k (red.release.gpu, after a
 // barrier of the block); a block that needs op k's outputs spins until counter k reaches G
-// (ld.acquire.gpu by one thread, then a barrier). One counter per (layer, op); the last block
-// to finish zeroes them for the next launch. Data other blocks wrote during the launch is read
+// (ld.acquire.gpu by one thread, then a barrier). One counter per (layer, op), and one per head
+// for the attention's split mode (its C blocks score a share of the keys each and exchange
+// them through the scratch: attn_decode_block's xchg; C arrivals a layer); the last block to
+// finish zeroes them for the next launch. Data other blocks wrote during the launch is read
 // with ld.global.cg (L2).
 //
 // Weights before the wait: shared memory is four regions, P (Wo + Q/K/V, the attention's
@@ -638,13 +641,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     xres[i] = v;
     p.x[e0 + i] = v;
   };
+  // Op i's counter (i = kOps l + op): this block's arrival, and the wait for every block's.
+  const auto op_arrive = [&](int i) { arrive(p.sync + i); };
+  const auto op_wait = [&](int i) { wait_for(p.sync + i, Gu); };
   for (int l = 0; l < p.n_layer; ++l) {
     const StepLayer<KT>& L = p.layers[l];
     const Shape& sh = shapes[l];
-    unsigned* const ctr = p.sync + static_cast<size_t>(kOps) * l;
+    const int op0 = kOps * l;
     // ---- RMSNorm + Q/K/V ----
     const NormW wa = norm_w(L.attn_norm, p.E);
-    if (l > 0) wait_for(ctr - 1, Gu);  // down (l - 1)
+    if (l > 0) op_wait(op0 - 1);  // down (l - 1)
     stamp(p.trace, l, 0);
     norm_act<T>(xs, p.x, L.attn_norm, wa, p.E, p.eps, shd, &sh_mean, xres, e0, e1);
     quantize(p.E);
@@ -686,33 +692,38 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
       rows_dot<T>(P + p.off_qkv, sh.t[kMq], sh.rb[kMq], k1 - k0, p.E, in, qkv_out);
     }
     stamp(p.trace, l, 2);
-    arrive(ctr + 0);
+    op_arrive(op0 + 0);
     // ---- attention (the shared arrays over the Q/K/V tile) ----
     for (int u = c; u < p.n_head * C; u += G) {  // (head, block of the head) units
       auto& sm = *reinterpret_cast<DecSmem*>(P + p.off_qkv);
       attn_decode_block<KV, true>(
           L.attn, u / C, u % C, C, false, sm, kst, true,
           [&] {
-            wait_for(ctr + 0, Gu);
+            op_wait(op0 + 0);
             stamp(p.trace, l, 3);
           },
           [&](int k) {
             if (u == c) stamp(p.trace, l, 12 + k);
+          },
+          [&] {  // split mode: the head's C blocks, counted on its counter ((l + 1) C)
+            unsigned* const hc = p.sync + static_cast<size_t>(kOps) * p.n_layer + 1 + u / C;
+            arrive(hc);
+            wait_for(hc, static_cast<unsigned>((l + 1) * C));
           });
       __syncthreads();  // sm is reused by the next unit
     }
     stamp(p.trace, l, 4);
-    arrive(ctr + 1);
+    op_arrive(op0 + 1);
     issue_g(l);  // after the attention: its latency-bound loads do not queue behind these
     // ---- Wo: x += Wo att ----
-    wait_for(ctr + 1, Gu);
+    op_wait(op0 + 1);
     stamp(p.trace, l, 5);
     stage_l2(xs, kQuant ? p.att : p.act_att, p.QD);
     quantize(p.QD);
     rows_dot<T>(P + span_of(sh.rb[kMo], e0, e1).off, sh.t[kMo], sh.rb[kMo], e1 - e0, p.QD, in,
                 add_residual);
     stamp(p.trace, l, 6);
-    arrive(ctr + 2);
+    op_arrive(op0 + 2);
     const Span ds = span_of(sh.rb[kMdown], e0, e1);
     if (tid == kIssuer) {  // P is free: Wo and the attention are done
       fence_async_smem();
@@ -721,7 +732,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     }
     // ---- RMSNorm + gate + up + SwiGLU ----
     const NormW wf = norm_w(L.ffn_norm, p.E);
-    wait_for(ctr + 2, Gu);
+    op_wait(op0 + 2);
     stamp(p.trace, l, 7);
     norm_act<T>(xs, p.x, L.ffn_norm, wf, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
     quantize(p.E);
@@ -784,9 +795,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
           math::act_round(act_type_of(T), math::swiglu_one(gd[2 * i], gd[2 * i + 1], r, p.F & ~15));
     }
     stamp(p.trace, l, 9);
-    arrive(ctr + 3);
+    op_arrive(op0 + 3);
     // ---- down: x += Wdown g ----
-    wait_for(ctr + 3, Gu);
+    op_wait(op0 + 3);
     stamp(p.trace, l, 10);
     stage_l2(xs, p.act_g, p.F);
     stamp(p.trace, l, 17);
@@ -823,7 +834,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
       rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
     }
     stamp(p.trace, l, 11);
-    arrive(ctr + 4);
+    op_arrive(op0 + 4);
     if (l + 1 < p.n_layer) {
       issue_p(l + 1);
     } else {
@@ -832,7 +843,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   }
   // ---- final RMSNorm + LM head ----
   const NormW wo = norm_w(p.out_norm, p.E);
-  wait_for(p.sync + static_cast<size_t>(kOps) * p.n_layer - 1, Gu);
+  op_wait(kOps * p.n_layer - 1);
   stamp(p.trace, p.n_layer, 0);
   norm_act<T>(xs, p.x, p.out_norm, wo, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
   quantize(p.E);
@@ -852,7 +863,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   if (tid == 0) {
     unsigned* const done = p.sync + static_cast<size_t>(kOps) * p.n_layer;
     if (atomicAdd(done, 1u) == Gu - 1) {
-      for (int i = 0; i <= kOps * p.n_layer; ++i) p.sync[i] = 0;
+      for (int i = 0; i <= kOps * p.n_layer + p.n_head; ++i) p.sync[i] = 0;
       __threadfence();
     }
   }
@@ -866,13 +877,15 @@ void set_attrs(size_t smem) {
       "decode_step_kernel attributes", __FILE__, __LINE__);
 }
 
-// The layer table (either cache type) and the counters (kOps a layer + the exit count).
+// The layer table (either cache type) and the counters (kOps a layer, the exit count, then
+// one a head: the attention's split mode, C a layer).
 size_t table_bytes(int n_layer) {
   const size_t per = std::max(sizeof(StepLayer<float>), sizeof(StepLayer<uint16_t>));
   return (per * static_cast<size_t>(n_layer) + 255) & ~size_t{255};
 }
-size_t sync_bytes(int n_layer) {
-  return sizeof(unsigned) * (static_cast<size_t>(kOps) * static_cast<size_t>(n_layer) + 1);
+size_t sync_bytes(int n_layer, int n_head) {
+  return sizeof(unsigned) * (static_cast<size_t>(kOps) * static_cast<size_t>(n_layer) + 1 +
+                             static_cast<size_t>(n_head));
 }
 
 bool float_type(uint32_t t) {
@@ -885,8 +898,8 @@ bool q0_weight(uint32_t t) {
 
 }  // namespace
 
-size_t DecodeStep::device_bytes(int n_layer) {
-  return table_bytes(n_layer) + sync_bytes(n_layer);
+size_t DecodeStep::device_bytes(int n_layer, int n_head) {
+  return table_bytes(n_layer) + sync_bytes(n_layer, n_head);
 }
 
 bool decode_step_enabled() {
@@ -1110,7 +1123,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
     im.pf = fill_params<float>(m);
     finish(im.pf, layer_table<float>(m));
   }
-  im.sync_bytes = sync_bytes(im.n_layer);
+  im.sync_bytes = sync_bytes(im.n_layer, s.n_head);
   im.sync = reinterpret_cast<unsigned*>(base + table_bytes(im.n_layer));
   CUDA_CHECK(cudaMemset(im.sync, 0, im.sync_bytes));
   // Blocks a head in local mode: as many as fit, up to 8 (the per-op kernel's cluster). Fewer
