@@ -7,9 +7,12 @@
 # warm (a second call rebuilds only what changed; prev again when another commit was packed).
 #   ci/gpu-ab.sh [--numerics exact|fast|both] [--prefill N] [--decode N] [--models f16,q8_0,q4_k_m]
 #                [--targets "decode_bench ..."] (extra build targets of the new tree, e.g. tests)
+#                [--patch FILE]... (each: a variant, the working tree with FILE applied (git
+#                apply), built in /tmp/ab-p1, /tmp/ab-p2, ... with the same targets; the runs go
+#                prev / new / p1 .. / p1 .. / new / prev)
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra=""
+numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra="" patches=()
 while [ $# -gt 0 ]; do
   case $1 in
     --numerics) numerics=$2; shift ;;
@@ -17,7 +20,8 @@ while [ $# -gt 0 ]; do
     --decode) decode=$2; shift ;;
     --models) models=$2; shift ;;
     --targets) extra=$2; shift ;;
-    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T]" >&2; exit 2 ;;
+    --patch) patches+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift ;;
+    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]..." >&2; exit 2 ;;
   esac
   shift
 done
@@ -38,9 +42,24 @@ if [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.buil
     cp .carry/deps.tar.gz /tmp/ab-prev/.carry/ && echo "$want" > /tmp/ab-prev/.built
   (/tmp/ab-prev/ci/gpu-build.sh /tmp/ab-prev/build decode_bench > /tmp/ab-prev.log 2>&1; echo "rc $?" >> /tmp/ab-prev.log) &
 fi
+# The variants: a copy of the working tree (its tracked and untracked files, .carry) with the
+# patch applied; a patch that does not apply stops the run before anything is built.
+variants=()
+for i in "${!patches[@]}"; do
+  v=p$((i + 1)) src=/tmp/ab-src-p$((i + 1))
+  rm -rf "$src" && mkdir -p "$src" &&
+    git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src" &&
+    cp -r .carry "$src/" || { say "FAILED: copying the tree for $v"; exit 1; }
+  (cd "$src" && git apply "${patches[$i]}") || { say "FAILED: ${patches[$i]} does not apply"; exit 1; }
+  say "$v = the working tree + ${patches[$i]}"
+  variants+=("$v")
+  ("$src/ci/gpu-build.sh" /tmp/ab-$v decode_bench $extra > /tmp/ab-$v.log 2>&1; echo "rc $?" >> /tmp/ab-$v.log) &
+done
 ci/gpu-build.sh /tmp/ab-new decode_bench $extra > /tmp/ab-new.log 2>&1; echo "rc $?" >> /tmp/ab-new.log
 wait
-for f in /tmp/ab-new.log /tmp/ab-prev.log /tmp/ab-gen.log; do
+logs=(/tmp/ab-new.log /tmp/ab-prev.log /tmp/ab-gen.log)
+for v in "${variants[@]}"; do logs+=("/tmp/ab-$v.log"); done
+for f in "${logs[@]}"; do
   [ -f $f ] || continue
   if [ "$(tail -n1 $f)" != "rc 0" ]; then say "FAILED: $f"; grep -E 'error|FAILED|missing' $f | head -20; exit 1; fi
 done
@@ -48,7 +67,8 @@ say "built and generated"
 export LD_LIBRARY_PATH=$(ci/gpu-build.sh --libdir)
 args=()
 for m in ${models//,/ }; do args+=(--model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf"); done
-for b in prev new new prev; do
+rev=(); for ((i = ${#variants[@]} - 1; i >= 0; i--)); do rev+=("${variants[$i]}"); done
+for b in prev new "${variants[@]}" "${rev[@]}" new prev; do
   d=/tmp/ab-$b/bench/decode_bench; [ $b = prev ] && d=/tmp/ab-prev/build/bench/decode_bench
   if ! "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps 3 --numerics "$numerics" \
     --graph on > /tmp/ab-run.log 2>&1; then
