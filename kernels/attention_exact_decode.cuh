@@ -6,8 +6,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include <type_traits>
-
 #include "act_round.cuh"
 #include "attention_exact.cuh"
 #include "attention_exact_math.cuh"
@@ -199,9 +197,6 @@ __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
-// attn_decode_block's `xchg` when the caller has none (no split mode).
-struct NoXchg {};
-
 // The arguments of one head's decode attention (the kernel's parameters).
 template <class T>
 struct DecArgs {
@@ -244,8 +239,8 @@ struct alignas(16) DecSmem {
 // same, except in split mode), and the keys below n_cached that are read from the cache ((ROPE)
 // key n_past comes from the block's own copy).
 //
-// Split mode (local mode, C > 1, and the caller can exchange: `xchg`): block r scores only the
-// keys [q_lo, q_hi) (an equal share of the n_att keys), writes them and its maximum to the
+// Split mode (local mode, C > 1: the caller's `xchg` meets the head's blocks): block r scores only
+// the keys [q_lo, q_hi) (an equal share of the n_att keys), writes them and its maximum to the
 // head's scratch, and after the exchange (a barrier of the head's C blocks) every block reads
 // all scores back and goes on as in local mode: the same values, one exchange instead of every
 // block scoring (and staging the K rows of) every key.
@@ -254,14 +249,14 @@ struct DecKeys {
   bool local, split;  // uniform over the grid
 };
 template <bool ROPE, class T>
-__device__ __forceinline__ DecKeys dec_keys(const DecArgs<T>& a, int r, int C, bool xchg) {
+__device__ __forceinline__ DecKeys dec_keys(const DecArgs<T>& a, int r, int C) {
   DecKeys k;
   k.n_past = a.d_n_past[0];
   k.n_att = k.n_past + 1;
   k.nb = (k.n_att + 15) / 16;
   k.cap = (k.n_att + 63) & ~63;
   k.local = k.n_att <= a.local_keys;
-  k.split = k.local && C > 1 && xchg;
+  k.split = k.local && C > 1;
   const int per = (k.nb + C - 1) / C;
   k.s_lo = min(k.nb, r * per);
   k.s_hi = min(k.nb, r * per + per);
@@ -357,13 +352,12 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
 // thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the softmax sum, 4 KQV).
 // `xchg()` (split mode, DecKeys): called by every thread of the C blocks of head h, once; it
 // returns in each once all have called it, with their earlier writes of the scratch visible
-// (release / acquire at least at the scope of the C blocks). NoXchg: no split mode.
-template <class KV, bool ROPE, class Wait, class Mark, class Xchg = NoXchg>
+// (release / acquire at least at the scope of the C blocks).
+template <class KV, bool ROPE, class Wait, class Mark, class Xchg>
 __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>& a, int h, int r,
                                                   int C, bool hw_cluster, DecSmem& sm,
                                                   uint32_t* kst, bool stage_early, Wait&& wait,
-                                                  Mark&& mark, Xchg&& xchg = Xchg{}) {
-  constexpr bool kXchg = !std::is_same_v<std::decay_t<Xchg>, NoXchg>;
+                                                  Mark&& mark, Xchg&& xchg) {
   using T = typename KV::T;
   float* const qs = sm.qs;
   float* const qr = sm.qr;
@@ -385,7 +379,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   // the stage copies or L2 prefetches of the cache rows below n_past this block reads (K rows
   // of its keys, the V rows of the same keys: the cluster's blocks together cover every key),
   // which earlier steps wrote, and the RoPE's constants.
-  const DecKeys ks = dec_keys<ROPE>(a, r, C, kXchg);
+  const DecKeys ks = dec_keys<ROPE>(a, r, C);
   const int n_past = ks.n_past, n_att = ks.n_att, nb = ks.nb, cap = ks.cap;
   const bool local = ks.local, split = ks.split;
   const int b_lo = ks.b_lo, b_hi = ks.b_hi, j_lo = ks.j_lo, q_lo = ks.q_lo, q_hi = ks.q_hi;
@@ -489,10 +483,11 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   mx = block_max(mx, sm.shf);
   if (!local || split) {  // the max of the cluster's block maxima (exact in any order)
     if (tid == 0) pmax[r] = mx;
-    if constexpr (kXchg) {
-      if (split) xchg();
+    if (split) {
+      xchg();
+    } else {
+      dec_cluster_sync(hw_cluster ? C : 1);
     }
-    if (!split) dec_cluster_sync(hw_cluster ? C : 1);
     mx = -INFINITY;
     for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
   }

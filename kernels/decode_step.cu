@@ -1089,8 +1089,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   si.n_layer = static_cast<int>(m.layers.size());
   si.shape_b = sizeof(Shape);
   si.dec_smem_b = sizeof(DecSmem);
-  si.kv_stage_b = l0.kv.type == KvType::F16 ? dec_kv_stage_bytes<math::KvF16>()
-                                            : dec_kv_stage_bytes<math::KvF32>();
+  si.kv_stage_b = kv_f16 ? dec_kv_stage_bytes<math::KvF16>() : dec_kv_stage_bytes<math::KvF32>();
   si.static_b = static_b;
   si.min_lm_rows = kWarps;
   si.max_lm_stages = kLmStages;
