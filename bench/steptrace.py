@@ -20,6 +20,10 @@ stage (10-17), quantize (17-18) and rows (18-11); layer n_layer: 0 the LM head's
 1 its norm done, 2 its end. Prints, averaged over layers and steps (microseconds): each op's
 compute time (median and slowest block), each counter's latency from the last block's arrival to
 the median block's release, the attention's phases, the layer and the LM head.
+x (after Wo, after down) and the SwiGLU output are tagged values, not counters: their readers
+poll the values inside the next op, so that op's time holds the wait (norm (ffn), down: stage,
+norm (attn)); for these edges it prints the time from the last writer's end to the median
+reader's having its input (the norm or the stage done).
 Python's standard library only.
 """
 import statistics
@@ -28,8 +32,10 @@ import sys
 
 OPS = [("norm (attn)", 0, 1), ("Q/K/V", 1, 2), ("Wo", 5, 6), ("norm (ffn)", 7, 8),
        ("gate+up", 8, 9), ("down", 10, 11)]
-WAITS = [("Q/K/V -> attn", 2, 3), ("attn -> Wo", 4, 5), ("Wo -> gate+up", 6, 7),
-         ("gate+up -> down", 9, 10)]
+WAITS = [("Q/K/V -> attn", 2, 3), ("attn -> Wo", 4, 5)]
+# tagged edges: (name, the writers' end, the readers' input ready; next: in the next layer)
+TAGGED = [("Wo -> ffn norm", 6, 8, 0), ("gate+up -> down stage", 9, 17, 0),
+          ("down -> attn norm", 11, 1, 1)]
 PHASES = [(3, 12, "RoPE"), (12, 13, "scores"), (13, 14, "exps"), (14, 15, "softmax sum"),
           (15, 16, "KQV"), (16, 4, "reduce, out")]
 DOWN = [("down: stage", 10, 17), ("down: quantize", 17, 18), ("down: rows", 18, 11)]
@@ -71,7 +77,9 @@ def analyse(recs):
     for name, arr, rel in WAITS:
         out["wait " + name] = mean(lambda t, l: statistics.median(
             [x for x in t[l][rel] if x > 0]) - max(t[l][arr]))
-    out["wait down -> next"] = mean(lambda t, l: statistics.median(t[l + 1][0]) - max(t[l][11]))
+    for name, end, ready, nxt in TAGGED:
+        out["tagged " + name] = mean(lambda t, l: statistics.median(t[l + nxt][ready]) - max(
+            t[l][end]))
     out["layer"] = mean(lambda t, l: statistics.median(t[l + 1][0]) - statistics.median(t[l][0]))
     if P >= 17:
         for a, b, name in PHASES:
@@ -117,8 +125,10 @@ def main():
         if name in r:
             print(f"    {name:14s} median block {r[name]:6.2f}")
     print(f"  {'attention':16s} slowest {r['attention slowest']:6.2f}")
-    for name in [w[0] for w in WAITS] + ["down -> next"]:
+    for name, _, _ in WAITS:
         print(f"  wait {name:16s} last arrival -> median release {r['wait ' + name]:6.2f}")
+    for name, _, _, _ in TAGGED:
+        print(f"  tagged {name:22s} last writer's end -> median reader's input {r['tagged ' + name]:6.2f}")
     print(f"  layer total {r['layer']:6.2f}")
     phases = [k for k in r if k.startswith("attention ") and k != "attention slowest"]
     if phases:

@@ -10,9 +10,12 @@
 #                [--patch FILE]... (each: a variant, the working tree with FILE applied (git
 #                apply), built in /tmp/ab-p1, /tmp/ab-p2, ... with the same targets; the runs go
 #                prev / new / p1 .. / p1 .. / new / prev)
+#                [--no-prev] (new and the variants only, when prev would be new's own commit)
+#                [--reps N] (decode_bench's repetitions, 3 by default)
+# Each decode_bench run is cut after 150 s (a variant that hangs stops the run, not the call).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra="" patches=()
+numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra="" patches=() noprev=0 reps=3
 while [ $# -gt 0 ]; do
   case $1 in
     --numerics) numerics=$2; shift ;;
@@ -20,13 +23,15 @@ while [ $# -gt 0 ]; do
     --decode) decode=$2; shift ;;
     --models) models=$2; shift ;;
     --targets) extra=$2; shift ;;
+    --no-prev) noprev=1 ;;
+    --reps) reps=$2; shift ;;
     --patch) patches+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift ;;
-    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]..." >&2; exit 2 ;;
+    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]... [--no-prev] [--reps N]" >&2; exit 2 ;;
   esac
   shift
 done
 cd "$root"
-[ -f .carry/prev.tar.gz ] || { echo "gpu-ab: .carry/prev.tar.gz missing (ci/gpu-carry.sh --prev COMMIT)" >&2; exit 2; }
+[ $noprev = 1 ] || [ -f .carry/prev.tar.gz ] || { echo "gpu-ab: .carry/prev.tar.gz missing (ci/gpu-carry.sh --prev COMMIT)" >&2; exit 2; }
 export WORKER_GENERATED_FIXTURES=${WORKER_GENERATED_FIXTURES:-/tmp/ab-fixtures}
 if [ -z "${WORKER_SHARED_FIXTURES:-}" ]; then
   if [ -d "$root/../shared/fixtures" ]; then export WORKER_SHARED_FIXTURES=$root/../shared/fixtures
@@ -37,7 +42,8 @@ say() { echo "[gpu-ab +$(( $(date +%s) - t0 ))s] $*"; }
 say "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1); new $(cat .carry/commit 2>/dev/null || echo '?') (+ working tree), prev $(cat .carry/prev-commit 2>/dev/null || echo '?')"
 (sh fixtures/generate_all.sh --big > /tmp/ab-gen.log 2>&1; echo "rc $?" >> /tmp/ab-gen.log) &
 want=$(cat .carry/prev-commit 2>/dev/null || echo unknown)
-if [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.built 2>/dev/null)" != "$want" ]; then
+if [ $noprev = 1 ]; then :
+elif [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.built 2>/dev/null)" != "$want" ]; then
   rm -rf /tmp/ab-prev && mkdir -p /tmp/ab-prev/.carry && tar xzf .carry/prev.tar.gz -C /tmp/ab-prev &&
     cp .carry/deps.tar.gz /tmp/ab-prev/.carry/ && echo "$want" > /tmp/ab-prev/.built
   (/tmp/ab-prev/ci/gpu-build.sh /tmp/ab-prev/build decode_bench > /tmp/ab-prev.log 2>&1; echo "rc $?" >> /tmp/ab-prev.log) &
@@ -68,9 +74,11 @@ export LD_LIBRARY_PATH=$(ci/gpu-build.sh --libdir)
 args=()
 for m in ${models//,/ }; do args+=(--model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf"); done
 rev=(); for ((i = ${#variants[@]} - 1; i >= 0; i--)); do rev+=("${variants[$i]}"); done
-for b in prev new "${variants[@]}" "${rev[@]}" new prev; do
+order=(prev new "${variants[@]}" "${rev[@]}" new prev)
+[ $noprev = 1 ] && order=(new "${variants[@]}" "${rev[@]}" new)
+for b in "${order[@]}"; do
   d=/tmp/ab-$b/bench/decode_bench; [ $b = prev ] && d=/tmp/ab-prev/build/bench/decode_bench
-  if ! "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps 3 --numerics "$numerics" \
+  if ! timeout 150 "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps "$reps" --numerics "$numerics" \
     --graph on > /tmp/ab-run.log 2>&1; then
     say "FAILED: $b's decode_bench:"; tail -5 /tmp/ab-run.log; exit 1
   fi

@@ -196,6 +196,10 @@ __device__ __forceinline__ void cp_async_commit() {
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
+// All but the most recent group.
+__device__ __forceinline__ void cp_async_wait_group1() {
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+}
 
 // The arguments of one head's decode attention (the kernel's parameters).
 template <class T>
@@ -226,7 +230,6 @@ struct alignas(16) DecSmem {
   float vnew[kDecMaxHd];
   float r32[32 * kDecMaxHd];  // KQV's partial chains
   float shf[32];
-  double shd[32];
   float sh_inv;
   // Local mode (n_att <= local_keys): every block of the cluster computes all exps and block
   // sums itself, here, and all scores (split mode: its share, exchanged through the scratch).
@@ -325,6 +328,7 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
                      pc);
     }
   }
+  cp_async_commit();  // group 1: K (waited for before the scores)
   if (st.v != nullptr) {
     for (int j = tid; j < k.n_cached; j += kN) {
       cp_async16(st.v + 8 * j, a.v_cache + static_cast<size_t>(j) * a.kv_dim + go + st.d_lo);
@@ -382,7 +386,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   const DecKeys ks = dec_keys<ROPE>(a, r, C);
   const int n_past = ks.n_past, n_att = ks.n_att, nb = ks.nb, cap = ks.cap;
   const bool local = ks.local, split = ks.split;
-  const int b_lo = ks.b_lo, b_hi = ks.b_hi, j_lo = ks.j_lo, q_lo = ks.q_lo, q_hi = ks.q_hi;
+  const int b_hi = ks.b_hi, j_lo = ks.j_lo, q_lo = ks.q_lo, q_hi = ks.q_hi;
   const int n_cached = ks.n_cached;
   const DecStage st = dec_stage<KV>(a, ks, h, r, C, kst);
   if (stage_early) attn_stage_kv<KV>(a, h, ks, st);
@@ -427,7 +431,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   } else {
     for (int i = tid; i < hd; i += kDecThreads) qs[i] = KV::query(__ldcg(qh + i));
   }
-  cp_async_wait_all();  // this thread's stage copies (none: no-op); the barrier: everyone's
+  cp_async_wait_group1();  // this thread's K copies (none: no-op); the barrier: everyone's
   __syncthreads();
   mark(0);
   // Scores, exps and block sums: this block's shared arrays (local mode) or the head's scratch
@@ -494,36 +498,46 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   mark(1);
   // 2. exps of this block's keys (0 in the 16-padding beyond n_att), a thread per key as for
   // the scores (each thread reads its own scores; split mode: every score from the scratch,
-  // into the block's own array), then the 16-block sums (hsum16).
-  for (int j = j_lo + tid; j < 16 * b_hi; j += kDecThreads) {
-    sc[j] = j < n_att ? math::expf_ggml((split ? __ldcg(hs + j) : ld(sc + j)) - mx) : 0.0f;
-  }
-  __syncthreads();
-  for (int b = b_lo + tid; b < b_hi; b += kDecThreads) {
-    float e[16];
+  // into the block's own array), and in the same pass the 16-block sums: a 16-block's keys are
+  // 16 consecutive lanes (j_lo and kDecThreads are multiples of 16), and hsum16's tree (16 -> 8
+  // -> 4 -> 2 -> 1, each level adding the lanes 8, 4, 2, 1 apart) is their xor butterfly (float
+  // + is commutative: both lanes of a pair get the tree's sum). Every thread runs the same
+  // number of rounds (the shuffles take the full warp).
+  for (int base = j_lo; base < 16 * b_hi; base += kDecThreads) {
+    const int j = base + tid;
+    const bool in = j < 16 * b_hi;
+    float e = 0.0f;
+    if (j < n_att) e = math::expf_ggml((split ? __ldcg(hs + j) : ld(sc + j)) - mx);
+    if (in) sc[j] = e;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) e[i] = ld(sc + 16 * b + i);
-    bs[b] = math::hsum16(e);
+    for (int o = 8; o > 0; o >>= 1) e = e + __shfl_xor_sync(0xffffffffu, e, o);
+    if (in && (j & 15) == 0) bs[j >> 4] = e;
   }
+  cp_async_wait_all();  // the V stage (its own group), before the barrier: every thread's
   if (local) {
     __syncthreads();
   } else {
     dec_cluster_sync(hw_cluster ? C : 1);
   }
   mark(2);
-  double s = 0.0;
-  for (int b = tid; b < nb; b += kDecThreads) s += static_cast<double>(ld(bs + b));
-  s = math::block_sum_double(s, sm.shd);
-  float inv;
-  if (!math::softmax_inv_certain(s, nb, &inv)) {  // uniform over the block (and the cluster)
-    if (tid == 0) {
+  // The sum of the nb block sums in double by warp 0 (any order: the certainty check bounds
+  // every order's error; near a rounding boundary the CPU's sequential sum), inv through shared
+  // memory to the block.
+  if (tid < kWarp) {
+    double s = 0.0;
+    for (int b = tid; b < nb; b += kWarp) s += static_cast<double>(ld(bs + b));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    float inv;
+    if (!math::softmax_inv_certain(s, nb, &inv) && tid == 0) {
       double qd = 0.0;  // the CPU's order: block sums added one by one
       for (int b = 0; b < nb; ++b) qd += static_cast<double>(ld(bs + b));
-      sm.sh_inv = math::softmax_inv(qd);
+      inv = math::softmax_inv(qd);
     }
-    __syncthreads();
-    inv = sm.sh_inv;
+    if (tid == 0) sm.sh_inv = inv;
   }
+  __syncthreads();
+  const float inv = sm.sh_inv;
   mark(3);
   // 3. KQV for dims [d_lo, d_lo + dn): task (l, d), l < 32, runs chains l and l + 32.
   const int d_lo = st.d_lo, dn = st.dn;

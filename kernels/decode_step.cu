@@ -12,13 +12,16 @@
 // the keys (one block a head here measured 747 / 583 / 404 tok/s at depth 1024 / 2048 / 4096
 // on the H100, 0.5B F16, against 1,044 at 512: perf-notes v19).
 //
-// Dependencies: after its share of op k, a block adds 1 to counter k (red.release.gpu, after a
-// barrier of the block); a block that needs op k's outputs spins until counter k reaches G
-// (ld.acquire.gpu by one thread, then a barrier). One counter per (layer, op), and one per head
-// for the attention's split mode (its C blocks score a share of the keys each and exchange
-// them through the scratch: attn_decode_block's xchg; C arrivals a layer); the last block to
-// finish zeroes them for the next launch. Data other blocks wrote during the launch is read
-// with ld.global.cg (L2).
+// Dependencies: x (after Wo and after down) and the SwiGLU output are written as tagged values
+// ({float, tag} in one 64-bit store; the tag names the launch and the op) and their readers poll
+// the values themselves until every tag is the op's: no counter, no second round trip for the
+// data (for_each_tagged). Q/K/V and the attention: after its share of op k, a block adds 1 to
+// counter k (red.release.gpu, after a barrier of the block); a block that needs op k's outputs
+// spins until counter k reaches G (ld.acquire.gpu by one thread, then a barrier). One counter per
+// (layer, op), and one per head for the attention's split mode (its C blocks score a share of the
+// keys each and exchange them through the scratch: attn_decode_block's xchg; C arrivals a layer);
+// the last block to finish zeroes them for the next launch. Data other blocks wrote during the
+// launch is read with ld.global.cg (L2).
 //
 // Weights before the wait: shared memory is four regions, P (Wo + Q/K/V, the attention's
 // shared arrays over the Q/K/V tile, then the down tile), G (gate + up), XS (the op's input,
@@ -82,7 +85,7 @@ using step::span_of;
 
 constexpr int kThreads = kDecThreads;  // the attention body's block size
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kOps = 5;  // counters a layer: Q/K/V, attention, Wo, gate + up, down
+constexpr int kOps = 2;  // counters a layer: Q/K/V, attention (the other ops' outputs are tagged)
 // The thread that issues the bulk copies: thread 0, which also polls the counters. (Issued by
 // a thread of the last warp, the block's next barrier waited 2-3 us longer after the Wo and
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
@@ -142,6 +145,10 @@ struct StepParams {
   int down_rep;            // a Q4_K down sums in the repack order (repacked(Q4_K, E))
   float *x, *q, *k, *v, *att, *act_att, *act_g, *logits;
   unsigned* sync;
+  // x and the SwiGLU output as {float bits, tag} pairs (low, high word): a reader polls the
+  // values themselves until their tags are the op's (tag()), no counter between (DecodeStep's
+  // device memory; zero at the start).
+  uint64_t *xt, *gt;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
   unsigned off_kst;                 // the attention's K / V stage (step::smem_layout; 0: none)
@@ -272,6 +279,70 @@ __device__ __forceinline__ void for_each_l2(const float* src, int n, F&& f) {
   }
 }
 
+// Tagged values: one 64-bit word, {float bits, tag}, stored and loaded whole (single-copy
+// atomic), so a reader that sees the tag it waits for sees the value stored with it. Tags are
+// (launch epoch << 16) | (1 + the op's sequence number in the launch): a value of an earlier
+// launch (the epoch before) or of an earlier op never matches.
+__device__ __forceinline__ void st_tagged(uint64_t* p, float v, unsigned tag) {
+  const uint64_t w = (static_cast<uint64_t>(tag) << 32) | __float_as_uint(v);
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+__device__ __forceinline__ void ld_tagged2(const uint64_t* p, uint64_t& a, uint64_t& b) {
+  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];"
+               : "=l"(a), "=l"(b)
+               : "l"(p)
+               : "memory");
+}
+// for_each_l2 over tagged values: thread t polls its groups (4 values: two 16-byte loads each)
+// until every tag is `want`, re-reading only the groups not yet complete (the polls' L2 traffic
+// falls as the writers finish), then f(g, the group's floats) for each. A tag that does not come
+// within kStallNs traps, as wait_for.
+template <class F>
+__device__ __forceinline__ void for_each_tagged(const uint64_t* src, int n, unsigned want, F&& f) {
+  constexpr int kBatch = 5;  // 8 registers a group: up to 5,120 values in one batch
+  const int tid = static_cast<int>(threadIdx.x), n4 = n / 4;
+  for (int g0 = 0; g0 < n4; g0 += kBatch * kThreads) {
+    uint64_t w[kBatch][4];
+    unsigned need = 0;  // the groups of this batch still to complete (bit u)
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      if (g0 + u * kThreads + tid < n4) need |= 1u << u;
+    }
+    uint64_t t0 = 0;
+    for (int spins = 0; need != 0; ++spins) {
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if ((need >> u) & 1u) {
+          const int g = g0 + u * kThreads + tid;
+          ld_tagged2(src + 4 * g, w[u][0], w[u][1]);
+          ld_tagged2(src + 4 * g + 2, w[u][2], w[u][3]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        bool ok = true;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) ok = ok && static_cast<unsigned>(w[u][k] >> 32) == want;
+        if (ok) need &= ~(1u << u);
+      }
+      if ((spins & 1023) == 1023) {
+        const uint64_t t = global_ns();
+        if (t0 == 0) {
+          t0 = t;
+        } else if (t - t0 > kStallNs) {
+          __trap();
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int g = g0 + u * kThreads + tid;
+      const auto v = [&](int k) { return __uint_as_float(static_cast<unsigned>(w[u][k])); };
+      if (g < n4) f(g, make_float4(v(0), v(1), v(2), v(3)));
+    }
+  }
+}
+
 // The RMSNorm's weight, a constant of the model: loaded before the op's wait, so that its
 // round trip overlaps the wait (thread t holds w[t + kThreads u], u < kNormEarly; a wider
 // model's further columns are loaded after the sum).
@@ -289,15 +360,17 @@ __device__ __forceinline__ NormW norm_w(const float* w, int n) {
   return r;
 }
 
-// xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2, w's
-// first columns are in wp (norm_w). Also keeps x[r0 .. r1) in keep[0 ..].
+// xs = rmsnorm(x) * w rounded for T (ex_rmsnorm_act_kernel's values): x is read from L2 (xt:
+// the tagged copy, polled until its tags are `want`; nullptr: x), w's first columns are in wp
+// (norm_w). Also keeps x[r0 .. r1) in keep[0 ..].
 template <GgmlType T>
-__device__ void norm_act(float* xs, const float* x, const float* w, const NormW& wp, int n,
-                         float eps, double* shd, float* sh_mean, float* keep, int r0, int r1) {
+__device__ void norm_act(float* xs, const float* x, const uint64_t* xt, unsigned want,
+                         const float* w, const NormW& wp, int n, float eps, double* shd,
+                         float* sh_mean, float* keep, int r0, int r1) {
   const int tid = static_cast<int>(threadIdx.x);
   double s = 0.0;  // thread k: columns 4k .. 4k + 3, 4 (k + kThreads) .., in order (a tree:
                    // rms_mean_certain's bound holds for any order)
-  for_each_l2(x, n, [&](int g, float4 v) {
+  const auto take = [&](int g, float4 v) {
     reinterpret_cast<float4*>(xs)[g] = v;
     const float e[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
@@ -306,7 +379,12 @@ __device__ void norm_act(float* xs, const float* x, const float* w, const NormW&
       if (i >= r0 && i < r1) keep[i - r0] = e[j];
       s += static_cast<double>(e[j] * e[j]);
     }
-  });
+  };
+  if (xt != nullptr) {
+    for_each_tagged(xt, n, want, take);
+  } else {
+    for_each_l2(x, n, take);
+  }
   s = math::block_sum_double(s, shd);
   float mean;
   if (!math::rms_mean_certain(s, n, &mean)) {  // uniform: every thread has the same s
@@ -340,6 +418,11 @@ __device__ void norm_act(float* xs, const float* x, const float* w, const NormW&
 // xs = n floats other blocks wrote (already rounded), from L2.
 __device__ __forceinline__ void stage_l2(float* xs, const float* src, int n) {
   for_each_l2(src, n, [xs](int g, float4 v) { reinterpret_cast<float4*>(xs)[g] = v; });
+  __syncthreads();
+}
+// ... from their tagged copy, once every tag is `want`.
+__device__ __forceinline__ void stage_tagged(float* xs, const uint64_t* src, int n, unsigned want) {
+  for_each_tagged(src, n, want, [xs](int g, float4 v) { reinterpret_cast<float4*>(xs)[g] = v; });
   __syncthreads();
 }
 
@@ -632,14 +715,20 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   if (n_past + 1 > p.layers[0].attn.local_keys) __trap();  // the engine's contract: local mode
   const int C = p.cv;
   griddep_wait();  // the embedding of this step's token (m.x)
+  // This launch's tags: the epoch the previous launch's last block advanced (after this
+  // launch's griddep_wait, as the counters' zeroing), then x after Wo (l) 3 l + 1, the SwiGLU
+  // output 3 l + 2, x after down (l) 3 l + 3.
+  const unsigned epoch = p.sync[kOps * p.n_layer + 1 + p.n_head];
+  const auto tag = [epoch](int seq) { return (epoch << 16) | static_cast<unsigned>(seq); };
   // The attention's K / V stage: after the block's DecSmem in P, and over G, which is free
   // from gate + up (l - 1) to the end of attention (l).
   uint32_t* const kst = p.off_kst != 0 ? reinterpret_cast<uint32_t*>(P + p.off_kst) : nullptr;
   // Wo and down: x[e0 + i] += the row's dot (the block's rows of x are in xres)
+  unsigned xtag = 0;  // the tag of the x add_residual writes (Wo's, down's)
   const auto add_residual = [&](int i, float d) {
     const float v = xf::add_rn(xres[i], d);
     xres[i] = v;
-    p.x[e0 + i] = v;
+    st_tagged(p.xt + e0 + i, v, xtag);
   };
   // Op i's counter (i = kOps l + op): this block's arrival, and the wait for every block's.
   const auto op_arrive = [&](int i) { arrive(p.sync + i); };
@@ -650,9 +739,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     const int op0 = kOps * l;
     // ---- RMSNorm + Q/K/V ----
     const NormW wa = norm_w(L.attn_norm, p.E);
-    if (l > 0) op_wait(op0 - 1);  // down (l - 1)
     stamp(p.trace, l, 0);
-    norm_act<T>(xs, p.x, L.attn_norm, wa, p.E, p.eps, shd, &sh_mean, xres, e0, e1);
+    // x: the embedding (layer 0, ordered by griddep_wait), else down (l - 1)'s, tagged
+    norm_act<T>(xs, p.x, l > 0 ? p.xt : nullptr, tag(3 * l), L.attn_norm, wa, p.E, p.eps, shd,
+                &sh_mean, xres, e0, e1);
     quantize(p.E);
     stamp(p.trace, l, 1);
     mbar_wait(&bar_p, static_cast<unsigned>(l & 1));  // P: Wo, Q/K/V
@@ -720,10 +810,11 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     stamp(p.trace, l, 5);
     stage_l2(xs, kQuant ? p.att : p.act_att, p.QD);
     quantize(p.QD);
+    xtag = tag(3 * l + 1);
     rows_dot<T>(P + span_of(sh.rb[kMo], e0, e1).off, sh.t[kMo], sh.rb[kMo], e1 - e0, p.QD, in,
                 add_residual);
     stamp(p.trace, l, 6);
-    op_arrive(op0 + 2);
+    __syncthreads();  // the block's reads of P (Wo) are done before the down copy into it
     const Span ds = span_of(sh.rb[kMdown], e0, e1);
     if (tid == kIssuer) {  // P is free: Wo and the attention are done
       fence_async_smem();
@@ -732,9 +823,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     }
     // ---- RMSNorm + gate + up + SwiGLU ----
     const NormW wf = norm_w(L.ffn_norm, p.E);
-    op_wait(op0 + 2);
     stamp(p.trace, l, 7);
-    norm_act<T>(xs, p.x, L.ffn_norm, wf, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+    norm_act<T>(xs, nullptr, p.xt, tag(3 * l + 1), L.ffn_norm, wf, p.E, p.eps, shd, &sh_mean, xres,
+                e0, e0);
     quantize(p.E);
     stamp(p.trace, l, 8);
     mbar_wait(&bar_g, static_cast<unsigned>(l & 1));  // G: gate, up
@@ -791,15 +882,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     __syncthreads();
     for (int i = tid; i < f1 - f0; i += kThreads) {
       const int r = f0 + i;
-      p.act_g[r] =
-          math::act_round(act_type_of(T), math::swiglu_one(gd[2 * i], gd[2 * i + 1], r, p.F & ~15));
+      st_tagged(
+          p.gt + r,
+          math::act_round(act_type_of(T), math::swiglu_one(gd[2 * i], gd[2 * i + 1], r, p.F & ~15)),
+          tag(3 * l + 2));
     }
     stamp(p.trace, l, 9);
-    op_arrive(op0 + 3);
+    __syncthreads();  // the block's reads of xs (gate + up) are done before the stage
     // ---- down: x += Wdown g ----
-    op_wait(op0 + 3);
     stamp(p.trace, l, 10);
-    stage_l2(xs, p.act_g, p.F);
+    stage_tagged(xs, p.gt, p.F, tag(3 * l + 2));
     stamp(p.trace, l, 17);
     const uint32_t td = sh.t[kMdown];
     const uint8_t* const dt = P + ds.off;
@@ -808,6 +900,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
         int32_t* const abs = reinterpret_cast<int32_t*>(smem + p.off_abs);
         quantize_q8_k(xs, p.F, aq, ad, abs);
         stamp(p.trace, l, 18);
+        xtag = tag(3 * l + 3);
         mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
         const int nr = e1 - e0, units = p.F / 32;
         int* const S = reinterpret_cast<int*>(smem + p.off_sf);
@@ -830,11 +923,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     if (!quant_mix<T>() || !k_quant(td)) {
       quantize(p.F);
       stamp(p.trace, l, 18);
+      xtag = tag(3 * l + 3);
       mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
       rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
     }
     stamp(p.trace, l, 11);
-    op_arrive(op0 + 4);
+    __syncthreads();  // the block's reads of P (down) are done before the next copies into it
     if (l + 1 < p.n_layer) {
       issue_p(l + 1);
     } else {
@@ -843,9 +937,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   }
   // ---- final RMSNorm + LM head ----
   const NormW wo = norm_w(p.out_norm, p.E);
-  op_wait(kOps * p.n_layer - 1);
   stamp(p.trace, p.n_layer, 0);
-  norm_act<T>(xs, p.x, p.out_norm, wo, p.E, p.eps, shd, &sh_mean, xres, e0, e0);
+  norm_act<T>(xs, nullptr, p.xt, tag(3 * p.n_layer), p.out_norm, wo, p.E, p.eps, shd, &sh_mean,
+              xres, e0, e0);
   quantize(p.E);
   stamp(p.trace, p.n_layer, 1);
   for (int s = 0; s < lm_chunks; ++s) {
@@ -864,6 +958,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     unsigned* const done = p.sync + static_cast<size_t>(kOps) * p.n_layer;
     if (atomicAdd(done, 1u) == Gu - 1) {
       for (int i = 0; i <= kOps * p.n_layer + p.n_head; ++i) p.sync[i] = 0;
+      p.sync[kOps * p.n_layer + 1 + p.n_head] = (epoch + 1) & 0xFFFFu;  // the next launch's
       __threadfence();
     }
   }
@@ -883,9 +978,13 @@ size_t table_bytes(int n_layer) {
   const size_t per = std::max(sizeof(StepLayer<float>), sizeof(StepLayer<uint16_t>));
   return (per * static_cast<size_t>(n_layer) + 255) & ~size_t{255};
 }
-size_t sync_bytes(int n_layer, int n_head) {
-  return sizeof(unsigned) * (static_cast<size_t>(kOps) * static_cast<size_t>(n_layer) + 1 +
-                             static_cast<size_t>(n_head));
+size_t sync_bytes(int n_layer, int n_head) {  // + the launch epoch; 256-aligned
+  const size_t b = sizeof(unsigned) * (static_cast<size_t>(kOps) * static_cast<size_t>(n_layer) +
+                                       2 + static_cast<size_t>(n_head));
+  return (b + 255) & ~size_t{255};
+}
+size_t tagged_bytes(int n_embd, int n_ff) {  // x and the SwiGLU output, tagged
+  return sizeof(uint64_t) * (static_cast<size_t>(n_embd) + static_cast<size_t>(n_ff));
 }
 
 bool float_type(uint32_t t) {
@@ -898,8 +997,8 @@ bool q0_weight(uint32_t t) {
 
 }  // namespace
 
-size_t DecodeStep::device_bytes(int n_layer, int n_head) {
-  return table_bytes(n_layer) + sync_bytes(n_layer, n_head);
+size_t DecodeStep::device_bytes(int n_layer, int n_head, int n_embd, int n_ff) {
+  return table_bytes(n_layer) + sync_bytes(n_layer, n_head) + tagged_bytes(n_embd, n_ff);
 }
 
 bool decode_step_enabled() {
@@ -1122,9 +1221,13 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
     im.pf = fill_params<float>(m);
     finish(im.pf, layer_table<float>(m));
   }
-  im.sync_bytes = sync_bytes(im.n_layer, s.n_head);
+  // The counters, the epoch and the tagged values all start at zero (no tag is zero).
+  im.sync_bytes =
+      sync_bytes(im.n_layer, s.n_head) + tagged_bytes(static_cast<int>(E), static_cast<int>(F));
   im.sync = reinterpret_cast<unsigned*>(base + table_bytes(im.n_layer));
   CUDA_CHECK(cudaMemset(im.sync, 0, im.sync_bytes));
+  auto* const xt = reinterpret_cast<uint64_t*>(base + table_bytes(im.n_layer) +
+                                               sync_bytes(im.n_layer, s.n_head));
   // Blocks a head in local mode: as many as fit, up to 8 (the per-op kernel's cluster). Fewer
   // measured slower (H100, 0.5B F16, depth 512: 4 -> 947, 2 -> 910 vs 8 -> 971 tok/s).
   const int cv = std::max(1, std::min(kDecMaxCluster, G / s.n_head));
@@ -1146,6 +1249,8 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   offsets(im.pf);
   offsets(im.ph);
   im.pf.sync = im.ph.sync = im.sync;
+  im.pf.xt = im.ph.xt = xt;
+  im.pf.gt = im.ph.gt = xt + E;
   by_step_type(im.type, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {

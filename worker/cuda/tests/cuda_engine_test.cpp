@@ -410,10 +410,11 @@ TEST(CudaEngine, DecodeCrossingThePersistentStepKeysStaysExact) {
 
 // The persistent decode step's profile (WORKER_DECODE_STEP_TRACE, DecodeStep::enable_trace):
 // one record a decode step, {n_layer, 19, blocks} then uint64 [n_layer + 1][19][blocks]
-// %globaltimer stamps. Checks that the counters order the ops: within a block the points
-// follow the op order, and no block starts Wo before every block has finished its attention
-// (nor gate + up before every block's Wo, down before every gate + up, the next layer before
-// every down).
+// %globaltimer stamps. Checks that the counters and the tagged values order the ops: within a
+// block the points follow the op order, no block starts Wo before every block has finished its
+// attention, and no block has the input of a tagged edge before every block wrote it (the ffn
+// norm done before every block's Wo, down's input staged before every gate + up, the next
+// layer's norm done before every down).
 TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
   REQUIRE_GPU();
   const std::string path = generated_fixtures() + "/qwen2-g7-f16.gguf";
@@ -457,8 +458,10 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
               << "layer " << l << " block " << b << " points " << order[k] << ", " << order[k + 1];
         }
       }
-      // a consumer op starts after every block finished the producer op
-      const std::pair<uint64_t, uint64_t> deps[] = {{4, 5}, {6, 7}, {9, 10}};
+      // a consumer op starts after every block finished the producer op (the attention's
+      // counter), or has its input only after every block wrote it (x after Wo and the SwiGLU
+      // output are tagged values, polled inside the consumer: its norm done, down's input staged)
+      const std::pair<uint64_t, uint64_t> deps[] = {{4, 5}, {6, 8}, {9, 17}};
       for (const auto& [prod, cons] : deps) {
         uint64_t last = 0, first = UINT64_MAX;
         for (uint64_t b = 0; b < G; ++b) {
@@ -471,10 +474,10 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
       uint64_t last_down = 0, first_next = UINT64_MAX;
       for (uint64_t b = 0; b < G; ++b) {
         last_down = std::max(last_down, at(l, 11, b));
-        first_next = std::min(first_next, at(l + 1, 0, b));  // layer L: the LM head's wait
+        first_next = std::min(first_next, at(l + 1, 1, b));  // layer L: the LM head's norm
       }
       EXPECT_LE(last_down, first_next)
-          << "layer " << l + 1 << " started before layer " << l << "'s down finished";
+          << "layer " << l + 1 << "'s norm had its input before layer " << l << "'s down finished";
     }
   }
 }
