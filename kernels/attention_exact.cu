@@ -595,7 +595,7 @@ __global__ void __launch_bounds__(kDecThreads)
   const int blk = static_cast<int>(blockIdx.x);
   attn_decode_block<KV, ROPE>(
       a, blk / C, blk % C, C, true, sm, kst, false, [] { griddep_wait(); }, [](int) {},
-      [C] { dec_cluster_sync(C); });
+      [C] { dec_cluster_sync(C); }, dec_put(a));
 }
 static_assert(sizeof(DecSmem) % 16 == 0, "the key stage after DecSmem: 16-byte aligned");
 

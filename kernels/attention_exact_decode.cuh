@@ -346,22 +346,24 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
 // of cache rows below n_past) and before anything an earlier op wrote is read: griddep_wait()
 // in ex_attn_decode_kernel, the persistent decode kernel's barrier there. `hw_cluster`: the C
 // blocks of the head are a hardware cluster (C > 1); without one, C > 1 is allowed in local
-// mode only (the blocks exchange nothing), and rp.q_out must then be nullptr (no block may
-// write q while another reads it). `kst`: the stage (dec_stage); `stage_early`: its copies are
-// issued before the wait (the persistent decode kernel, whose griddep_wait at its start ordered
-// every earlier step's cache writes before it), else after it (a PDL wait: an earlier kernel
-// may still run). Issued before the wait, they land while the block waits for q / k / v (the
-// wait is then ~1.7 us longer, the copies' L2 traffic: every block of a head copies all of its
-// K rows; the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2, perf-notes v29). `mark(k)` is called by every
-// thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the softmax sum, 4 KQV).
-// `xchg()` (split mode, DecKeys): called by every thread of the C blocks of head h, once; it
-// returns in each once all have called it, with their earlier writes of the scratch visible
-// (release / acquire at least at the scope of the C blocks).
-template <class KV, bool ROPE, class Wait, class Mark, class Xchg>
+// mode only (split mode: the blocks exchange through the scratch and `xchg`), and rp.q_out must
+// then be nullptr (no block may write q while another reads it). `kst`: the stage (dec_stage);
+// `stage_early`: its copies are issued before the wait (the persistent decode kernel, whose
+// griddep_wait at its start ordered every earlier step's cache writes before it), else after it (a
+// PDL wait: an earlier kernel may still run). Issued before the wait, they land while the block
+// waits for q / k / v (the wait is then ~1.7 us longer, the copies' L2 traffic: every block of a
+// head copies all of its K rows; the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2, perf-notes v29).
+// `mark(k)` is called by every thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the
+// softmax sum, 4 KQV). `xchg()` (split mode, DecKeys): called by every thread of the C blocks of
+// head h, once; it returns in each once all have called it, with their earlier writes of the
+// scratch visible (release / acquire at least at the scope of the C blocks). `put(i, o)` stores
+// output i (h * hd + d): the per-op kernel's dec_put (a.out, and a.act rounded by act_mode), the
+// persistent step's tagged copy.
+template <class KV, bool ROPE, class Wait, class Mark, class Xchg, class Put>
 __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>& a, int h, int r,
                                                   int C, bool hw_cluster, DecSmem& sm,
                                                   uint32_t* kst, bool stage_early, Wait&& wait,
-                                                  Mark&& mark, Xchg&& xchg) {
+                                                  Mark&& mark, Xchg&& xchg, Put&& put) {
   using T = typename KV::T;
   float* const qs = sm.qs;
   float* const qr = sm.qr;
@@ -374,7 +376,6 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   const T* const k_cache = a.k_cache;
   const T* const v_cache = a.v_cache;
   float* const scratch = a.scratch;
-  float* const out = a.out;
   const int hd = a.hd, kv_dim = a.kv_dim, group = a.group;
   const int g = h / group;
   const DecRope<T>& rp = a.rp;
@@ -442,10 +443,6 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   float* const pmax = hs + a.cap_max + a.cap_max / 16 + 1;  // exchange mode only
   // Reads of them: other blocks wrote the scratch (through L2); the shared ones are this block's.
   const auto ld = [local](const float* p) { return local ? *p : __ldcg(p); };
-  // Local mode with a cluster: the blocks' reads of q are done; the q output is written after
-  // the wait at the end. (Split mode: after the exchange.)
-  const bool split_barrier = ROPE && local && !split && C > 1 && hw_cluster;
-  if (split_barrier) asm volatile("barrier.cluster.arrive;" ::: "memory");
   // 1. scores of this block's keys [q_lo, q_hi) (split mode: into the head's scratch)
   float mx = -INFINITY;
   float* const sq = split ? hs : sc;
@@ -582,20 +579,29 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
 #pragma unroll
     for (int i = 0; i < 16; ++i) rr[i] = r32[i * dn + dl] + r32[(i + 16) * dn + dl];
     const float o = math::hsum16(rr);
-    const size_t oi = static_cast<size_t>(h) * hd + d_lo + dl;
-    out[oi] = o;
-    if (a.act_mode != kDecActNone)
-      a.act.f[oi] = math::act_round(static_cast<ActType>(a.act_mode), o);
+    put(static_cast<size_t>(h) * hd + d_lo + dl, o);
   }
   if constexpr (ROPE) {
-    // bias_rope_store's q output (it may be q itself), once every block of the head's cluster
-    // has read q: after the cluster barriers of exchange mode, the split barrier of local
-    // mode, or (one block per head) this block's own barriers.
-    if (split_barrier) asm volatile("barrier.cluster.wait;" ::: "memory");
+    // bias_rope_store's q output (it may be q itself), once every block of the head has read
+    // q: after exchange mode's cluster barriers, split mode's xchg, or (one block a head) this
+    // block's own barriers.
     if (r == 0 && rp.q_out != nullptr) {
       for (int i = tid; i < hd; i += kDecThreads) rp.q_out[static_cast<size_t>(h) * hd + i] = qr[i];
     }
   }
+}
+
+// The attention's output as the next op reads it: rounded by act_mode (kDecActNone: as is).
+__device__ __forceinline__ float dec_act(int act_mode, float o) {
+  return act_mode != kDecActNone ? math::act_round(static_cast<ActType>(act_mode), o) : o;
+}
+// attn_decode_block's `put` for the per-op kernel: a.out, and with act_mode a.act.f rounded.
+template <class T>
+__device__ __forceinline__ auto dec_put(const DecArgs<T>& a) {
+  return [&a](size_t i, float o) {
+    a.out[i] = o;
+    if (a.act_mode != kDecActNone) a.act.f[i] = dec_act(a.act_mode, o);
+  };
 }
 
 // The arguments of the decode attention for the persistent decode kernel (attention_exact.cu;

@@ -12,16 +12,16 @@
 // the keys (one block a head here measured 747 / 583 / 404 tok/s at depth 1024 / 2048 / 4096
 // on the H100, 0.5B F16, against 1,044 at 512: perf-notes v19).
 //
-// Dependencies: x (after Wo and after down) and the SwiGLU output are written as tagged values
-// ({float, tag} in one 64-bit store; the tag names the launch and the op) and their readers poll
-// the values themselves until every tag is the op's: no counter, no second round trip for the
-// data (for_each_tagged). Q/K/V and the attention: after its share of op k, a block adds 1 to
-// counter k (red.release.gpu, after a barrier of the block); a block that needs op k's outputs
-// spins until counter k reaches G (ld.acquire.gpu by one thread, then a barrier). One counter per
-// (layer, op), and one per head for the attention's split mode (its C blocks score a share of the
-// keys each and exchange them through the scratch: attn_decode_block's xchg; C arrivals a layer);
-// the last block to finish zeroes them for the next launch. Data other blocks wrote during the
-// launch is read with ld.global.cg (L2).
+// Dependencies: x (after Wo and after down), the attention's output and the SwiGLU output are
+// written as tagged values ({float, tag} in one 64-bit store; the tag names the launch and the
+// op) and their readers poll the values themselves until every tag is the op's: no counter, no
+// second round trip for the data (for_each_tagged). Q/K/V: after its share, a block adds 1 to
+// the layer's counter (red.release.gpu, after a barrier of the block); the attention spins until
+// it reaches G (ld.acquire.gpu by one thread, then a barrier). One counter per layer, and one per
+// head for the attention's split mode (its C blocks score a share of the keys each and exchange
+// them through the scratch: attn_decode_block's xchg; C arrivals a layer); the last block to finish
+// zeroes them for the next launch. Data other blocks wrote during the launch is read with
+// ld.global.cg (L2).
 //
 // Weights before the wait: shared memory is four regions, P (Wo + Q/K/V, the attention's
 // shared arrays over the Q/K/V tile, then the down tile), G (gate + up), XS (the op's input,
@@ -85,12 +85,12 @@ using step::span_of;
 
 constexpr int kThreads = kDecThreads;  // the attention body's block size
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kOps = 2;  // counters a layer: Q/K/V, attention (the other ops' outputs are tagged)
+constexpr int kOps = 1;  // counters a layer: Q/K/V (the other ops' outputs are tagged)
 // The thread that issues the bulk copies: thread 0, which also polls the counters. (Issued by
 // a thread of the last warp, the block's next barrier waited 2-3 us longer after the Wo and
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
 constexpr int kIssuer = 0;
-constexpr int kTracePoints = 19;  // a layer's timestamps (DecodeStep::read_trace)
+constexpr int kTracePoints = 20;  // a layer's timestamps (DecodeStep::read_trace)
 constexpr int kLmStages = 8;      // LM head ring: at most this many stages of lm_rows rows
 // Quantized weights (Q8_0, Q5_0: the reference's dot_q0_lanes, 8 lane chains a row): 8
 // threads a row, 32 rows at once.
@@ -143,12 +143,12 @@ struct StepParams {
   const uint8_t* out_w;
   uint32_t out_t, out_rb;  // the output matrix's type and bytes a row
   int down_rep;            // a Q4_K down sums in the repack order (repacked(Q4_K, E))
-  float *x, *q, *k, *v, *att, *act_att, *act_g, *logits;
+  float *x, *q, *k, *v, *logits;
   unsigned* sync;
-  // x and the SwiGLU output as {float bits, tag} pairs (low, high word): a reader polls the
-  // values themselves until their tags are the op's (tag()), no counter between (DecodeStep's
-  // device memory; zero at the start).
-  uint64_t *xt, *gt;
+  // x, the SwiGLU output and the attention's output (as Wo reads it) as {float bits, tag} pairs
+  // (low, high word): a reader polls the values themselves until their tags are the op's
+  // (tag()), no counter between (DecodeStep's device memory; zero at the start).
+  uint64_t *xt, *gt, *at;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
   unsigned off_kst;                 // the attention's K / V stage (step::smem_layout; 0: none)
@@ -415,12 +415,8 @@ __device__ void norm_act(float* xs, const float* x, const uint64_t* xt, unsigned
   __syncthreads();
 }
 
-// xs = n floats other blocks wrote (already rounded), from L2.
-__device__ __forceinline__ void stage_l2(float* xs, const float* src, int n) {
-  for_each_l2(src, n, [xs](int g, float4 v) { reinterpret_cast<float4*>(xs)[g] = v; });
-  __syncthreads();
-}
-// ... from their tagged copy, once every tag is `want`.
+// xs = n floats other blocks wrote (already rounded), from their tagged copy once every tag is
+// `want`.
 __device__ __forceinline__ void stage_tagged(float* xs, const uint64_t* src, int n, unsigned want) {
   for_each_tagged(src, n, want, [xs](int g, float4 v) { reinterpret_cast<float4*>(xs)[g] = v; });
   __syncthreads();
@@ -717,7 +713,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   griddep_wait();  // the embedding of this step's token (m.x)
   // This launch's tags: the epoch the previous launch's last block advanced (after this
   // launch's griddep_wait, as the counters' zeroing), then x after Wo (l) 3 l + 1, the SwiGLU
-  // output 3 l + 2, x after down (l) 3 l + 3.
+  // output 3 l + 2, x after down (l) 3 l + 3; the attention's output (its own buffer) l + 1.
   const unsigned epoch = p.sync[kOps * p.n_layer + 1 + p.n_head];
   const auto tag = [epoch](int seq) { return (epoch << 16) | static_cast<unsigned>(seq); };
   // The attention's K / V stage: after the block's DecSmem in P, and over G, which is free
@@ -799,16 +795,18 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
             unsigned* const hc = p.sync + static_cast<size_t>(kOps) * p.n_layer + 1 + u / C;
             arrive(hc);
             wait_for(hc, static_cast<unsigned>((l + 1) * C));
+          },
+          [&](size_t i, float o) {  // tagged: l + 1 (its own buffer's sequence)
+            st_tagged(p.at + i, dec_act(L.attn.act_mode, o), tag(l + 1));
           });
-      __syncthreads();  // sm is reused by the next unit
+      __syncthreads();  // sm and the stage are reused by the next unit, the stage by gate + up
     }
     stamp(p.trace, l, 4);
-    op_arrive(op0 + 1);
     issue_g(l);  // after the attention: its latency-bound loads do not queue behind these
     // ---- Wo: x += Wo att ----
-    op_wait(op0 + 1);
     stamp(p.trace, l, 5);
-    stage_l2(xs, kQuant ? p.att : p.act_att, p.QD);
+    stage_tagged(xs, p.at, p.QD, tag(l + 1));
+    stamp(p.trace, l, 19);
     quantize(p.QD);
     xtag = tag(3 * l + 1);
     rows_dot<T>(P + span_of(sh.rb[kMo], e0, e1).off, sh.t[kMo], sh.rb[kMo], e1 - e0, p.QD, in,
@@ -983,8 +981,9 @@ size_t sync_bytes(int n_layer, int n_head) {  // + the launch epoch; 256-aligned
                                        2 + static_cast<size_t>(n_head));
   return (b + 255) & ~size_t{255};
 }
-size_t tagged_bytes(int n_embd, int n_ff) {  // x and the SwiGLU output, tagged
-  return sizeof(uint64_t) * (static_cast<size_t>(n_embd) + static_cast<size_t>(n_ff));
+size_t tagged_bytes(int n_embd, int n_ff, int n_q) {  // x, the SwiGLU output, the attention's
+  return sizeof(uint64_t) *
+         (static_cast<size_t>(n_embd) + static_cast<size_t>(n_ff) + static_cast<size_t>(n_q));
 }
 
 bool float_type(uint32_t t) {
@@ -997,8 +996,8 @@ bool q0_weight(uint32_t t) {
 
 }  // namespace
 
-size_t DecodeStep::device_bytes(int n_layer, int n_head, int n_embd, int n_ff) {
-  return table_bytes(n_layer) + sync_bytes(n_layer, n_head) + tagged_bytes(n_embd, n_ff);
+size_t DecodeStep::device_bytes(int n_layer, int n_head, int n_embd, int n_ff, int n_q) {
+  return table_bytes(n_layer) + sync_bytes(n_layer, n_head) + tagged_bytes(n_embd, n_ff, n_q);
 }
 
 bool decode_step_enabled() {
@@ -1051,9 +1050,6 @@ StepParams<KT> fill_params(const DecodeModel& m) {
   p.q = m.q;
   p.k = m.k;
   p.v = m.v;
-  p.att = m.att;
-  p.act_att = m.act_att;
-  p.act_g = m.act_g;
   p.logits = m.logits;
   p.d_n_past = m.d_n_past;
   return p;
@@ -1149,9 +1145,8 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
     if (d.kv.type != l0.kv.type) return no("cache types differ");
   }
   if (!shaped(m.output, m.output.rows, E, false)) return no("output matrix type or shape");
-  for (const float* a : {m.x, m.att, m.act_att, m.act_g}) {  // read as float4s (for_each_l2)
-    if (reinterpret_cast<uintptr_t>(a) % 16 != 0) return no("activations not 16-byte aligned");
-  }
+  // the embedding, read as float4s (for_each_l2)
+  if (reinterpret_cast<uintptr_t>(m.x) % 16 != 0) return no("activations not 16-byte aligned");
 
   int dev = 0, sms = 0, optin = 0;
   CUDA_CHECK(cudaGetDevice(&dev));
@@ -1222,8 +1217,8 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
     finish(im.pf, layer_table<float>(m));
   }
   // The counters, the epoch and the tagged values all start at zero (no tag is zero).
-  im.sync_bytes =
-      sync_bytes(im.n_layer, s.n_head) + tagged_bytes(static_cast<int>(E), static_cast<int>(F));
+  im.sync_bytes = sync_bytes(im.n_layer, s.n_head) +
+                  tagged_bytes(static_cast<int>(E), static_cast<int>(F), static_cast<int>(QD));
   im.sync = reinterpret_cast<unsigned*>(base + table_bytes(im.n_layer));
   CUDA_CHECK(cudaMemset(im.sync, 0, im.sync_bytes));
   auto* const xt = reinterpret_cast<uint64_t*>(base + table_bytes(im.n_layer) +
@@ -1251,6 +1246,7 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   im.pf.sync = im.ph.sync = im.sync;
   im.pf.xt = im.ph.xt = xt;
   im.pf.gt = im.ph.gt = xt + E;
+  im.pf.at = im.ph.at = xt + E + F;
   by_step_type(im.type, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {

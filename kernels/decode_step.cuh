@@ -62,7 +62,7 @@ struct DecodeModel {
   float* logits = nullptr;   // [vocab]
   float* attn_scratch = nullptr;
   const int32_t* d_n_past = nullptr;
-  // DecodeStep::device_bytes(layers.size(), n_head, n_embd, n_ff) bytes, 256-aligned, for the
+  // DecodeStep::device_bytes(layers.size(), n_head, n_embd, n_ff, n_q) bytes, 256-aligned, for the
   // step's tables
   void* device_mem = nullptr;
 };
@@ -70,9 +70,9 @@ struct DecodeModel {
 class DecodeStep {
  public:
   // Device memory the step needs for n_layer layers of n_head heads (its layer table, counters
-  // and tagged x and SwiGLU output; the caller provides it as DecodeModel::device_mem and
-  // counts it as scratch).
-  static size_t device_bytes(int n_layer, int n_head, int n_embd, int n_ff);
+  // and tagged x, SwiGLU output and attention output (n_q = n_head * head_dim); the caller provides
+  // it as DecodeModel::device_mem and counts it as scratch).
+  static size_t device_bytes(int n_layer, int n_head, int n_embd, int n_ff, int n_q);
   // A plan for `m` on the current device, or nullptr with *why set when the model does not
   // qualify (weight types, shapes, shared memory).
   static std::unique_ptr<DecodeStep> plan(const DecodeModel& m, std::string* why);
@@ -82,13 +82,13 @@ class DecodeStep {
   // Launches the step (after the embedding of this step's token into m.x, on the same
   // stream); the logits land in m.logits.
   void launch(cudaStream_t stream) const;
-  // Profiling for kernel work: every later launch records, per block, %globaltimer at 19
+  // Profiling for kernel work: every later launch records, per block, %globaltimer at 20
   // points of each layer (after each wait, norm and product, the attention's phases, and
-  // down's staged and quantized input; [layer][point][block]) and 3 of the LM head (layer
-  // n_layer); read_trace() returns the last launch's.
+  // Wo's and down's staged input, down's quantized input; [layer][point][block]) and 3 of the LM
+  // head (layer n_layer); read_trace() returns the last launch's.
   void enable_trace();
   std::vector<uint64_t> read_trace() const;
-  static int trace_points();  // points a layer (19)
+  static int trace_points();  // points a layer (20)
   int blocks() const { return blocks_; }
   size_t smem_bytes() const { return smem_; }
   // The step may be launched while n_past + 1 <= local_keys() (the attention's local mode);

@@ -16,7 +16,7 @@ SPEC = importlib.util.spec_from_file_location("steptrace", ROOT / "bench/steptra
 steptrace = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(steptrace)
 
-L, P, G = 2, 19, 4  # layers, points, blocks; block 3 runs no attention
+L, P, G = 2, 20, 4  # layers, points, blocks; block 3 runs no attention
 
 
 def synthetic(step, gate_up_ns=3500):
@@ -40,7 +40,8 @@ def synthetic(step, gate_up_ns=3500):
                 t[l][4][b] = last + 100
         last = max(t[l][4])
         for b in range(G):
-            t[l][5][b] = last + 500
+            t[l][5][b] = last + 100
+            t[l][19][b] = t[l][5][b] + 400                         # Wo's input staged
             t[l][6][b] = t[l][5][b] + 1200                         # Wo 1.2 us
         last = max(t[l][6])
         for b in range(G):
@@ -81,7 +82,7 @@ class StepTraceTest(unittest.TestCase):
             r = steptrace.analyse(recs)
             for name, us in [("norm (attn)", 2.0), ("Q/K/V", 1.0), ("Q/K/V slowest", 2.0),
                              ("Wo", 1.2), ("norm (ffn)", 2.3), ("gate+up", 3.5), ("down", 2.4),
-                             ("wait Q/K/V -> attn", 0.5), ("wait attn -> Wo", 0.5),
+                             ("wait Q/K/V -> attn", 0.5), ("tagged attn -> Wo stage", 0.5),
                              ("tagged Wo -> ffn norm", 0.5 + 2.3),
                              ("tagged gate+up -> down stage", 0.5 + 0.6),
                              ("tagged down -> attn norm", 0.5 + 2.0), ("attention scores", 5.5),

@@ -409,12 +409,11 @@ TEST(CudaEngine, DecodeCrossingThePersistentStepKeysStaysExact) {
 }
 
 // The persistent decode step's profile (WORKER_DECODE_STEP_TRACE, DecodeStep::enable_trace):
-// one record a decode step, {n_layer, 19, blocks} then uint64 [n_layer + 1][19][blocks]
-// %globaltimer stamps. Checks that the counters and the tagged values order the ops: within a
-// block the points follow the op order, no block starts Wo before every block has finished its
-// attention, and no block has the input of a tagged edge before every block wrote it (the ffn
-// norm done before every block's Wo, down's input staged before every gate + up, the next
-// layer's norm done before every down).
+// one record a decode step, {n_layer, 20, blocks} then uint64 [n_layer + 1][20][blocks]
+// %globaltimer stamps. Checks that the tagged values order the ops: within a block the points
+// follow the op order, and no block has the input of an op before every block wrote it (Wo's
+// input staged before every block's attention ended, the ffn norm done before every Wo, down's
+// input staged before every gate + up, the next layer's norm done before every down).
 TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
   REQUIRE_GPU();
   const std::string path = generated_fixtures() + "/qwen2-g7-f16.gguf";
@@ -439,7 +438,7 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
   ASSERT_GE(d.size(), 3u) << "no step trace in " << trace;
   const uint64_t L = d[0], P = d[1], G = d[2];
   ASSERT_EQ(L, model->config.n_layer);
-  ASSERT_EQ(P, 19u);
+  ASSERT_EQ(P, 20u);
   ASSERT_GT(G, 0u);
   const size_t rec = 3 + (L + 1) * P * G;
   ASSERT_EQ(d.size(), kSteps * rec) << "one record per decode step";
@@ -447,9 +446,9 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
     const uint64_t* t = d.data() + st * rec + 3;
     const auto at = [&](uint64_t l, uint64_t p, uint64_t b) { return t[(l * P + p) * G + b]; };
     // points every block stamps, in its op order: 0 norm start, 1 norm end, 2 Q/K/V end,
-    // 4 attention end, 5 Wo start, 6 Wo end, 7 gate+up start, 8 norm end, 9 gate+up end,
-    // 10 down start, 17 its input staged, 18 quantized, 11 down end
-    const uint64_t order[] = {0, 1, 2, 4, 5, 6, 7, 8, 9, 10, 17, 18, 11};
+    // 4 attention end, 5 Wo start, 19 its input staged, 6 Wo end, 7 gate+up start, 8 norm end,
+    // 9 gate+up end, 10 down start, 17 its input staged, 18 quantized, 11 down end
+    const uint64_t order[] = {0, 1, 2, 4, 5, 19, 6, 7, 8, 9, 10, 17, 18, 11};
     for (uint64_t l = 0; l < L; ++l) {
       for (uint64_t b = 0; b < G; ++b) {
         for (size_t k = 0; k + 1 < std::size(order); ++k) {
@@ -458,10 +457,10 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
               << "layer " << l << " block " << b << " points " << order[k] << ", " << order[k + 1];
         }
       }
-      // a consumer op starts after every block finished the producer op (the attention's
-      // counter), or has its input only after every block wrote it (x after Wo and the SwiGLU
-      // output are tagged values, polled inside the consumer: its norm done, down's input staged)
-      const std::pair<uint64_t, uint64_t> deps[] = {{4, 5}, {6, 8}, {9, 17}};
+      // a consumer op has its input only after every block wrote it (the attention's output,
+      // x after Wo and the SwiGLU output are tagged values, polled inside the consumer: Wo's
+      // input staged, the ffn norm done, down's input staged)
+      const std::pair<uint64_t, uint64_t> deps[] = {{4, 19}, {6, 8}, {9, 17}};
       for (const auto& [prod, cons] : deps) {
         uint64_t last = 0, first = UINT64_MAX;
         for (uint64_t b = 0; b < G; ++b) {
