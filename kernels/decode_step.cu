@@ -190,21 +190,28 @@ __device__ __forceinline__ void stamp(uint64_t* trace, int l, int k) {
 // kernel traps (the step fails with a CUDA error, the job with CUDA_ERROR) instead of hanging
 // the worker.
 constexpr uint64_t kStallNs = 5'000'000'000ull;
+// A poll's stall check: every 1,024th spin reads the clock; traps kStallNs after the first read.
+struct StallCheck {
+  uint64_t t0 = 0;
+  __device__ __forceinline__ void operator()(int spins) {
+    if ((spins & 1023) == 1023) {
+      const uint64_t t = global_ns();
+      if (t0 == 0) {
+        t0 = t;
+      } else if (t - t0 > kStallNs) {
+        __trap();
+      }
+    }
+  }
+};
 __device__ __forceinline__ void wait_for(const unsigned* ctr, unsigned n) {
   if (threadIdx.x == 0) {
     unsigned v = 0;
-    uint64_t t0 = 0;
+    StallCheck stall;
     for (int spins = 0;; ++spins) {
       asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
       if (v >= n) break;
-      if ((spins & 1023) == 1023) {
-        const uint64_t t = global_ns();
-        if (t0 == 0) {
-          t0 = t;
-        } else if (t - t0 > kStallNs) {
-          __trap();
-        }
-      }
+      stall(spins);
     }
   }
   __syncthreads();
@@ -308,7 +315,7 @@ __device__ __forceinline__ void for_each_tagged(const uint64_t* src, int n, unsi
     for (int u = 0; u < kBatch; ++u) {
       if (g0 + u * kThreads + tid < n4) need |= 1u << u;
     }
-    uint64_t t0 = 0;
+    StallCheck stall;
     for (int spins = 0; need != 0; ++spins) {
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
@@ -325,14 +332,7 @@ __device__ __forceinline__ void for_each_tagged(const uint64_t* src, int n, unsi
         for (int k = 0; k < 4; ++k) ok = ok && static_cast<unsigned>(w[u][k] >> 32) == want;
         if (ok) need &= ~(1u << u);
       }
-      if ((spins & 1023) == 1023) {
-        const uint64_t t = global_ns();
-        if (t0 == 0) {
-          t0 = t;
-        } else if (t - t0 > kStallNs) {
-          __trap();
-        }
-      }
+      stall(spins);
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
