@@ -4,7 +4,8 @@
 # binaries that cover the decode path (Release, sm_90a; kept in BUILD_DIR between calls), then:
 #   tests      attention_exact_tests, exact_decode_tests, cuda_trace_tests; cuda_engine_tests'
 #              ExactParity (both caches), PerOp, DecodeCrossing, DecodeStepTrace, FastNumerics,
-#              SampleAndContinue and Stories260K on the small fixtures, Qwen05B on the big ones
+#              SampleAndContinue, Stories260K, Persistent* and GpuSampling* on the small
+#              fixtures, Qwen05B on the big ones
 #   memcheck   decode_bench prefill 300 on qwen2-g7-f16 / -q8_0 / -q4_k and llama-g7-q6_k (the
 #              persistent step on every weight family), attention_exact_tests' RoPE / AttendAct /
 #              OddHead cases
@@ -64,7 +65,7 @@ if [ -z "$only" ] || [ "$only" = tests ]; then
   gtest attention_exact 120 "$AT"
   gtest exact_decode 120 "$(bin exact_decode_tests)"
   gtest cuda_trace 120 "$(bin cuda_trace_tests)"
-  gtest cuda_engine 240 "$CE" --gtest_filter='CudaEngine.ExactParity*:CudaEngine.Decode*:CudaEngine.FastNumerics*:CudaEngine.SampleAndContinue*:CudaEngine.Stories*'
+  gtest cuda_engine 240 "$CE" --gtest_filter='CudaEngine.ExactParity*:CudaEngine.Decode*:CudaEngine.FastNumerics*:CudaEngine.SampleAndContinue*:CudaEngine.Stories*:CudaEngine.Persistent*:CudaEngine.GpuSampling*'
   GV_FIXTURES=$big gtest qwen05b 90 "$CE" --gtest_filter='CudaEngine.Qwen05B*'
 fi
 sanitize() {  # tool name timeout binary [args]: one line with the sanitizer's summary
