@@ -12,7 +12,9 @@
 #                prev / new / p1 .. / p1 .. / new / prev)
 #                [--no-prev] (new and the variants only, when prev would be new's own commit)
 #                [--reps N] (decode_bench's repetitions, 3 by default)
-# Each decode_bench run is cut after 150 s (a variant that hangs stops the run, not the call).
+# Each decode_bench run is cut after 150 s. A variant whose build fails, or whose run fails or is
+# cut, is not run (again) and the others go on (the exit status is then 1); new's and prev's
+# builds must succeed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra="" patches=() noprev=0 reps=3
@@ -30,7 +32,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-cd "$root"
+cd "$root" || exit 2
 [ $noprev = 1 ] || [ -f .carry/prev.tar.gz ] || { echo "gpu-ab: .carry/prev.tar.gz missing (ci/gpu-carry.sh --prev COMMIT)" >&2; exit 2; }
 export WORKER_GENERATED_FIXTURES=${WORKER_GENERATED_FIXTURES:-/tmp/ab-fixtures}
 if [ -z "${WORKER_SHARED_FIXTURES:-}" ]; then
@@ -63,25 +65,39 @@ for i in "${!patches[@]}"; do
 done
 ci/gpu-build.sh /tmp/ab-new decode_bench $extra > /tmp/ab-new.log 2>&1; echo "rc $?" >> /tmp/ab-new.log
 wait
-logs=(/tmp/ab-new.log /tmp/ab-prev.log /tmp/ab-gen.log)
-for v in "${variants[@]}"; do logs+=("/tmp/ab-$v.log"); done
+logs=(/tmp/ab-new.log /tmp/ab-gen.log)
+[ $noprev = 1 ] || logs+=(/tmp/ab-prev.log)
 for f in "${logs[@]}"; do
   [ -f $f ] || continue
   if [ "$(tail -n1 $f)" != "rc 0" ]; then say "FAILED: $f"; grep -E 'error|FAILED|missing' $f | head -20; exit 1; fi
 done
+failed=" "  # variants whose build failed, or whose run failed or hung: not run (again); the rest go on
+for v in "${variants[@]}"; do
+  if [ "$(tail -n1 /tmp/ab-$v.log)" != "rc 0" ]; then
+    say "FAILED: $v's build (/tmp/ab-$v.log)"; grep -E 'error|FAILED' /tmp/ab-$v.log | head -10
+    failed+="$v "
+  fi
+done
 say "built and generated"
-export LD_LIBRARY_PATH=$(ci/gpu-build.sh --libdir)
+LD_LIBRARY_PATH=$(ci/gpu-build.sh --libdir)
+export LD_LIBRARY_PATH
 args=()
 for m in ${models//,/ }; do args+=(--model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf"); done
 rev=(); for ((i = ${#variants[@]} - 1; i >= 0; i--)); do rev+=("${variants[$i]}"); done
 order=(prev new "${variants[@]}" "${rev[@]}" new prev)
 [ $noprev = 1 ] && order=(new "${variants[@]}" "${rev[@]}" new)
 for b in "${order[@]}"; do
+  [[ $failed == *" $b "* ]] && continue
   d=/tmp/ab-$b/bench/decode_bench; [ $b = prev ] && d=/tmp/ab-prev/build/bench/decode_bench
-  if ! timeout 150 "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps "$reps" --numerics "$numerics" \
-    --graph on > /tmp/ab-run.log 2>&1; then
-    say "FAILED: $b's decode_bench:"; tail -5 /tmp/ab-run.log; exit 1
+  timeout 150 "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps "$reps" \
+    --numerics "$numerics" --graph on > /tmp/ab-run.log 2>&1
+  rc=$?
+  if [ $rc != 0 ]; then
+    say "FAILED: $b's decode_bench (rc $rc; 124: cut after 150 s):"; tail -5 /tmp/ab-run.log
+    failed+="$b "
+    continue
   fi
   awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $4, $8, $11}' /tmp/ab-run.log
 done
+if [ "$failed" != " " ]; then say "done; failed:$failed"; exit 1; fi
 say "done"
