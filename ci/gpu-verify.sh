@@ -80,8 +80,8 @@ sanitize() {  # tool name timeout binary [args]: one line with the sanitizer's s
   if [ $rc = 124 ] || [ -z "$sum" ]; then
     say "$tool $name: CUT after ${t}s (no summary: not checked)"; fail=1
   else
-    local path; path=$(grep -o '"path":"[a-z-]*"' /tmp/gv-$tool-$name.log | sort -u | tr '\n' ' ')
-    say "$tool $name rc=$rc $sum ${path:+(decode step $path)}"
+    local path; path=$(grep -o '"path":"[a-z_-]*"' /tmp/gv-$tool-$name.log | cut -d'"' -f4 | sort -u | tr '\n' ' ')
+    say "$tool $name rc=$rc $sum${path:+ (decode step: ${path% })}"
     case $sum in *" 0 errors"*|*" 0 hazards"*) [ $rc = 0 ] || fail=1 ;; *) fail=1 ;; esac
   fi
 }
