@@ -16,14 +16,14 @@ wait for the previous layer's down), 1 norm done, 2 Q/K/V done, 3 attention inpu
 start, 8 norm done, 9 gate+up done, 10 down start, 11 down done, 12-16 the attention's phases
 (RoPE, scores, exps, softmax sum, KQV; attention blocks), 17 down's input staged, 18 down's
 input quantized (quantized weights; float weights stamp 17 and 18 together), so that down is
-stage (10-17), quantize (17-18) and rows (18-11), 19 Wo's input staged; layer n_layer: 0 the LM head's start,
-1 its norm done, 2 its end. Prints, averaged over layers and steps (microseconds): each op's
-compute time (median and slowest block), each counter's latency from the last block's arrival to
-the median block's release, the attention's phases, the layer and the LM head.
-The attention's output, x (after Wo, after down) and the SwiGLU output are tagged values, not
-counters: their readers poll the values inside the next op, so that op's time holds the wait
-(Wo, norm (ffn), down: stage, norm (attn)); for these edges it prints the time from the last
-writer's end to the median reader's having its input (the stage or the norm done).
+stage (10-17), quantize (17-18) and rows (18-11), 19 Wo's input staged; layer n_layer: 0 the
+LM head's start, 1 its norm done, 2 its end. Prints, averaged over layers and steps
+(microseconds): each op's compute time (median and slowest block), the attention's phases, the
+layer and the LM head, and for each edge between ops the time from the last writer's end to the
+median reader's having its input. Every op's output is a tagged value (no counter): its readers
+poll the values inside the next op (the attention's inputs, Wo's and down's stages, the norms),
+so that op's time holds the wait. (Traces of builds with counters: the same figure is the
+counter's latency plus the op's input.)
 Python's standard library only.
 """
 import statistics
@@ -32,9 +32,10 @@ import sys
 
 OPS = [("norm (attn)", 0, 1), ("Q/K/V", 1, 2), ("Wo", 5, 6), ("norm (ffn)", 7, 8),
        ("gate+up", 8, 9), ("down", 10, 11)]
-WAITS = [("Q/K/V -> attn", 2, 3)]
-# tagged edges: (name, the writers' end, the readers' input ready; next: in the next layer)
-TAGGED = [("attn -> Wo stage", 4, 19, 0), ("Wo -> ffn norm", 6, 8, 0), ("gate+up -> down stage", 9, 17, 0),
+# tagged edges: (name, the writers' end, the readers' input ready (blocks that stamp it); next:
+# in the next layer)
+TAGGED = [("Q/K/V -> attn inputs", 2, 3, 0), ("attn -> Wo stage", 4, 19, 0),
+          ("Wo -> ffn norm", 6, 8, 0), ("gate+up -> down stage", 9, 17, 0),
           ("down -> attn norm", 11, 1, 1)]
 PHASES = [(3, 12, "RoPE"), (12, 13, "scores"), (13, 14, "exps"), (14, 15, "softmax sum"),
           (15, 16, "KQV"), (16, 4, "reduce, out")]
@@ -74,12 +75,9 @@ def analyse(recs):
         out[name] = mean(lambda t, l: statistics.median(diff(t, l, a, b)))
         out[name + " slowest"] = mean(lambda t, l: max(diff(t, l, a, b)))
     out["attention slowest"] = mean(lambda t, l: max(diff(t, l, 3, 4, only=3) or [0]))
-    for name, arr, rel in WAITS:
-        out["wait " + name] = mean(lambda t, l: statistics.median(
-            [x for x in t[l][rel] if x > 0]) - max(t[l][arr]))
     for name, end, ready, nxt in (e for e in TAGGED if max(e[1], e[2]) < P):  # older traces
-        out["tagged " + name] = mean(lambda t, l: statistics.median(t[l + nxt][ready]) - max(
-            t[l][end]))
+        out["tagged " + name] = mean(lambda t, l: statistics.median(
+            [x for x in t[l + nxt][ready] if x > 0]) - max(t[l][end]))
     out["layer"] = mean(lambda t, l: statistics.median(t[l + 1][0]) - statistics.median(t[l][0]))
     if P >= 17:
         for a, b, name in PHASES:
@@ -125,10 +123,9 @@ def main():
         if name in r:
             print(f"    {name:14s} median block {r[name]:6.2f}")
     print(f"  {'attention':16s} slowest {r['attention slowest']:6.2f}")
-    for name, _, _ in WAITS:
-        print(f"  wait {name:16s} last arrival -> median release {r['wait ' + name]:6.2f}")
     for name in [e[0] for e in TAGGED if "tagged " + e[0] in r]:
-        print(f"  tagged {name:22s} last writer's end -> median reader's input {r['tagged ' + name]:6.2f}")
+        v = r["tagged " + name]
+        print(f"  edge {name:22s} last writer's end -> median reader's input {v:6.2f}")
     print(f"  layer total {r['layer']:6.2f}")
     phases = [k for k in r if k.startswith("attention ") and k != "attention slowest"]
     if phases:

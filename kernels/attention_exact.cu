@@ -594,8 +594,12 @@ __global__ void __launch_bounds__(kDecThreads)
       dec_kv_stage_bytes<KV>() != 0 ? reinterpret_cast<uint32_t*>(dsm + sizeof(DecSmem)) : nullptr;
   const int blk = static_cast<int>(blockIdx.x);
   attn_decode_block<KV, ROPE>(
-      a, blk / C, blk % C, C, true, sm, kst, false, [] { griddep_wait(); }, [](int) {},
-      [C] { dec_cluster_sync(C); }, dec_put(a));
+      a, blk / C, blk % C, C, true, sm, kst, false,
+      [qkv = dec_ld_l2<ROPE>(a, blk / C)] {
+        griddep_wait();
+        return qkv;
+      },
+      [](int) {}, [C] { dec_cluster_sync(C); }, dec_put(a));
 }
 static_assert(sizeof(DecSmem) % 16 == 0, "the key stage after DecSmem: 16-byte aligned");
 

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "act_round.cuh"
 #include "attention_exact.cuh"
 #include "attention_exact_math.cuh"
@@ -29,8 +31,8 @@ namespace worker::kern::exact {
 //     its own shared memory, and no cluster barrier is needed in steps 1-2; or, in split mode
 //     (DecKeys), an equal share of the keys, exchanged with the other blocks' through the
 //     scratch at one barrier of the head's blocks (`xchg`: the cluster barrier in
-//     ex_attn_decode_kernel, a counter of the head in the persistent decode kernel), after which
-//     every block has all scores and goes on as in local mode.
+//     ex_attn_decode_kernel), or as tagged values every block polls (the persistent decode
+//     kernel's), after which every block has all scores and goes on as in local mode.
 //  2. exps of its own 16-blocks and their hsum16; cluster barrier; every block sums all block
 //     sums in one tree (256 threads, thread k summing blocks k, k + 256, ..., then
 //     block_sum_double), the prompt softmax's certainty check and sequential fallback: every
@@ -103,10 +105,12 @@ struct DecRope {
 // group at offset go): dst = RoPE(src + bias) for the first n_rot dims, src + bias for the
 // rest; v + bias. The biases and the position's {cos, sin} pairs (constants of the model: no
 // op of the step writes them) are loaded before the block's wait (DecRopeConst); after it, q,
-// k and v (through L2: other blocks wrote them) in one round trip.
+// k and v through `ld(w, i)` (element i of q (w = 0), k (1) or v (2): dec_ld_l2's loads
+// through L2, other blocks wrote them, all issued before any is used; or the persistent step's
+// copy in shared memory).
 // hd <= kDecThreads (kDecMaxHd): one element (or pair) a thread.
-struct DecRopeSrc {
-  const float *src, *bias;
+struct DecRopeOut {
+  const float* bias;
   float* dst;
 };
 struct DecRopeConst {
@@ -131,25 +135,26 @@ __device__ __forceinline__ DecRopeConst dec_rope_consts(const float* bq, const f
   if (tid < hd && bv != nullptr) r.v = bv[tid];
   return r;
 }
-__device__ __forceinline__ void dec_rope_qkv(DecRopeSrc q, DecRopeSrc k, DecRopeSrc v,
+template <class Ld>
+__device__ __forceinline__ void dec_rope_qkv(Ld&& ld, DecRopeOut q, DecRopeOut k, DecRopeOut v,
                                              const DecRopeConst& b, int hd, int n_rot, int neox) {
   const int tid = static_cast<int>(threadIdx.x), half = n_rot / 2;
   const bool pair = tid < half, tail = n_rot + tid < hd, vt = tid < hd;
   const int i0 = neox ? tid : 2 * tid, i1 = neox ? tid + half : 2 * tid + 1, it = n_rot + tid;
   float q0 = 0.0f, q1 = 0.0f, k0 = 0.0f, k1 = 0.0f, qt = 0.0f, kt = 0.0f, vv = 0.0f;
   if (pair) {
-    q0 = __ldcg(q.src + i0);
-    q1 = __ldcg(q.src + i1);
-    k0 = __ldcg(k.src + i0);
-    k1 = __ldcg(k.src + i1);
+    q0 = ld(0, i0);
+    q1 = ld(0, i1);
+    k0 = ld(1, i0);
+    k1 = ld(1, i1);
   }
   if (tail) {
-    qt = __ldcg(q.src + it);
-    kt = __ldcg(k.src + it);
+    qt = ld(0, it);
+    kt = ld(1, it);
   }
-  if (vt) vv = __ldcg(v.src + tid);
+  if (vt) vv = ld(2, tid);
   if (pair) {
-    const auto rot = [&](const DecRopeSrc& o, float x0, float x1, float b0, float b1) {
+    const auto rot = [&](const DecRopeOut& o, float x0, float x1, float b0, float b1) {
       if (o.bias != nullptr) {
         x0 = x0 + b0;
         x1 = x1 + b1;
@@ -246,7 +251,8 @@ struct alignas(16) DecSmem {
 // the keys [q_lo, q_hi) (an equal share of the n_att keys), writes them and its maximum to the
 // head's scratch, and after the exchange (a barrier of the head's C blocks) every block reads
 // all scores back and goes on as in local mode: the same values, one exchange instead of every
-// block scoring (and staging the K rows of) every key.
+// block scoring (and staging the K rows of) every key. (A tagged xchg: the scores go out as
+// tagged values that every block polls back, their max taken from them; no barrier.)
 struct DecKeys {
   int n_past, n_att, nb, cap, s_lo, s_hi, b_lo, b_hi, j_lo, j_hi, q_lo, q_hi, n_cached;
   bool local, split;  // uniform over the grid
@@ -343,8 +349,10 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
 //
 // Block r (< C) of head h. `wait()` is called once, after the loads of data no earlier op of
 // the step writes (n_past, the RoPE's biases and {cos, sin}, the stage copies or L2 prefetches
-// of cache rows below n_past) and before anything an earlier op wrote is read: griddep_wait()
-// in ex_attn_decode_kernel, the persistent decode kernel's barrier there. `hw_cluster`: the C
+// of cache rows below n_past) and before anything an earlier op wrote is read; it returns how
+// to read q / k / v (`qkv(w, i)`: dec_rope_qkv's `ld`). ex_attn_decode_kernel: griddep_wait(), then
+// dec_ld_l2; the persistent decode kernel: its poll of the tagged values into sm.r32 (free
+// until KQV), then reads of that copy. `hw_cluster`: the C
 // blocks of the head are a hardware cluster (C > 1); without one, C > 1 is allowed in local
 // mode only (split mode: the blocks exchange through the scratch and `xchg`), and rp.q_out must
 // then be nullptr (no block may write q while another reads it). `kst`: the stage (dec_stage);
@@ -354,11 +362,20 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
 // waits for q / k / v (the wait is then ~1.7 us longer, the copies' L2 traffic: every block of a
 // head copies all of its K rows; the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2, perf-notes v29).
 // `mark(k)` is called by every thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the
-// softmax sum, 4 KQV). `xchg()` (split mode, DecKeys): called by every thread of the C blocks of
-// head h, once; it returns in each once all have called it, with their earlier writes of the
-// scratch visible (release / acquire at least at the scope of the C blocks). `put(i, o)` stores
+// softmax sum, 4 KQV). `xchg` (split mode, DecKeys): either a callable, xchg(), called by every
+// thread of the C blocks of head h, once, which returns in each once all have called it, with
+// their earlier writes of the scratch visible (release / acquire at least at the scope of the C
+// blocks); or an object with kTagged = true (DecTaggedXchg): xchg.put(h, j, s) stores this
+// block's score j, and xchg.gather(sc, h, n_att, sm.shf), called by every thread, returns the
+// max of all n_att scores of head h once every block has put its own, with them copied into
+// sc[0 .. n_att) (a barrier of the block; none of the head's blocks). `put(i, o)` stores
 // output i (h * hd + d): the per-op kernel's dec_put (a.out, and a.act rounded by act_mode), the
 // persistent step's tagged copy.
+template <class X, class = void>
+struct DecTaggedXchg : std::false_type {};
+template <class X>
+struct DecTaggedXchg<X, std::void_t<decltype(X::kTagged)>> : std::bool_constant<X::kTagged> {};
+
 template <class KV, bool ROPE, class Wait, class Mark, class Xchg, class Put>
 __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>& a, int h, int r,
                                                   int C, bool hw_cluster, DecSmem& sm,
@@ -372,7 +389,6 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   float* const r32 = sm.r32;
   float* const sc_l = sm.sc_l;
   float* const bs_l = sm.bs_l;
-  const float* const q = a.q;
   const T* const k_cache = a.k_cache;
   const T* const v_cache = a.v_cache;
   float* const scratch = a.scratch;
@@ -402,7 +418,6 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
     }
   }
   const T* kbase = k_cache + go;
-  const float* qh = q + static_cast<size_t>(h) * hd;
   const float* const bq = rp.bq != nullptr ? rp.bq + static_cast<size_t>(h) * hd : nullptr;
   const float* const bk = rp.bk != nullptr ? rp.bk + go : nullptr;
   const float* const bv = rp.bv != nullptr ? rp.bv + go : nullptr;
@@ -411,11 +426,10 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
     rc = dec_rope_consts(bq, bk, bv, rp.table + static_cast<size_t>(n_past) * (rp.n_rot / 2), hd,
                          rp.n_rot, rp.neox);
   }
-  wait();
+  const auto qkv = wait();  // q / k / v: qkv(w, i)
   if (!stage_early) attn_stage_kv<KV>(a, h, ks, st);
   if constexpr (ROPE) {
-    dec_rope_qkv({qh, bq, qr}, {rp.k_new + go, bk, knew}, {rp.v_new + go, bv, vnew}, rc, hd,
-                 rp.n_rot, rp.neox);
+    dec_rope_qkv(qkv, {bq, qr}, {bk, knew}, {bv, vnew}, rc, hd, rp.n_rot, rp.neox);
     __syncthreads();
     const bool store = r == 0 && h % group == 0;  // one block per KV group
     const size_t row = static_cast<size_t>(n_past) * kv_dim + go;
@@ -430,7 +444,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
       }
     }
   } else {
-    for (int i = tid; i < hd; i += kDecThreads) qs[i] = KV::query(__ldcg(qh + i));
+    for (int i = tid; i < hd; i += kDecThreads) qs[i] = KV::query(qkv(0, i));
   }
   cp_async_wait_group1();  // this thread's K copies (none: no-op); the barrier: everyone's
   __syncthreads();
@@ -443,12 +457,22 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   float* const pmax = hs + a.cap_max + a.cap_max / 16 + 1;  // exchange mode only
   // Reads of them: other blocks wrote the scratch (through L2); the shared ones are this block's.
   const auto ld = [local](const float* p) { return local ? *p : __ldcg(p); };
-  // 1. scores of this block's keys [q_lo, q_hi) (split mode: into the head's scratch)
+  // 1. scores of this block's keys [q_lo, q_hi) (split mode: into the head's scratch, or
+  // xchg.put's tagged values)
+  constexpr bool kTagged = DecTaggedXchg<std::remove_reference_t<Xchg>>::value;
   float mx = -INFINITY;
   float* const sq = split ? hs : sc;
   const auto score = [&](int j, float d) {
     const float s = d * a.kq_scale;
-    sq[j] = s;
+    if constexpr (kTagged) {
+      if (split) {
+        xchg.put(h, j, s);
+      } else {
+        sq[j] = s;
+      }
+    } else {
+      sq[j] = s;
+    }
     mx = fmaxf(mx, s);
   };
   if (st.k != nullptr) {
@@ -481,16 +505,28 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
                    : KV::kq_vec(kbase + static_cast<size_t>(j) * kv_dim, qs, hd, true));
     }
   }
-  mx = block_max(mx, sm.shf);
-  if (!local || split) {  // the max of the cluster's block maxima (exact in any order)
-    if (tid == 0) pmax[r] = mx;
-    if (split) {
-      xchg();
-    } else {
-      dec_cluster_sync(hw_cluster ? C : 1);
+  // Split mode with tagged values: every score into sc, their max (exact in any order); then
+  // as in local mode.
+  const bool gathered = kTagged && split;
+  if constexpr (kTagged) {
+    if (split) mx = xchg.gather(sc, h, n_att, sm.shf);
+  }
+  if (!gathered) {
+    mx = block_max(mx, sm.shf);
+    if (!local || split) {  // the max of the cluster's block maxima (exact in any order)
+      if (tid == 0) pmax[r] = mx;
+      if constexpr (!kTagged) {
+        if (split) {
+          xchg();
+        } else {
+          dec_cluster_sync(hw_cluster ? C : 1);
+        }
+      } else {
+        dec_cluster_sync(hw_cluster ? C : 1);
+      }
+      mx = -INFINITY;
+      for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
     }
-    mx = -INFINITY;
-    for (int i = 0; i < C; ++i) mx = fmaxf(mx, __ldcg(pmax + i));
   }
   mark(1);
   // 2. exps of this block's keys (0 in the 16-padding beyond n_att), a thread per key as for
@@ -504,7 +540,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
     const int j = base + tid;
     const bool in = j < 16 * b_hi;
     float e = 0.0f;
-    if (j < n_att) e = math::expf_ggml((split ? __ldcg(hs + j) : ld(sc + j)) - mx);
+    if (j < n_att) e = math::expf_ggml((split && !gathered ? __ldcg(hs + j) : ld(sc + j)) - mx);
     if (in) sc[j] = e;
 #pragma unroll
     for (int o = 8; o > 0; o >>= 1) e = e + __shfl_xor_sync(0xffffffffu, e, o);
@@ -591,6 +627,19 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
   }
 }
 
+// q / k / v of head h for attn_decode_block's `qkv(w, i)`, through L2 (other blocks wrote them;
+// k and v with ROPE only).
+template <bool ROPE, class T>
+__device__ __forceinline__ auto dec_ld_l2(const DecArgs<T>& a, int h) {
+  const float* const q = a.q + static_cast<size_t>(h) * a.hd;
+  const float *k = nullptr, *v = nullptr;
+  if constexpr (ROPE) {
+    const size_t go = static_cast<size_t>(h / a.group) * a.hd;
+    k = a.rp.k_new + go;
+    v = a.rp.v_new + go;
+  }
+  return [q, k, v](int w, int i) { return __ldcg((w == 0 ? q : w == 1 ? k : v) + i); };
+}
 // The attention's output as the next op reads it: rounded by act_mode (kDecActNone: as is).
 __device__ __forceinline__ float dec_act(int act_mode, float o) {
   return act_mode != kDecActNone ? math::act_round(static_cast<ActType>(act_mode), o) : o;

@@ -12,16 +12,13 @@
 // the keys (one block a head here measured 747 / 583 / 404 tok/s at depth 1024 / 2048 / 4096
 // on the H100, 0.5B F16, against 1,044 at 512: perf-notes v19).
 //
-// Dependencies: x (after Wo and after down), the attention's output and the SwiGLU output are
-// written as tagged values ({float, tag} in one 64-bit store; the tag names the launch and the
-// op) and their readers poll the values themselves until every tag is the op's: no counter, no
-// second round trip for the data (for_each_tagged). Q/K/V: after its share, a block adds 1 to
-// the layer's counter (red.release.gpu, after a barrier of the block); the attention spins until
-// it reaches G (ld.acquire.gpu by one thread, then a barrier). One counter per layer, and one per
-// head for the attention's split mode (its C blocks score a share of the keys each and exchange
-// them through the scratch: attn_decode_block's xchg; C arrivals a layer); the last block to finish
-// zeroes them for the next launch. Data other blocks wrote during the launch is read with
-// ld.global.cg (L2).
+// Dependencies: every op's output (Q/K/V, the attention's scores in split mode (its C blocks score
+// a share of the keys each: attn_decode_block's xchg, XchgTagged) and its output, x after Wo and
+// after down, the SwiGLU output) is written as tagged values ({float, tag} in one 64-bit store;
+// the tag names the launch and the op) and its readers poll the values themselves until every
+// tag is the op's: no counter, no second round trip for the data (for_each_tagged,
+// stage_qkv_tagged, XchgTagged::gather). The last block to finish advances the launch epoch.
+// Other data other blocks wrote during the launch is read with ld.global.cg (L2).
 //
 // Weights before the wait: shared memory is four regions, P (Wo + Q/K/V, the attention's
 // shared arrays over the Q/K/V tile, then the down tile), G (gate + up), XS (the op's input,
@@ -85,8 +82,7 @@ using step::span_of;
 
 constexpr int kThreads = kDecThreads;  // the attention body's block size
 constexpr int kWarps = kThreads / kWarp;
-constexpr int kOps = 1;  // counters a layer: Q/K/V (the other ops' outputs are tagged)
-// The thread that issues the bulk copies: thread 0, which also polls the counters. (Issued by
+// The thread that issues the bulk copies: thread 0. (Issued by
 // a thread of the last warp, the block's next barrier waited 2-3 us longer after the Wo and
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
 constexpr int kIssuer = 0;
@@ -143,12 +139,13 @@ struct StepParams {
   const uint8_t* out_w;
   uint32_t out_t, out_rb;  // the output matrix's type and bytes a row
   int down_rep;            // a Q4_K down sums in the repack order (repacked(Q4_K, E))
-  float *x, *q, *k, *v, *logits;
-  unsigned* sync;
-  // x, the SwiGLU output and the attention's output (as Wo reads it) as {float bits, tag} pairs
-  // (low, high word): a reader polls the values themselves until their tags are the op's
-  // (tag()), no counter between (DecodeStep's device memory; zero at the start).
-  uint64_t *xt, *gt, *at;
+  float *x, *logits;
+  unsigned* sync;  // [0] the blocks that finished, [1] the launch epoch
+  // x, the Q/K/V output, the SwiGLU output, the attention's output (as Wo reads it) and its split
+  // mode's scores (kDecLocalKeys a head) as {float bits, tag} pairs (low, high word): a reader
+  // polls the values themselves until their tags are the op's (tag()), no counter between
+  // (DecodeStep's device memory; zero at the start).
+  uint64_t *xt, *qkvt, *gt, *at, *st;
   const int32_t* d_n_past;
   unsigned off_qkv, off_g, off_xs;  // P at 0 (Wo at 0, Q/K/V and the attention at off_qkv)
   unsigned off_kst;                 // the attention's K / V stage (step::smem_layout; 0: none)
@@ -167,13 +164,7 @@ __device__ __forceinline__ int part(int rows, int c, int G) {
   return static_cast<int>(static_cast<long long>(rows) * c / G);
 }
 
-// ---- counters ----------------------------------------------------------------------------
-__device__ __forceinline__ void arrive(unsigned* ctr) {
-  __syncthreads();  // the block's writes of this op, ordered before thread 0's release
-  if (threadIdx.x == 0) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(ctr) : "memory");
-  }
-}
+// ---- polls ----------------------------------------------------------------------------------
 __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -186,9 +177,9 @@ __device__ __forceinline__ void stamp(uint64_t* trace, int l, int k) {
   }
 }
 
-// A counter that does not complete within kStallNs is a bug (a block that never arrives): the
-// kernel traps (the step fails with a CUDA error, the job with CUDA_ERROR) instead of hanging
-// the worker.
+// A tagged value that does not come within kStallNs is a bug (a block that never writes it):
+// the kernel traps (the step fails with a CUDA error, the job with CUDA_ERROR) instead of
+// hanging the worker.
 constexpr uint64_t kStallNs = 5'000'000'000ull;
 // A poll's stall check: every 1,024th spin reads the clock; traps kStallNs after the first read.
 struct StallCheck {
@@ -204,18 +195,6 @@ struct StallCheck {
     }
   }
 };
-__device__ __forceinline__ void wait_for(const unsigned* ctr, unsigned n) {
-  if (threadIdx.x == 0) {
-    unsigned v = 0;
-    StallCheck stall;
-    for (int spins = 0;; ++spins) {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(ctr) : "memory");
-      if (v >= n) break;
-      stall(spins);
-    }
-  }
-  __syncthreads();
-}
 
 // ---- copies: TMA bulk copies (one thread issues; an mbarrier counts the bytes) ----------
 __device__ __forceinline__ unsigned saddr(const void* p) {
@@ -303,7 +282,7 @@ __device__ __forceinline__ void ld_tagged2(const uint64_t* p, uint64_t& a, uint6
 // for_each_l2 over tagged values: thread t polls its groups (4 values: two 16-byte loads each)
 // until every tag is `want`, re-reading only the groups not yet complete (the polls' L2 traffic
 // falls as the writers finish), then f(g, the group's floats) for each. A tag that does not come
-// within kStallNs traps, as wait_for.
+// within kStallNs traps (StallCheck).
 template <class F>
 __device__ __forceinline__ void for_each_tagged(const uint64_t* src, int n, unsigned want, F&& f) {
   constexpr int kBatch = 5;  // 8 registers a group: up to 5,120 values in one batch
@@ -341,6 +320,104 @@ __device__ __forceinline__ void for_each_tagged(const uint64_t* src, int n, unsi
       if (g < n4) f(g, make_float4(v(0), v(1), v(2), v(3)));
     }
   }
+}
+
+// The attention's split mode through tagged values (attn_decode_block's xchg, kTagged): block r
+// of head h puts its scores at ts[h kDecLocalKeys + j] (tag: the layer's), and every block of
+// the head polls all n_att of them into its shared array (each thread its up to
+// kDecLocalKeys / kThreads keys together, re-reading only those not yet there), their max by
+// block_max. No counter, no barrier of the head's blocks: the scores are the poll.
+struct XchgTagged {
+  static constexpr bool kTagged = true;
+  uint64_t* ts;
+  unsigned tag;
+  __device__ __forceinline__ void put(int h, int j, float s) const {
+    st_tagged(ts + static_cast<size_t>(h) * kDecLocalKeys + j, s, tag);
+  }
+  __device__ __forceinline__ float gather(float* sc, int h, int n, float* shf) const {
+    constexpr int kPer = kDecLocalKeys / kThreads;
+    static_assert(kPer * kThreads == kDecLocalKeys, "the keys over the block");
+    const int tid = static_cast<int>(threadIdx.x);
+    const uint64_t* const src = ts + static_cast<size_t>(h) * kDecLocalKeys;
+    uint64_t w[kPer] = {};
+    unsigned need = 0;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      if (tid + u * kThreads < n) need |= 1u << u;
+    }
+    StallCheck stall;
+    for (int spins = 0; need != 0; ++spins) {
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        if ((need >> u) & 1u) {
+          asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
+                       : "=l"(w[u])
+                       : "l"(src + tid + u * kThreads)
+                       : "memory");
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kPer; ++u) {
+        if (static_cast<unsigned>(w[u] >> 32) == tag) need &= ~(1u << u);
+      }
+      stall(spins);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      const int j = tid + u * kThreads;
+      if (j < n) {
+        const float s = __uint_as_float(static_cast<unsigned>(w[u]));
+        sc[j] = s;
+        mx = fmaxf(mx, s);
+      }
+    }
+    return block_max(mx, shf);  // its barriers also publish sc to the block
+  }
+};
+
+// The attention's inputs of head h from the tagged Q/K/V output (q at h hd, k and v of its KV
+// group g at QD + g hd and QD + KD + g hd) into dst[0 .. 3 hd) (q, k, v), once every tag is
+// `want`: each thread polls its (up to 3) values together, re-reading only those not yet there,
+// as for_each_tagged. Ends with a barrier.
+__device__ __forceinline__ void stage_qkv_tagged(float* dst, const uint64_t* src, int h, int g,
+                                                 int hd, int QD, int KD, unsigned want) {
+  constexpr int kPer = 3 * kDecMaxHd / kThreads;
+  static_assert(kPer * kThreads == 3 * kDecMaxHd, "3 hd values over the block");
+  const int tid = static_cast<int>(threadIdx.x), n = 3 * hd;
+  const auto at = [&](int t) {
+    const int s = t / hd, i = t - s * hd;
+    return src + (s == 0 ? h * hd : QD + (s - 1) * KD + g * hd) + i;
+  };
+  uint64_t w[kPer] = {};
+  unsigned need = 0;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    if (tid + u * kThreads < n) need |= 1u << u;
+  }
+  StallCheck stall;
+  for (int spins = 0; need != 0; ++spins) {
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      if ((need >> u) & 1u) {
+        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
+                     : "=l"(w[u])
+                     : "l"(at(tid + u * kThreads))
+                     : "memory");
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      if (static_cast<unsigned>(w[u] >> 32) == want) need &= ~(1u << u);
+    }
+    stall(spins);
+  }
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    const int t = tid + u * kThreads;
+    if (t < n) dst[t] = __uint_as_float(static_cast<unsigned>(w[u]));
+  }
+  __syncthreads();
 }
 
 // The RMSNorm's weight, a constant of the model: loaded before the op's wait, so that its
@@ -712,9 +789,10 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   const int C = p.cv;
   griddep_wait();  // the embedding of this step's token (m.x)
   // This launch's tags: the epoch the previous launch's last block advanced (after this
-  // launch's griddep_wait, as the counters' zeroing), then x after Wo (l) 3 l + 1, the SwiGLU
-  // output 3 l + 2, x after down (l) 3 l + 3; the attention's output (its own buffer) l + 1.
-  const unsigned epoch = p.sync[kOps * p.n_layer + 1 + p.n_head];
+  // launch's griddep_wait), then x after Wo (l) 3 l + 1, the SwiGLU output 3 l + 2, x after
+  // down (l) 3 l + 3; the Q/K/V output, the split mode's scores and the attention's output
+  // (their own buffers) l + 1.
+  const unsigned epoch = p.sync[1];
   const auto tag = [epoch](int seq) { return (epoch << 16) | static_cast<unsigned>(seq); };
   // The attention's K / V stage: after the block's DecSmem in P, and over G, which is free
   // from gate + up (l - 1) to the end of attention (l).
@@ -726,13 +804,9 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     xres[i] = v;
     st_tagged(p.xt + e0 + i, v, xtag);
   };
-  // Op i's counter (i = kOps l + op): this block's arrival, and the wait for every block's.
-  const auto op_arrive = [&](int i) { arrive(p.sync + i); };
-  const auto op_wait = [&](int i) { wait_for(p.sync + i, Gu); };
   for (int l = 0; l < p.n_layer; ++l) {
     const StepLayer<KT>& L = p.layers[l];
     const Shape& sh = shapes[l];
-    const int op0 = kOps * l;
     // ---- RMSNorm + Q/K/V ----
     const NormW wa = norm_w(L.attn_norm, p.E);
     stamp(p.trace, l, 0);
@@ -742,16 +816,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     quantize(p.E);
     stamp(p.trace, l, 1);
     mbar_wait(&bar_p, static_cast<unsigned>(l & 1));  // P: Wo, Q/K/V
-    const auto qkv_out = [&](int i, float d) {
-      const int r = k0 + i;
-      if (r < p.QD) {
-        p.q[r] = d;
-      } else if (r < p.QD + p.KD) {
-        p.k[r - p.QD] = d;
-      } else {
-        p.v[r - p.QD - p.KD] = d;
-      }
-    };
+    const auto qkv_out = [&](int i, float d) { st_tagged(p.qkvt + k0 + i, d, tag(l + 1)); };
     if constexpr (kQuant) {  // the three segments' rows, each with its matrix's type
       Seg sg[3];
       qkv_segs(sh, sg);
@@ -778,25 +843,26 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
       rows_dot<T>(P + p.off_qkv, sh.t[kMq], sh.rb[kMq], k1 - k0, p.E, in, qkv_out);
     }
     stamp(p.trace, l, 2);
-    op_arrive(op0 + 0);
+    __syncthreads();  // the block's reads of the Q/K/V tile, before the attention's arrays over it
     // ---- attention (the shared arrays over the Q/K/V tile) ----
     for (int u = c; u < p.n_head * C; u += G) {  // (head, block of the head) units
       auto& sm = *reinterpret_cast<DecSmem*>(P + p.off_qkv);
       attn_decode_block<KV, true>(
           L.attn, u / C, u % C, C, false, sm, kst, true,
-          [&] {
-            op_wait(op0 + 0);
+          [&] {  // this head's q / k / v, tagged by every block's Q/K/V, into sm.r32
+            const int hh = u / C;
+            stage_qkv_tagged(sm.r32, p.qkvt, hh, hh / L.attn.group, L.attn.hd, p.QD, p.KD,
+                             tag(l + 1));
             stamp(p.trace, l, 3);
+            const float* const in = sm.r32;
+            const int hd = L.attn.hd;
+            return [in, hd](int w, int i) { return in[w * hd + i]; };
           },
           [&](int k) {
             if (u == c) stamp(p.trace, l, 12 + k);
           },
-          [&] {  // split mode: the head's C blocks, counted on its counter ((l + 1) C)
-            unsigned* const hc = p.sync + static_cast<size_t>(kOps) * p.n_layer + 1 + u / C;
-            arrive(hc);
-            wait_for(hc, static_cast<unsigned>((l + 1) * C));
-          },
-          [&](size_t i, float o) {  // tagged: l + 1 (its own buffer's sequence)
+          XchgTagged{p.st, tag(l + 1)},  // split mode (its own buffer)
+          [&](size_t i, float o) {       // tagged: l + 1 (its own buffer's sequence)
             st_tagged(p.at + i, dec_act(L.attn.act_mode, o), tag(l + 1));
           });
       __syncthreads();  // sm and the stage are reused by the next unit, the stage by gate + up
@@ -950,13 +1016,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     issue_lm(s + p.lm_stages);
   }
   stamp(p.trace, p.n_layer, 2);
-  // Every block has passed its last wait once it counts itself here: the last one zeroes the
-  // counters for the next launch (they start zeroed: DecodeStep::plan).
+  // Every block has passed its last poll once it counts itself here: the last one zeroes the
+  // count and advances the epoch for the next launch (both start zeroed: DecodeStep::plan).
   if (tid == 0) {
-    unsigned* const done = p.sync + static_cast<size_t>(kOps) * p.n_layer;
+    unsigned* const done = p.sync;
     if (atomicAdd(done, 1u) == Gu - 1) {
-      for (int i = 0; i <= kOps * p.n_layer + p.n_head; ++i) p.sync[i] = 0;
-      p.sync[kOps * p.n_layer + 1 + p.n_head] = (epoch + 1) & 0xFFFFu;  // the next launch's
+      p.sync[0] = 0;
+      p.sync[1] = (epoch + 1) & 0xFFFFu;  // the next launch's
       __threadfence();
     }
   }
@@ -970,20 +1036,18 @@ void set_attrs(size_t smem) {
       "decode_step_kernel attributes", __FILE__, __LINE__);
 }
 
-// The layer table (either cache type) and the counters (kOps a layer, the exit count, then
-// one a head: the attention's split mode, C a layer).
+// The layer table (either cache type), then the exit count and the launch epoch, then the
+// tagged values.
 size_t table_bytes(int n_layer) {
   const size_t per = std::max(sizeof(StepLayer<float>), sizeof(StepLayer<uint16_t>));
   return (per * static_cast<size_t>(n_layer) + 255) & ~size_t{255};
 }
-size_t sync_bytes(int n_layer, int n_head) {  // + the launch epoch; 256-aligned
-  const size_t b = sizeof(unsigned) * (static_cast<size_t>(kOps) * static_cast<size_t>(n_layer) +
-                                       2 + static_cast<size_t>(n_head));
-  return (b + 255) & ~size_t{255};
-}
-size_t tagged_bytes(int n_embd, int n_ff, int n_q) {  // x, the SwiGLU output, the attention's
+constexpr size_t kSyncBytes = 256;  // the exit count and the epoch, 256-aligned
+// x, the SwiGLU output, the attention's output, the Q/K/V output, the split mode's scores
+size_t tagged_bytes(int n_embd, int n_ff, int n_q, int n_kv, int n_head) {
   return sizeof(uint64_t) *
-         (static_cast<size_t>(n_embd) + static_cast<size_t>(n_ff) + static_cast<size_t>(n_q));
+         (static_cast<size_t>(n_embd) + static_cast<size_t>(n_ff) + 2 * static_cast<size_t>(n_q) +
+          2 * static_cast<size_t>(n_kv) + static_cast<size_t>(n_head) * kDecLocalKeys);
 }
 
 bool float_type(uint32_t t) {
@@ -996,8 +1060,8 @@ bool q0_weight(uint32_t t) {
 
 }  // namespace
 
-size_t DecodeStep::device_bytes(int n_layer, int n_head, int n_embd, int n_ff, int n_q) {
-  return table_bytes(n_layer) + sync_bytes(n_layer, n_head) + tagged_bytes(n_embd, n_ff, n_q);
+size_t DecodeStep::device_bytes(int n_layer, int n_head, int n_embd, int n_ff, int n_q, int n_kv) {
+  return table_bytes(n_layer) + kSyncBytes + tagged_bytes(n_embd, n_ff, n_q, n_kv, n_head);
 }
 
 bool decode_step_enabled() {
@@ -1047,9 +1111,6 @@ StepParams<KT> fill_params(const DecodeModel& m) {
   p.out_rb = static_cast<uint32_t>(m.output.row_bytes);
   p.down_rep = repacked(GgmlType::Q4_K, p.E) ? 1 : 0;
   p.x = m.x;
-  p.q = m.q;
-  p.k = m.k;
-  p.v = m.v;
   p.logits = m.logits;
   p.d_n_past = m.d_n_past;
   return p;
@@ -1216,13 +1277,12 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
     im.pf = fill_params<float>(m);
     finish(im.pf, layer_table<float>(m));
   }
-  // The counters, the epoch and the tagged values all start at zero (no tag is zero).
-  im.sync_bytes = sync_bytes(im.n_layer, s.n_head) +
-                  tagged_bytes(static_cast<int>(E), static_cast<int>(F), static_cast<int>(QD));
+  // The exit count, the epoch and the tagged values all start at zero (no tag is zero).
+  im.sync_bytes = kSyncBytes + tagged_bytes(static_cast<int>(E), static_cast<int>(F),
+                                            static_cast<int>(QD), static_cast<int>(KD), s.n_head);
   im.sync = reinterpret_cast<unsigned*>(base + table_bytes(im.n_layer));
   CUDA_CHECK(cudaMemset(im.sync, 0, im.sync_bytes));
-  auto* const xt = reinterpret_cast<uint64_t*>(base + table_bytes(im.n_layer) +
-                                               sync_bytes(im.n_layer, s.n_head));
+  auto* const xt = reinterpret_cast<uint64_t*>(base + table_bytes(im.n_layer) + kSyncBytes);
   // Blocks a head in local mode: as many as fit, up to 8 (the per-op kernel's cluster). Fewer
   // measured slower (H100, 0.5B F16, depth 512: 4 -> 947, 2 -> 910 vs 8 -> 971 tok/s).
   const int cv = std::max(1, std::min(kDecMaxCluster, G / s.n_head));
@@ -1247,6 +1307,8 @@ std::unique_ptr<DecodeStep> DecodeStep::plan(const DecodeModel& m, std::string* 
   im.pf.xt = im.ph.xt = xt;
   im.pf.gt = im.ph.gt = xt + E;
   im.pf.at = im.ph.at = xt + E + F;
+  im.pf.qkvt = im.ph.qkvt = xt + E + F + QD;
+  im.pf.st = im.ph.st = xt + E + F + 2 * QD + 2 * KD;
   by_step_type(im.type, [&](auto tr) {
     constexpr GgmlType TT = decltype(tr)::kType;
     if (im.kv_f16) {

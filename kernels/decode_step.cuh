@@ -62,17 +62,17 @@ struct DecodeModel {
   float* logits = nullptr;   // [vocab]
   float* attn_scratch = nullptr;
   const int32_t* d_n_past = nullptr;
-  // DecodeStep::device_bytes(layers.size(), n_head, n_embd, n_ff, n_q) bytes, 256-aligned, for the
-  // step's tables
+  // DecodeStep::device_bytes(layers.size(), n_head, n_embd, n_ff, n_q, n_kv) bytes, 256-aligned,
+  // for the step's tables
   void* device_mem = nullptr;
 };
 
 class DecodeStep {
  public:
   // Device memory the step needs for n_layer layers of n_head heads (its layer table, counters
-  // and tagged x, SwiGLU output and attention output (n_q = n_head * head_dim); the caller provides
-  // it as DecodeModel::device_mem and counts it as scratch).
-  static size_t device_bytes(int n_layer, int n_head, int n_embd, int n_ff, int n_q);
+  // and tagged x, Q/K/V, attention and SwiGLU outputs; n_q = n_head * head_dim, n_kv = n_head_kv
+  // * head_dim); the caller provides it as DecodeModel::device_mem and counts it as scratch.
+  static size_t device_bytes(int n_layer, int n_head, int n_embd, int n_ff, int n_q, int n_kv);
   // A plan for `m` on the current device, or nullptr with *why set when the model does not
   // qualify (weight types, shapes, shared memory).
   static std::unique_ptr<DecodeStep> plan(const DecodeModel& m, std::string* why);

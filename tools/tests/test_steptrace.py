@@ -82,7 +82,7 @@ class StepTraceTest(unittest.TestCase):
             r = steptrace.analyse(recs)
             for name, us in [("norm (attn)", 2.0), ("Q/K/V", 1.0), ("Q/K/V slowest", 2.0),
                              ("Wo", 1.2), ("norm (ffn)", 2.3), ("gate+up", 3.5), ("down", 2.4),
-                             ("wait Q/K/V -> attn", 0.5), ("tagged attn -> Wo stage", 0.5),
+                             ("tagged Q/K/V -> attn inputs", 0.5), ("tagged attn -> Wo stage", 0.5),
                              ("tagged Wo -> ffn norm", 0.5 + 2.3),
                              ("tagged gate+up -> down stage", 0.5 + 0.6),
                              ("tagged down -> attn norm", 0.5 + 2.0), ("attention scores", 5.5),
@@ -98,7 +98,7 @@ class StepTraceTest(unittest.TestCase):
             self.assertIn("2 steps, 2 layers, 4 blocks", out)
             self.assertIn("scores", out)
             self.assertIn("down: quantize", out)
-            self.assertIn("tagged down -> attn norm", out)
+            self.assertIn("edge down -> attn norm", out)
 
     def test_compare_gives_each_figure_of_both_and_the_difference(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -92,7 +92,7 @@ ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
   if (B == 1) {
     e.step_bytes = kern::exact::DecodeStep::device_bytes(
         static_cast<int>(c.n_layer), nh, static_cast<int>(c.n_embd), static_cast<int>(c.n_ff),
-        static_cast<int>(c.n_head * c.head_dim));
+        static_cast<int>(c.n_head * c.head_dim), static_cast<int>(c.n_head_kv * c.head_dim));
   }
   return e;
 }
