@@ -108,8 +108,9 @@ class Worker:
     """The real worker-orcd, started for one (model, numerics); load-to-ready measured from the
     spawn to the first 200 of /health."""
 
-    def __init__(self, binary, model, backend, numerics, ctx, log_path):
-        self.port = free_port()
+    def __init__(self, binary, model, backend, numerics, ctx, log_path, poll=None):
+        # poll: the client polls its socket (Response); by default on the CUDA backend only
+        self.port, self.poll = free_port(), backend == "cuda" if poll is None else poll
         cmd = [binary, "--model", model, "--port", str(self.port), "--bind", "127.0.0.1",
                "--backend", backend, "--ctx-size", str(ctx)]
         if backend == "cuda":
@@ -153,39 +154,127 @@ class Worker:
         Times are from the request's first byte sent (connection already open)."""
         body = json.dumps({"job_id": job_id, "prompt": prompt, "max_tokens": max_tokens,
                            "temperature": 0}).encode()
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
-        conn.connect()
-        t0 = time.perf_counter()
-        conn.request("POST", "/execute", body=body,
-                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
-        resp = conn.getresponse()
-        if resp.status != 200:
-            raise RuntimeError(f"/execute answered {resp.status}: {resp.read()[:300]!r}")
-        prompt_tokens, times, end, event, data = None, [], None, None, []
-        while True:
-            line = resp.readline()
-            if not line:
-                break
-            now = (time.perf_counter() - t0) * 1000.0
-            line = line.decode("utf-8", "replace").rstrip("\r\n")
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].strip())
-            elif line == "" and event is not None:
-                payload = json.loads("\n".join(data)) if data else {}
-                if event == "started":
-                    prompt_tokens = payload.get("prompt_tokens")
-                elif event == "token":
-                    times.append(now)
-                elif event in ("end", "error"):
-                    end = dict(payload, event=event)
-                    break
-                event, data = None, []
-        conn.close()
+        req = (f"POST /execute HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+               f"Content-Type: application/json\r\nAccept: text/event-stream\r\n"
+               f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n").encode() + body
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            r = Response(sock, 120.0, poll=self.poll)
+            t0 = time.perf_counter()
+            r.send(req)
+            status, headers = r.head()
+            if status != 200:
+                raise RuntimeError(f"/execute answered {status}: {r.body(headers)[:300]!r}")
+            prompt_tokens, times, end, event, data = None, [], None, None, []
+            for line, at in r.lines(headers):
+                line = line.decode("utf-8", "replace").rstrip("\r")
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].strip())
+                elif line == "" and event is not None:
+                    payload = json.loads("\n".join(data)) if data else {}
+                    if event == "started":
+                        prompt_tokens = payload.get("prompt_tokens")
+                    elif event == "token":
+                        times.append((at - t0) * 1000.0)
+                    elif event in ("end", "error"):
+                        end = dict(payload, event=event)
+                        break
+                    event, data = None, []
         if end is None or end["event"] != "end":
             raise RuntimeError(f"/execute did not end cleanly: {end}")
         return prompt_tokens, (times[0] if times else None), times, end
+
+
+class Response:
+    """One HTTP/1.1 exchange on a socket. poll: the socket is non-blocking and the client polls
+    it, never sleeping in recv, so its own wake-up from an idle CPU does not add to the times it
+    takes (perf-notes v32, the GPU host: with a blocking recv, ~1% of the inter-token gaps came
+    out ~0.15-0.25 ms long, most followed by a short one, while the worker's delivery was even).
+    Used for the CUDA backend; on the CPU backend a polling client would take a core from the
+    engine, so it sleeps in recv. Each piece of the body comes with the time of the recv that
+    completed it."""
+
+    def __init__(self, sock, timeout_s, poll):
+        if poll:
+            sock.setblocking(False)
+        else:
+            sock.settimeout(timeout_s)
+        self.sock, self.buf, self.at = sock, b"", None
+        self.deadline = time.perf_counter() + timeout_s
+
+    def _late(self):
+        if time.perf_counter() > self.deadline:
+            raise TimeoutError("worker-orcd did not answer in time")
+
+    def send(self, data):
+        view = memoryview(data)
+        while view:
+            try:
+                view = view[self.sock.send(view):]
+            except BlockingIOError:
+                self._late()
+
+    def _more(self):
+        while True:
+            try:
+                d = self.sock.recv(65536)
+            except BlockingIOError:
+                self._late()
+                continue
+            self.at = time.perf_counter()
+            self.buf += d
+            return bool(d)
+
+    def _until(self, sep):
+        while (i := self.buf.find(sep)) < 0:
+            if not self._more():
+                raise ConnectionError("worker-orcd closed the connection mid-response")
+        out, self.buf = self.buf[:i], self.buf[i + len(sep):]
+        return out
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            if not self._more():
+                raise ConnectionError("worker-orcd closed the connection mid-response")
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def head(self):
+        lines = self._until(b"\r\n\r\n").decode("latin-1").split("\r\n")
+        headers = {}
+        for h in lines[1:]:
+            k, _, v = h.partition(":")
+            headers[k.strip().lower()] = v.strip()
+        return int(lines[0].split()[1]), headers
+
+    def _pieces(self, headers):
+        """(bytes, time) of the body as it arrives: chunked, sized or up to the close."""
+        if headers.get("transfer-encoding", "").lower() == "chunked":
+            while (n := int(self._until(b"\r\n").split(b";")[0], 16)) > 0:
+                yield self._take(n), self.at
+                self._until(b"\r\n")
+        elif "content-length" in headers:
+            yield self._take(int(headers["content-length"])), self.at
+        else:
+            while self.buf or self._more():
+                out, self.buf = self.buf, b""
+                yield out, self.at
+
+    def body(self, headers):
+        return b"".join(p for p, _ in self._pieces(headers))
+
+    def lines(self, headers):
+        """(line without its \\n, time its last byte arrived) of the body."""
+        rest = b""
+        for piece, at in self._pieces(headers):
+            rest += piece
+            *whole, rest = rest.split(b"\n")
+            for line in whole:
+                yield line, at
+        if rest:
+            yield rest, self.at
 
 
 def calibrate(worker, target, word, tag):
@@ -343,7 +432,7 @@ def write_markdown(doc, path, smoke):
              f"CUDA runtime {doc['cuda_runtime'] or '-'}, bandwidth {fmt(doc['bandwidth_gbs'])} GB/s "
              f"(floor = bandwidth / weight bytes per token). llama.cpp: {doc['llamacpp_source']}. "
              f"Written by `bench/run.sh` (bench/bench.py); {doc['settings']}. HTTP times are the "
-             f"client's (python, loopback): TTFT from the request to the first `token` event (in "
+             f"client's (python, loopback; on the GPU it polls its socket rather than sleeping in recv): TTFT from the request to the first `token` event (in "
              f"brackets the server's part: `first_token_ms` of the `end` event, from generate()'s "
              f"entry to the first token sampled, p50; the rest is HTTP, the hand-offs between "
              f"threads and the client), ITL "

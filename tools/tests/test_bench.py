@@ -90,6 +90,37 @@ class BenchSmokeTest(unittest.TestCase):
             self.assertEqual(again.returncode, 0, again.stderr)
             self.assertEqual(json.loads(again.stdout)["logits_hash"], row["logits_hash"])
 
+    # REQ: WRK-D30
+    def test_both_clients_read_the_same_stream(self):
+        """bench.py's HTTP client, polling (as on the GPU) and sleeping in recv (as on the CPU),
+        against the real worker: the same prompt count, one time per token in order, the same
+        `end` with its tokens; a refused request is reported with its status and body."""
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("bench", ROOT / "bench/bench.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+        ends = []
+        with tempfile.TemporaryDirectory(prefix="bench-client-") as tmp:
+            for poll in (True, False):
+                w = bench.Worker(str(BUILD / "worker/server/worker-orcd"),
+                                 str(SHARED / "stories260K.gguf"), "cpu", "exact", 256,
+                                 Path(tmp) / f"worker-{poll}.log", poll=poll)
+                try:
+                    n, ttft, times, end = w.execute("Once upon a time", 12, f"client-{poll}")
+                    self.assertEqual(n, 5)
+                    self.assertEqual(len(times), 12)
+                    self.assertEqual(times, sorted(times))
+                    self.assertEqual(ttft, times[0])
+                    self.assertGreater(ttft, 0)
+                    self.assertEqual(end["event"], "end")
+                    self.assertEqual(end["tokens_out"], 12)
+                    ends.append(end["receipt"]["tokens"])
+                    with self.assertRaisesRegex(RuntimeError, "answered 400.*max_tokens"):
+                        w.execute("Once", 0, f"client-bad-{poll}")
+                finally:
+                    w.stop()
+        self.assertEqual(ends[0], ends[1])
+
 
 if __name__ == "__main__":
     unittest.main()
