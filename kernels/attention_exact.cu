@@ -161,14 +161,16 @@ constexpr size_t kScratchBudget = size_t{1} << 24;  // floats per chunk of token
 
 // Per (token of the chunk, head): scores, then exps, then the KQV weights [cap_max]; 16-block
 // sums [cap_max / 16]; 16 more floats (the decode kernel keeps its blocks' maxima there).
+// n_keys: the most keys a row attends to (n_past + n_tok for a prompt batch, n_ctx for the
+// decode step, whose graph replays at every position).
 struct ScratchLayout {
-  int cap_max = 0;  // n_ctx rounded up to 64
+  int cap_max = 0;  // n_keys rounded up to 64
   size_t stride = 0;
   int chunk = 1;  // tokens per launch group
 };
-ScratchLayout scratch_layout(int n_ctx, int n_tok, int n_head) {
+ScratchLayout scratch_layout(int n_keys, int n_tok, int n_head) {
   ScratchLayout l;
-  l.cap_max = (n_ctx + 63) & ~63;
+  l.cap_max = (n_keys + 63) & ~63;
   l.stride = static_cast<size_t>(l.cap_max) + static_cast<size_t>(l.cap_max) / 16 + 16;
   const size_t per_tok = l.stride * static_cast<size_t>(n_head);
   const size_t fit = std::max<size_t>(1, kScratchBudget / per_tok);
@@ -655,11 +657,11 @@ int dec_act_mode(uint32_t weight_type) {
 
 template <class T>
 DecArgs<T> dec_args(const float* q, const T* k_cache, const T* v_cache, float* out,
-                    const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+                    const AttnShape& s, int n_keys, const int32_t* d_n_past, float* scratch,
                     const ActBuf& act, int act_mode, const DecRope<T>& rope) {
   using KV = typename KvOf<T>::type;
   static_assert(local_keys_of<KV>() <= kDecLocalKeys, "the decode kernel's local arrays");
-  const ScratchLayout lay = scratch_layout(n_ctx, 1, s.n_head);
+  const ScratchLayout lay = scratch_layout(n_keys, 1, s.n_head);
   DecArgs<T> a;
   a.q = q;
   a.k_cache = k_cache;
@@ -742,20 +744,20 @@ void launch_decode(const DecArgs<T>& a, cudaStream_t stream) {
 // quantizations, which have no fused form).
 template <class T>
 void rope_attend_act(const QkvIn& x, const AttnShape& s, const float* rope_table, int n_tok,
-                     const int32_t* d_n_past, T* k_cache, T* v_cache, float* out, int n_ctx,
+                     const int32_t* d_n_past, T* k_cache, T* v_cache, float* out, int n_keys,
                      float* scratch, uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
   check_shape(s, "exact::attention");
   if (n_tok <= 0) return;
   const int mode = dec_act_mode(act_type);
   if (n_tok == 1 && s.head_dim <= kDecMaxHd) {
-    launch_decode<T, true>(dec_args(x.q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, a,
+    launch_decode<T, true>(dec_args(x.q, k_cache, v_cache, out, s, n_keys, d_n_past, scratch, a,
                                     mode, dec_rope(x, s, rope_table, k_cache, v_cache)),
                            stream);
     if (mode == kDecActNone) quantize_act(act_type, out, 1, s.n_head * s.head_dim, a, stream);
     return;
   }
   bias_rope_store(x, s, rope_table, n_tok, d_n_past, k_cache, v_cache, stream);
-  attend_act<T>(x.q, k_cache, v_cache, out, n_tok, s, n_ctx, d_n_past, scratch, act_type, a,
+  attend_act<T>(x.q, k_cache, v_cache, out, n_tok, s, n_keys, d_n_past, scratch, act_type, a,
                 stream);
 }
 
@@ -779,8 +781,13 @@ template DecArgs<uint16_t> decode_attention_args(const QkvIn&, const AttnShape&,
                                                  float*, uint32_t, const ActBuf&);
 
 size_t attention_scratch_floats(int n_ctx, int max_tok, int n_head) {
+  // Enough for scratch_layout(n_keys, n_tok) at every n_keys <= n_ctx, n_tok <= max_tok: a
+  // layout uses per_tok(n_keys) * n_tok floats when they fit the budget, at most the budget
+  // when it chunks, and one token's when even that is over it.
   const ScratchLayout l = scratch_layout(n_ctx, max_tok, n_head);
-  return l.stride * static_cast<size_t>(n_head) * static_cast<size_t>(l.chunk);
+  const size_t per_tok = l.stride * static_cast<size_t>(n_head);
+  const size_t all = per_tok * static_cast<size_t>(std::max(1, max_tok));
+  return std::max(per_tok, std::min(all, kScratchBudget));
 }
 
 template <class T>
@@ -798,18 +805,18 @@ void bias_rope_store(const QkvIn& x, const AttnShape& s, const float* rope_table
 
 template <class T>
 void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int n_tok,
-            const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+            const AttnShape& s, int n_keys, const int32_t* d_n_past, float* scratch,
             cudaStream_t stream) {
   using KV = typename KvOf<T>::type;
   check_shape(s, "exact::attend");
   if (n_tok <= 0) return;
   if (n_tok == 1 && s.head_dim <= kDecMaxHd) {  // decode: one launch
-    launch_decode<T, false>(dec_args(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch,
+    launch_decode<T, false>(dec_args(q, k_cache, v_cache, out, s, n_keys, d_n_past, scratch,
                                      ActBuf{}, kDecActNone, DecRope<T>{}),
                             stream);
     return;
   }
-  const ScratchLayout lay = scratch_layout(n_ctx, n_tok, s.n_head);
+  const ScratchLayout lay = scratch_layout(n_keys, n_tok, s.n_head);
   const int hd = s.head_dim, kv_dim = s.n_head_kv * hd, group = s.n_head / s.n_head_kv;
   const float kq_scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const bool kq_tiny = KV::kq_tiny(hd, n_tok);
@@ -852,31 +859,31 @@ void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int 
 
 template <class T>
 void attend_act(const float* q, const T* k_cache, const T* v_cache, float* out, int n_tok,
-                const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+                const AttnShape& s, int n_keys, const int32_t* d_n_past, float* scratch,
                 uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
   check_shape(s, "exact::attend_act");
   if (n_tok <= 0) return;
   const int mode = dec_act_mode(act_type);
   if (n_tok == 1 && s.head_dim <= kDecMaxHd && mode != kDecActNone) {
     launch_decode<T, false>(
-        dec_args(q, k_cache, v_cache, out, s, n_ctx, d_n_past, scratch, a, mode, DecRope<T>{}),
+        dec_args(q, k_cache, v_cache, out, s, n_keys, d_n_past, scratch, a, mode, DecRope<T>{}),
         stream);
     return;
   }
-  attend(q, k_cache, v_cache, out, n_tok, s, n_ctx, d_n_past, scratch, stream);
+  attend(q, k_cache, v_cache, out, n_tok, s, n_keys, d_n_past, scratch, stream);
   quantize_act(act_type, out, n_tok, s.n_head * s.head_dim, a, stream);
 }
 
 void attention(const QkvIn& x, const AttnShape& s, const float* rope_table, int n_tok,
-               const int32_t* d_n_past, const KvCache& kv, float* out, int n_ctx, float* scratch,
+               const int32_t* d_n_past, const KvCache& kv, float* out, int n_keys, float* scratch,
                uint32_t act_type, const ActBuf& a, cudaStream_t stream) {
   switch (kv.type) {
     case KvType::F32:
       return rope_attend_act(x, s, rope_table, n_tok, d_n_past, static_cast<float*>(kv.k),
-                             static_cast<float*>(kv.v), out, n_ctx, scratch, act_type, a, stream);
+                             static_cast<float*>(kv.v), out, n_keys, scratch, act_type, a, stream);
     case KvType::F16:
       return rope_attend_act(x, s, rope_table, n_tok, d_n_past, static_cast<uint16_t*>(kv.k),
-                             static_cast<uint16_t*>(kv.v), out, n_ctx, scratch, act_type, a,
+                             static_cast<uint16_t*>(kv.v), out, n_keys, scratch, act_type, a,
                              stream);
   }
 }

@@ -40,8 +40,14 @@ struct QkvIn {
   const float* bv = nullptr;
 };
 
-// Floats of `scratch` for up to max_tok tokens (either cache type).
+// Floats of `scratch` for up to max_tok tokens a call and n_keys <= n_ctx (either cache type).
 size_t attention_scratch_floats(int n_ctx, int max_tok, int n_head);
+
+// n_keys (below): a bound on the keys any row of the call attends to, n_past + n_tok <= n_keys
+// <= the cache's rows. It lays out the scratch (a row's scores at a stride of ~n_keys, as many
+// rows a launch as fit 64 MiB), so a prompt batch passes n_past + n_tok, and its launches do
+// not shrink as the context grows; a call captured in a graph that replays at other positions
+// (the decode step) passes the cache's rows.
 
 // The attention block of one layer: for t < n_tok at position n_past + t, q/k/v + bias, RoPE
 // on the first n_rot dims of every Q and K head, K and V stored to the cache rows, causal
@@ -50,7 +56,7 @@ size_t attention_scratch_floats(int n_ctx, int max_tok, int n_head);
 // (n_tok == 1, head_dim <= 256, act_type rounding F32 / F16 / BF16); otherwise the pieces
 // below, one after the other (the Q8_0 / Q8_K quantization always runs as quantize_act).
 void attention(const QkvIn& x, const AttnShape& s, const float* rope_table, int n_tok,
-               const int32_t* d_n_past, const KvCache& kv, float* out, int n_ctx, float* scratch,
+               const int32_t* d_n_past, const KvCache& kv, float* out, int n_keys, float* scratch,
                uint32_t act_type, const ActBuf& a, cudaStream_t stream);
 
 // The pieces, T = float (FP32 cache) or uint16_t (FP16 cache):
@@ -63,12 +69,12 @@ void bias_rope_store(const QkvIn& x, const AttnShape& s, const float* rope_table
 // probabilities * float(1/sum), then V^T * p in tinyBLAS or vec_dot order (math::kqv_tiny).
 template <class T>
 void attend(const float* q, const T* k_cache, const T* v_cache, float* out, int n_tok,
-            const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+            const AttnShape& s, int n_keys, const int32_t* d_n_past, float* scratch,
             cudaStream_t stream);
 // attend() then quantize_act(act_type, out, ..): one launch at decode, as attention().
 template <class T>
 void attend_act(const float* q, const T* k_cache, const T* v_cache, float* out, int n_tok,
-                const AttnShape& s, int n_ctx, const int32_t* d_n_past, float* scratch,
+                const AttnShape& s, int n_keys, const int32_t* d_n_past, float* scratch,
                 uint32_t act_type, const ActBuf& a, cudaStream_t stream);
 
 // Test hooks. Blocks per head of the decode kernel (1, 2, 4 or 8; 0 restores the choice from

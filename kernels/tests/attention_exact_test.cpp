@@ -458,7 +458,9 @@ struct AttnData {
 };
 
 // exact::attend for one case, one token with the decode kernel's own cluster choice (C 0) and
-// every cluster size; every output vs the CPU's. Returns the mismatch count.
+// every cluster size; every output vs the CPU's. A batch runs twice: with the keys bound at
+// n_ctx (the scratch laid out for the whole cache, in several launches when long) and at
+// n_past + n_tok (as the engine passes it for a prompt batch). Returns the mismatch count.
 template <class Cache>
 size_t run_attention_case(const AttnCase& c, std::mt19937& rng) {
   AttnData<Cache> a(c, rng);
@@ -468,21 +470,24 @@ size_t run_attention_case(const AttnCase& c, std::mt19937& rng) {
     for (int C : {0, 1, 2, 4, 8}) {
       if (c.n_tok > 1 && (C > 0 || lk == 0)) break;  // clusters: the one-token kernel only
       if (lk == 0 && C != 0 && quick()) continue;    // compute-sanitizer time
-      a.dout.poison();
-      a.scratch.poison();
-      ex::set_decode_cluster_for_tests(C);
-      ex::set_decode_local_keys_for_tests(lk);
-      ex::attend(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), c.n_tok, a.s(), c.n_ctx,
-                 a.dnp.get(), a.scratch.get(), nullptr);
-      ex::set_decode_cluster_for_tests(0);
-      ex::set_decode_local_keys_for_tests(-1);
-      const std::string what =
-          "attend " + a.name() + " C " + std::to_string(C) + " lk " + std::to_string(lk);
-      if (cudaDeviceSynchronize() != cudaSuccess) {
-        ADD_FAILURE() << what << ": " << cudaGetErrorString(cudaGetLastError());
-        return bad + a.ref.size();
+      for (const int n_keys : {c.n_ctx, c.n_past + c.n_tok}) {
+        if (n_keys != c.n_ctx && c.n_tok == 1) break;  // the decode step passes n_ctx
+        a.dout.poison();
+        a.scratch.poison();
+        ex::set_decode_cluster_for_tests(C);
+        ex::set_decode_local_keys_for_tests(lk);
+        ex::attend(a.dq.get(), a.dk.get(), a.dv.get(), a.dout.get(), c.n_tok, a.s(), n_keys,
+                   a.dnp.get(), a.scratch.get(), nullptr);
+        ex::set_decode_cluster_for_tests(0);
+        ex::set_decode_local_keys_for_tests(-1);
+        const std::string what = "attend " + a.name() + " n_keys " + std::to_string(n_keys) +
+                                 " C " + std::to_string(C) + " lk " + std::to_string(lk);
+        if (cudaDeviceSynchronize() != cudaSuccess) {
+          ADD_FAILURE() << what << ": " << cudaGetErrorString(cudaGetLastError());
+          return bad + a.ref.size();
+        }
+        bad += mismatches(a.dout.download(), a.ref, what);
       }
-      bad += mismatches(a.dout.download(), a.ref, what);
     }
   }
   return bad;

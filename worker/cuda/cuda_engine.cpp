@@ -337,8 +337,10 @@ class CudaEngine final : public Engine {
   void forward(Scratch& s, int n);
   void attention_fast(Scratch& s, size_t il, int n);
   void setup_exact();
-  void attention_exact(Scratch& s, size_t il, int n);
-  void forward_exact(Scratch& s, int n, bool last_only);
+  // n_keys: the most keys a row attends to (kern::exact::attention's bound): n_past + n for a
+  // prompt batch, n_ctx_ for the decode step's graph.
+  void attention_exact(Scratch& s, size_t il, int n, int n_keys);
+  void forward_exact(Scratch& s, int n, bool last_only, int n_keys);
   void final_logits_exact(Scratch& s, int first_row, int n_out, int rows_per_call, float* host_out);
   void setup_decode_step();
   void append_step_trace() const;
@@ -658,20 +660,20 @@ void CudaEngine::setup_exact() {
 
 // Bias, RoPE, KV store and attention of layer il (out: s.att), and s.att rounded for Wo
 // into s.act: one launch at decode.
-void CudaEngine::attention_exact(Scratch& s, size_t il, int n) {
+void CudaEngine::attention_exact(Scratch& s, size_t il, int n, int n_keys) {
   namespace ex = kern::exact;
   const LayerDev& L = layers_[il];
   const LayerVecs& V = xvec_[il];
   ex::attention({s.q, s.k, s.v, V.bq, V.bk, V.bv}, shape_, rope_table_, n, s.io,
                 {kc(il), vc(il), opt_.kv_cache_f32 ? ex::KvType::F32 : ex::KvType::F16}, s.att,
-                n_ctx_, s.attn_scr, L.wo.type, s.act, stream_);
+                n_keys, s.attn_scr, L.wo.type, s.act, stream_);
   s.act.holds(act_type_of(L.wo.type), s.att);
 }
 
 // CpuEngine::eval's sequence, op for op. last_only: the last layer's FFN runs for the last
 // row only (the reference keeps only the output rows there, and with one row its matmuls
 // take the one-token order).
-void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
+void CudaEngine::forward_exact(Scratch& s, int n, bool last_only, int n_keys) {
   namespace ex = kern::exact;
   const int E = static_cast<int>(cfg_.n_embd), QD = static_cast<int>(cfg_.n_head * cfg_.head_dim),
             F = static_cast<int>(cfg_.n_ff), KD = static_cast<int>(cfg_.n_head_kv * cfg_.head_dim);
@@ -684,7 +686,7 @@ void CudaEngine::forward_exact(Scratch& s, int n, bool last_only) {
     ex::rmsnorm_act(s.x, V.attn_norm, s.xn, n, E, eps, L.wq.type, s.act, stream_);
     trace("attn_norm", li, s.xn, 0, n, E);
     ex::qkv(L.wq, L.wk, L.wv, s.xn, n, s.act, s.q, s.k, s.v, stream_);
-    attention_exact(s, il, n);
+    attention_exact(s, il, n, n_keys);
     trace("q", li, s.q, 0, n, QD);
     trace("k_cache", li, kc(il), 0, n, KD, true);
     trace("v_cache", li, vc(il), 0, n, KD, true);
@@ -839,7 +841,7 @@ void CudaEngine::decode_body(bool persistent) {
     kern::embed(tok_embd_, dec_.io + 1, 1, dec_.x, stream_);
     step_->launch(stream_);
   } else {
-    forward_exact(dec_, 1, true);
+    forward_exact(dec_, 1, true, n_ctx_);
     final_logits_exact(dec_, 0, 1, 1, nullptr);
   }
 }
@@ -966,7 +968,7 @@ void CudaEngine::run_eval(std::span<const int32_t> tokens, bool all_logits,
                                cudaMemcpyHostToDevice, stream_));
     if (opt_.exact) {
       // Earlier chunks' last-layer FFN outputs are never read: only their KV entries are.
-      forward_exact(batch_, m, !all_logits);
+      forward_exact(batch_, m, !all_logits, n_past_ + static_cast<int>(off) + m);
     } else {
       forward(batch_, m);
     }
