@@ -50,13 +50,16 @@ elif [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.bu
     cp .carry/deps.tar.gz /tmp/ab-prev/.carry/ && echo "$want" > /tmp/ab-prev/.built
   (/tmp/ab-prev/ci/gpu-build.sh /tmp/ab-prev/build decode_bench > /tmp/ab-prev.log 2>&1; echo "rc $?" >> /tmp/ab-prev.log) &
 fi
-# The variants: a copy of the working tree (its tracked and untracked files, .carry) with the
-# patch applied; a patch that does not apply stops the run before anything is built.
+# The variants: a copy of the working tree (its tracked and untracked files that exist: the
+# index may name files the copy deleted; .carry) with the patch applied; a patch that does not
+# apply stops the run before anything is built.
 variants=()
 for i in "${!patches[@]}"; do
   v=p$((i + 1)) src=/tmp/ab-src-p$((i + 1))
   rm -rf "$src" && mkdir -p "$src" &&
-    git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$src" &&
+    git ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+    xargs -0 cp --parents -t "$src" &&
     cp -r .carry "$src/" || { say "FAILED: copying the tree for $v"; exit 1; }
   (cd "$src" && git apply "${patches[$i]}") || { say "FAILED: ${patches[$i]} does not apply"; exit 1; }
   say "$v = the working tree + ${patches[$i]}"
