@@ -359,8 +359,9 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
 // `stage_early`: its copies are issued before the wait (the persistent decode kernel, whose
 // griddep_wait at its start ordered every earlier step's cache writes before it), else after it (a
 // PDL wait: an earlier kernel may still run). Issued before the wait, they land while the block
-// waits for q / k / v (the wait is then ~1.7 us longer, the copies' L2 traffic: every block of a
-// head copies all of its K rows; the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2, perf-notes v29).
+// waits for q / k / v (v29, when every block of a head still copied all of its K rows: the wait
+// ~1.7 us longer from the copies' L2 traffic, the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2; in split
+// mode, v30, a block copies only its own keys' K rows and V columns).
 // `mark(k)` is called by every thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the
 // softmax sum, 4 KQV). `xchg` (split mode, DecKeys): either a callable, xchg(), called by every
 // thread of the C blocks of head h, once, which returns in each once all have called it, with

@@ -797,12 +797,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   // The attention's K / V stage: after the block's DecSmem in P, and over G, which is free
   // from gate + up (l - 1) to the end of attention (l).
   uint32_t* const kst = p.off_kst != 0 ? reinterpret_cast<uint32_t*>(P + p.off_kst) : nullptr;
-  // Wo and down: x[e0 + i] += the row's dot (the block's rows of x are in xres)
-  unsigned xtag = 0;  // the tag of the x add_residual writes (Wo's, down's)
-  const auto add_residual = [&](int i, float d) {
-    const float v = xf::add_rn(xres[i], d);
-    xres[i] = v;
-    st_tagged(p.xt + e0 + i, v, xtag);
+  // Wo and down: x[e0 + i] += the row's dot (the block's rows of x are in xres), stored with
+  // tag t (x after Wo (l): tag(3 l + 1), after down (l): tag(3 l + 3))
+  const auto add_residual = [&](unsigned t) {
+    return [&, t](int i, float d) {
+      const float v = xf::add_rn(xres[i], d);
+      xres[i] = v;
+      st_tagged(p.xt + e0 + i, v, t);
+    };
   };
   for (int l = 0; l < p.n_layer; ++l) {
     const StepLayer<KT>& L = p.layers[l];
@@ -874,9 +876,8 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     stage_tagged(xs, p.at, p.QD, tag(l + 1));
     stamp(p.trace, l, 19);
     quantize(p.QD);
-    xtag = tag(3 * l + 1);
     rows_dot<T>(P + span_of(sh.rb[kMo], e0, e1).off, sh.t[kMo], sh.rb[kMo], e1 - e0, p.QD, in,
-                add_residual);
+                add_residual(tag(3 * l + 1)));
     stamp(p.trace, l, 6);
     __syncthreads();  // the block's reads of P (Wo) are done before the down copy into it
     const Span ds = span_of(sh.rb[kMdown], e0, e1);
@@ -964,7 +965,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
         int32_t* const abs = reinterpret_cast<int32_t*>(smem + p.off_abs);
         quantize_q8_k(xs, p.F, aq, ad, abs);
         stamp(p.trace, l, 18);
-        xtag = tag(3 * l + 3);
+        const auto put_x = add_residual(tag(3 * l + 3));
         mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
         const int nr = e1 - e0, units = p.F / 32;
         int* const S = reinterpret_cast<int*>(smem + p.off_sf);
@@ -974,22 +975,22 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
         const auto row = [&](int r) { return dt + static_cast<size_t>(r) * rb; };
         if (td == static_cast<uint32_t>(GgmlType::Q6_K)) {
           qd::long_row_dots<GgmlType::Q6_K, false, kThreads>(row, nr, units, aq, ad, abs, S, F,
-                                                             add_residual);
+                                                             put_x);
         } else if (p.down_rep != 0) {
           qd::long_row_dots<GgmlType::Q4_K, true, kThreads>(row, nr, units, aq, ad, abs, S, F,
-                                                            add_residual);
+                                                            put_x);
         } else {
           qd::long_row_dots<GgmlType::Q4_K, false, kThreads>(row, nr, units, aq, ad, abs, S, F,
-                                                             add_residual);
+                                                             put_x);
         }
       }
     }
     if (!quant_mix<T>() || !k_quant(td)) {
       quantize(p.F);
       stamp(p.trace, l, 18);
-      xtag = tag(3 * l + 3);
+      const auto put_x = add_residual(tag(3 * l + 3));
       mbar_wait(&bar_d, static_cast<unsigned>(l & 1));  // P: down
-      rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, add_residual);
+      rows_dot<T>(dt, td, sh.rb[kMdown], e1 - e0, p.F, in, put_x);
     }
     stamp(p.trace, l, 11);
     __syncthreads();  // the block's reads of P (down) are done before the next copies into it
