@@ -12,12 +12,15 @@
 #                prev / new / p1 .. / p1 .. / new / prev)
 #                [--no-prev] (new and the variants only, when prev would be new's own commit)
 #                [--reps N] (decode_bench's repetitions, 3 by default)
+#                [--graph on|off|both] (decode_bench's --graph: the step replayed from a CUDA graph,
+#                the product's setting, or launched directly; on by default)
 # Each decode_bench run is cut after 150 s. A variant whose build fails, or whose run fails or is
 # cut, is not run (again) and the others go on (the exit status is then 1); new's and prev's
 # builds must succeed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra="" patches=() noprev=0 reps=3
+graph=on
 while [ $# -gt 0 ]; do
   case $1 in
     --numerics) numerics=$2; shift ;;
@@ -27,8 +30,9 @@ while [ $# -gt 0 ]; do
     --targets) extra=$2; shift ;;
     --no-prev) noprev=1 ;;
     --reps) reps=$2; shift ;;
+    --graph) graph=$2; shift ;;
     --patch) patches+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift ;;
-    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]... [--no-prev] [--reps N]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]... [--no-prev] [--reps N] [--graph on|off|both]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -93,14 +97,14 @@ for b in "${order[@]}"; do
   [[ $failed == *" $b "* ]] && continue
   d=/tmp/ab-$b/bench/decode_bench; [ $b = prev ] && d=/tmp/ab-prev/build/bench/decode_bench
   timeout 150 "$d" "${args[@]}" --prefill "$prefill" --decode "$decode" --reps "$reps" \
-    --numerics "$numerics" --graph on > /tmp/ab-run.log 2>&1
+    --numerics "$numerics" --graph "$graph" > /tmp/ab-run.log 2>&1
   rc=$?
   if [ $rc != 0 ]; then
     say "FAILED: $b's decode_bench (rc $rc; 124: cut after 150 s):"; tail -5 /tmp/ab-run.log
     failed+="$b "
     continue
   fi
-  awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $4, $8, $11}' /tmp/ab-run.log
+  awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s graph %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $3, $4, $8, $11}' /tmp/ab-run.log
 done
 if [ "$failed" != " " ]; then say "done; failed:$failed"; exit 1; fi
 say "done"
