@@ -322,6 +322,33 @@ __device__ __forceinline__ void for_each_tagged(const uint64_t* src, int n, unsi
   }
 }
 
+// A block's tagged values t = tid + u kThreads < n (u < kPer), each thread's polled together
+// (`word(u)`: the address of its value u) until every tag is `want`, re-reading only those not
+// yet there; w[u] then holds value tid + u kThreads (the stall trap as for_each_tagged's).
+template <int kPer, class Word>
+__device__ __forceinline__ void poll_tagged(uint64_t (&w)[kPer], int n, unsigned want, Word word) {
+  const int tid = static_cast<int>(threadIdx.x);
+  unsigned need = 0;
+#pragma unroll
+  for (int u = 0; u < kPer; ++u) {
+    if (tid + u * kThreads < n) need |= 1u << u;
+  }
+  StallCheck stall;
+  for (int spins = 0; need != 0; ++spins) {
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      if ((need >> u) & 1u) {
+        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(w[u]) : "l"(word(u)) : "memory");
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPer; ++u) {
+      if (static_cast<unsigned>(w[u] >> 32) == want) need &= ~(1u << u);
+    }
+    stall(spins);
+  }
+}
+
 // The attention's split mode through tagged values (attn_decode_block's xchg, kTagged): block r
 // of head h puts its scores at ts[h kDecLocalKeys + j] (tag: the layer's), and every block of
 // the head polls all n_att of them into its shared array (each thread its up to
@@ -340,28 +367,7 @@ struct XchgTagged {
     const int tid = static_cast<int>(threadIdx.x);
     const uint64_t* const src = ts + static_cast<size_t>(h) * kDecLocalKeys;
     uint64_t w[kPer] = {};
-    unsigned need = 0;
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      if (tid + u * kThreads < n) need |= 1u << u;
-    }
-    StallCheck stall;
-    for (int spins = 0; need != 0; ++spins) {
-#pragma unroll
-      for (int u = 0; u < kPer; ++u) {
-        if ((need >> u) & 1u) {
-          asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
-                       : "=l"(w[u])
-                       : "l"(src + tid + u * kThreads)
-                       : "memory");
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < kPer; ++u) {
-        if (static_cast<unsigned>(w[u] >> 32) == tag) need &= ~(1u << u);
-      }
-      stall(spins);
-    }
+    poll_tagged(w, n, tag, [src, tid](int u) { return src + tid + u * kThreads; });
     float mx = -INFINITY;
 #pragma unroll
     for (int u = 0; u < kPer; ++u) {
@@ -390,28 +396,7 @@ __device__ __forceinline__ void stage_qkv_tagged(float* dst, const uint64_t* src
     return src + (s == 0 ? h * hd : QD + (s - 1) * KD + g * hd) + i;
   };
   uint64_t w[kPer] = {};
-  unsigned need = 0;
-#pragma unroll
-  for (int u = 0; u < kPer; ++u) {
-    if (tid + u * kThreads < n) need |= 1u << u;
-  }
-  StallCheck stall;
-  for (int spins = 0; need != 0; ++spins) {
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      if ((need >> u) & 1u) {
-        asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];"
-                     : "=l"(w[u])
-                     : "l"(at(tid + u * kThreads))
-                     : "memory");
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kPer; ++u) {
-      if (static_cast<unsigned>(w[u] >> 32) == want) need &= ~(1u << u);
-    }
-    stall(spins);
-  }
+  poll_tagged(w, n, want, [&](int u) { return at(tid + u * kThreads); });
 #pragma unroll
   for (int u = 0; u < kPer; ++u) {
     const int t = tid + u * kThreads;
