@@ -914,6 +914,11 @@ void set_decode_local_keys_for_tests(int keys) {
   g_local_keys_for_tests = keys;
 }
 
+size_t attention_scratch_used_for_tests(int n_keys, int n_tok, int n_head) {
+  const ScratchLayout l = scratch_layout(n_keys, n_tok, n_head);
+  return l.stride * static_cast<size_t>(n_head) * static_cast<size_t>(l.chunk);
+}
+
 void device_f16_bits_for_tests(const float* x, uint16_t* y, size_t n) {
   launch_pdl("ex_f16_bits_kernel", ex_f16_bits_kernel, dim3(1024), dim3(256), cudaStream_t{}, x, y,
              n);

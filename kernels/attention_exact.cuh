@@ -83,6 +83,9 @@ void set_decode_cluster_for_tests(int cluster);
 // Keys up to which the decode kernel runs in local mode (0: never, i.e. always the cluster
 // exchange; at most 768; -1 restores the default: 768 for an FP16 cache, 384 for FP32).
 void set_decode_local_keys_for_tests(int keys);
+// The floats of `scratch` that attend() / attend_act() lay out for a call of n_tok tokens
+// with this keys bound (the layout's row stride x n_head x the tokens a launch group takes).
+size_t attention_scratch_used_for_tests(int n_keys, int n_tok, int n_head);
 // y[i] = fp16 bits of x[i] on the device (the cache store's rounding), i < n.
 void device_f16_bits_for_tests(const float* x, uint16_t* y, size_t n);
 

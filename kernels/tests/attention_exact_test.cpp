@@ -209,6 +209,36 @@ void emu_attention(const float* qh, const typename C::T* k, const typename C::T*
   }
 }
 
+// The scratch the engine allocates (attention_scratch_floats(n_ctx, max_tok)) holds the layout of
+// every call it may make: n_keys <= n_ctx (a prompt batch passes n_past + n_tok) and n_tok <=
+// max_tok, down to a single token a launch group at the largest contexts. Host only.
+// REQ: M0-W-1201
+TEST(AttentionExactScratch, AllocationHoldsEveryLayout) {
+  size_t checked = 0;
+  for (const int n_head : {1, 2, 14, 32, 64}) {
+    for (const int n_ctx : {1, 63, 64, 65, 776, 1100, 4104, 5000, 32768, 131072, 1 << 20}) {
+      for (const int max_tok : {1, 17, 64, 512}) {
+        const size_t have = ex::attention_scratch_floats(n_ctx, max_tok, n_head);
+        // every n_keys up to 8192 (where the layouts chunk at 512 tokens and more), then steps
+        const int step = n_ctx <= 8192 ? 1 : 61;
+        for (int n_keys = 1; n_keys <= n_ctx; n_keys += (n_keys < 8192 ? 1 : step)) {
+          for (const int n_tok : {1, max_tok / 2, max_tok}) {
+            if (n_tok < 1) continue;
+            const size_t used = ex::attention_scratch_used_for_tests(n_keys, n_tok, n_head);
+            ++checked;
+            if (used > have) {
+              FAIL() << "n_head " << n_head << " n_ctx " << n_ctx << " max_tok " << max_tok
+                     << " n_keys " << n_keys << " n_tok " << n_tok << ": the layout uses " << used
+                     << " floats, the allocation has " << have;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000000u);
+}
+
 // HOST EMULATION: the three kernels vs the CPU for every path (KQ tinyBLAS / vec_dot with and
 // without leftovers, KQV tinyBLAS / vec_dot).
 // REQ: M0-W-1201 WRK-D15
