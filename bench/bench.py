@@ -384,16 +384,17 @@ def ratio(a, b):
 
 
 # Issue 14's acceptance on this run's numbers: (criterion, row, measured, target, status), status
-# "met", "missed" or "not measured" (a llama.cpp ratio without llama-bench in the run). The
-# per-type targets apply to the rows of those types; the HTTP ones to every exact row.
+# "met", "missed" or "not measured" (a llama.cpp ratio without llama-bench in the run; the Q8_0
+# products' share of their float-chain floor, which this run cannot measure). The per-type
+# targets apply to the rows of those types; the HTTP ones to every exact row.
 def acceptance(doc):
     out = []
 
-    def add(what, r, value, target, ok, shown):
+    def add(what, r, value, target, ok, shown, absent="-"):
         status = "not measured" if value is None else ("met" if ok(value) else "missed")
         out.append({"criterion": what, "type": r["type"], "numerics": r["numerics"],
                     "measured": None if value is None else round(value, 4), "target": target,
-                    "status": status, "shown": "-" if value is None else shown(value)})
+                    "status": status, "shown": absent if value is None else shown(value)})
 
     for r in doc["rows"]:
         t, num = r["type"], r["numerics"]
@@ -408,6 +409,10 @@ def acceptance(doc):
         if num == "exact" and t == "Q8_0":
             add("prompt 512 >= 1.0x llama.cpp", r, pr, ">= 1.00x", lambda v: v >= 1.0,
                 lambda v: f"{v:.2f}x")
+            # The issue's second Q8_0 prompt target needs the products' own time, which
+            # kernel_bench measures (perf-notes), not this end-to-end run: listed, not judged.
+            add("prompt 512 products >= 60% of the float-chain floor", r, None, ">= 60%",
+                None, None, absent="kernel_bench's, not this run's (perf-notes)")
         if (num == "exact" and t == "Q4_K_M") or (num == "fast" and t == "F16"):
             add("prompt 512 >= 2.0x llama.cpp", r, pr, ">= 2.00x", lambda v: v >= 2.0,
                 lambda v: f"{v:.2f}x")
@@ -432,7 +437,8 @@ def write_markdown(doc, path, smoke):
              f"CUDA runtime {doc['cuda_runtime'] or '-'}, bandwidth {fmt(doc['bandwidth_gbs'])} GB/s "
              f"(floor = bandwidth / weight bytes per token). llama.cpp: {doc['llamacpp_source']}. "
              f"Written by `bench/run.sh` (bench/bench.py); {doc['settings']}. HTTP times are the "
-             f"client's (python, loopback; on the GPU it polls its socket rather than sleeping in recv): TTFT from the request to the first `token` event (in "
+             f"client's (python, loopback; on the GPU it polls its socket rather than sleeping "
+             f"in recv): TTFT from the request to the first `token` event (in "
              f"brackets the server's part: `first_token_ms` of the `end` event, from generate()'s "
              f"entry to the first token sampled, p50; the rest is HTTP, the hand-offs between "
              f"threads and the client), ITL "
