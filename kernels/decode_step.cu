@@ -1120,12 +1120,12 @@ std::vector<StepLayer<KT>> layer_table(const DecodeModel& m) {
     }
     L.attn_norm = d.attn_norm;
     L.ffn_norm = d.ffn_norm;
-    ActBuf a;
-    a.f = m.act_att;
-    L.attn =
-        decode_attention_args<KT>(QkvIn{m.q, m.k, m.v, d.bq, d.bk, d.bv}, m.shape, m.rope_table,
-                                  m.d_n_past, static_cast<KT*>(d.kv.k), static_cast<KT*>(d.kv.v),
-                                  m.att, m.n_ctx, m.attn_scratch, d.wo.type, a);
+    // q / k / v, the output and its rounding: the step's tagged values (its wait and put), so
+    // only the biases, the output's act_mode (for Wo's type) and the cache are taken from here
+    L.attn = decode_attention_args<KT>(QkvIn{nullptr, nullptr, nullptr, d.bq, d.bk, d.bv}, m.shape,
+                                       m.rope_table, m.d_n_past, static_cast<KT*>(d.kv.k),
+                                       static_cast<KT*>(d.kv.v), nullptr, m.n_ctx, m.attn_scratch,
+                                       d.wo.type, ActBuf{});
     t.push_back(L);
   }
   return t;

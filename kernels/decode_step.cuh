@@ -55,11 +55,10 @@ struct DecodeModel {
   int n_ctx = 0;
   const float* rope_table = nullptr;
   // scratch
-  float* x = nullptr;  // [n_embd] the residual stream (embed writes it before the step)
-  float *q = nullptr, *k = nullptr, *v = nullptr, *att = nullptr;
-  float* act_att = nullptr;  // [n_head * head_dim] attention output rounded for Wo
-  float* act_g = nullptr;    // [n_ff] SwiGLU output rounded for down
-  float* logits = nullptr;   // [vocab]
+  // [n_embd] the embedding of the step's token (embed writes it before the step); the step's
+  // own activations are tagged values in device_mem
+  float* x = nullptr;
+  float* logits = nullptr;  // [vocab]
   float* attn_scratch = nullptr;
   const int32_t* d_n_past = nullptr;
   // DecodeStep::device_bytes(layers.size(), n_head, n_embd, n_ff, n_q, n_kv) bytes, 256-aligned,

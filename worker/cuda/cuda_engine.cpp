@@ -793,12 +793,6 @@ void CudaEngine::setup_decode_step() {
   m.n_ctx = n_ctx_;
   m.rope_table = rope_table_;
   m.x = dec_.x;
-  m.q = dec_.q;
-  m.k = dec_.k;
-  m.v = dec_.v;
-  m.att = dec_.att;
-  m.act_att = dec_.act.f;
-  m.act_g = static_cast<float*>(dec_.lowp);
   m.logits = dec_.logits;
   m.attn_scratch = dec_.attn_scr;
   m.d_n_past = dec_.io;
