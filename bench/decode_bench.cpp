@@ -11,7 +11,9 @@
 // which queues the sampled token's step before the id returns): what the worker's
 // generation loop does per token. Times are medians over --reps runs after a warm-up run,
 // host clock around calls that synchronize. --json prints one JSON object per line and
-// (model, numerics, graph) instead of the table; bench/bench.py reads it.
+// (model, numerics, graph) instead of the table; bench/bench.py reads it. --graph off launches
+// the per-op step (past the persistent step's keys) directly instead of from its CUDA graph; the
+// persistent step is launched directly either way.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>

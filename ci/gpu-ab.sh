@@ -12,8 +12,9 @@
 #                prev / new / p1 .. / p1 .. / new / prev)
 #                [--no-prev] (new and the variants only, when prev would be new's own commit)
 #                [--reps N] (decode_bench's repetitions, 3 by default)
-#                [--graph on|off|both] (decode_bench's --graph: the step replayed from a CUDA graph,
-#                the product's setting, or launched directly; on by default)
+#                [--graph on|off|both] (decode_bench's --graph: the per-op step, past the persistent
+#                step's keys, replayed from a CUDA graph, the product's setting, or launched
+#                directly; on by default. The persistent step is launched directly either way)
 # Each decode_bench run is cut after 150 s. A variant whose build fails, or whose run fails or is
 # cut, is not run (again) and the others go on (the exit status is then 1); new's and prev's
 # builds must succeed.

@@ -110,6 +110,16 @@ __device__ void block_argmax(float v, int i, int none, float* sv, int* si) {
 
 constexpr int kArgmaxThreads = 256;
 
+// The step's result into the sink (one thread).
+__device__ __forceinline__ void publish(const SampleSink& k, int32_t id, uint64_t hash) {
+  k.out->id = id;
+  k.out->logits_hash = hash;
+  if (k.io != nullptr) {
+    k.io[0] = k.n_past;
+    k.io[1] = id;
+  }
+}
+
 // hash_of: the raw logits when this kernel is the first to read them (no penalty), else
 // nullptr (prep_kernel wrote the hash partials).
 __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float* __restrict__ pv,
@@ -145,7 +155,7 @@ __global__ void argmax_partial_kernel(const float* __restrict__ v, int n, float*
 
 __global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t* __restrict__ pi,
                                     const uint64_t* __restrict__ part_h, int nb, int n,
-                                    SampleOut* __restrict__ out) {
+                                    SampleSink sink) {
   griddep_wait();
   __shared__ float sv[kArgmaxThreads];
   __shared__ int si[kArgmaxThreads];
@@ -161,16 +171,8 @@ __global__ void argmax_final_kernel(const float* __restrict__ pv, const int32_t*
   }
   block_argmax(best, bi, n, sv, si);
   if (threadIdx.x == 0) {
-    out->id = si[0] == n ? 0 : si[0];
-    out->logits_hash = sm::logits_hash_final(h, static_cast<uint64_t>(n));
+    publish(sink, si[0] == n ? 0 : si[0], sm::logits_hash_final(h, static_cast<uint64_t>(n)));
   }
-}
-
-__global__ void feed_sampled_kernel(const SampleOut* __restrict__ out, int32_t n_past,
-                                    int32_t* __restrict__ io) {
-  griddep_wait();
-  io[0] = n_past;
-  io[1] = out->id;
 }
 
 // First index i in [0, n) whose inclusive prefix sum of w (each thread owns one contiguous
@@ -199,7 +201,7 @@ __device__ int first_prefix(const uint64_t* __restrict__ w, int b, int e, uint64
 __global__ void __launch_bounds__(kThreads)
     finalize_kernel(const float* __restrict__ keys, const int32_t* __restrict__ ids, int n_vocab,
                     const SampleParams* __restrict__ prm, const uint64_t* __restrict__ part_h,
-                    int nb, uint64_t* __restrict__ w, SampleOut* __restrict__ out) {
+                    int nb, uint64_t* __restrict__ w, SampleSink sink) {
   griddep_wait();
   __shared__ uint64_t sh[32];
   __shared__ uint64_t sh_before[kThreads];
@@ -259,8 +261,8 @@ __global__ void __launch_bounds__(kThreads)
       w, b, min(e, keep), before, keep, [target](uint64_t cum, int) { return target < cum; },
       &sh_idx);
   if (threadIdx.x == 0) {
-    out->id = ids[pick < keep ? pick : keep - 1];
-    out->logits_hash = sm::logits_hash_final(hash, static_cast<uint64_t>(n_vocab));
+    publish(sink, ids[pick < keep ? pick : keep - 1],
+            sm::logits_hash_final(hash, static_cast<uint64_t>(n_vocab)));
   }
 }
 }  // namespace
@@ -280,8 +282,8 @@ void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream) {
 }
 
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
-            bool apply_penalty, const int32_t* d_history, const SampleScratch& s, SampleOut* d_out,
-            cudaStream_t stream) {
+            bool apply_penalty, const int32_t* d_history, const SampleScratch& s,
+            const SampleSink& sink, cudaStream_t stream) {
   const int nb = std::min(kArgmaxBlocks, (n_vocab + kArgmaxThreads - 1) / kArgmaxThreads);
   const float* work = logits;
   if (apply_penalty || !greedy) {
@@ -300,7 +302,7 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
                stream, work, n_vocab, s.part_v, s.part_i, work == logits, s.part_h);
     CUDA_CHECK_LAUNCH("argmax_partial_kernel");
     launch_pdl("argmax_final_kernel", argmax_final_kernel, dim3(1), dim3(kArgmaxThreads), stream,
-               s.part_v, s.part_i, s.part_h, nb, n_vocab, d_out);
+               s.part_v, s.part_i, s.part_h, nb, n_vocab, sink);
     CUDA_CHECK_LAUNCH("argmax_final_kernel");
     return;
   }
@@ -310,13 +312,8 @@ void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool
       s.sort_temp, bytes, s.work, s.keys_sorted, s.ids, s.ids_sorted, n_vocab, 0,
       static_cast<int>(sizeof(float) * 8), stream));
   launch_pdl("finalize_kernel", finalize_kernel, dim3(1), dim3(kThreads), stream, s.keys_sorted,
-             s.ids_sorted, n_vocab, d_params, s.part_h, nb, s.weights, d_out);
+             s.ids_sorted, n_vocab, d_params, s.part_h, nb, s.weights, sink);
   CUDA_CHECK_LAUNCH("finalize_kernel");
 }
 
-void feed_sampled(const SampleOut* d_out, int32_t n_past, int32_t* d_io, cudaStream_t stream) {
-  launch_pdl("feed_sampled_kernel", feed_sampled_kernel, dim3(1), dim3(1), stream, d_out, n_past,
-             d_io);
-  CUDA_CHECK_LAUNCH("feed_sampled_kernel");
-}
 }  // namespace worker::kern

@@ -31,6 +31,15 @@ struct SampleOut {
   uint64_t logits_hash = 0;
 };
 
+// Where one sampling step leaves its result: *out (device memory), and, when io is set, the
+// next decode step's input, io[0] = n_past and io[1] = the id, written by the same kernel (no host
+// round trip and no kernel of its own: CudaEngine::sample_and_continue).
+struct SampleSink {
+  SampleOut* out = nullptr;
+  int32_t* io = nullptr;
+  int32_t n_past = 0;
+};
+
 // Device scratch for a vocabulary of n_vocab; sizes from sampling_scratch_bytes().
 struct SampleScratch {
   float* work = nullptr;          // canonical (+0 for -0), penalized logits [V]
@@ -55,9 +64,6 @@ void sampling_init(const SampleScratch& s, int n_vocab, cudaStream_t stream);
 // repetition_penalty != 1 and the history is not empty (else the greedy path reads the
 // logits in place, saving launches).
 void sample(const float* logits, int n_vocab, const SampleParams* d_params, bool greedy,
-            bool apply_penalty, const int32_t* d_history, const SampleScratch& s, SampleOut* d_out,
-            cudaStream_t stream);
-// The decode step's input for the token just sampled into d_out, with no host round trip:
-// d_io[0] = n_past, d_io[1] = d_out->id (CudaEngine::sample_and_continue).
-void feed_sampled(const SampleOut* d_out, int32_t n_past, int32_t* d_io, cudaStream_t stream);
+            bool apply_penalty, const int32_t* d_history, const SampleScratch& s,
+            const SampleSink& sink, cudaStream_t stream);
 }  // namespace worker::kern

@@ -286,6 +286,7 @@ struct SampleBufs {
         params(1),
         history(hist_cap),
         out(1),
+        io(2),
         part_v(kern::kArgmaxBlocks),
         part_i(kern::kArgmaxBlocks),
         part_h(kern::kArgmaxBlocks) {
@@ -310,6 +311,7 @@ struct SampleBufs {
   DevArray<kern::SampleParams> params;
   DevArray<int32_t> history;
   DevArray<kern::SampleOut> out;
+  DevArray<int32_t> io;  // the next decode step's input: n_past, id
   DevArray<float> part_v;
   DevArray<int32_t> part_i;
   DevArray<uint64_t> part_h;
@@ -331,10 +333,17 @@ kern::SampleOut gpu_sample(SampleBufs& b, const DevArray<float>& logits, int V,
   b.params.upload({p});
   if (!hist.empty()) b.history.upload(hist);
   b.out.poison();
+  b.io.poison();
   const bool penalize = sp.repetition_penalty != 1.0f && !hist.empty();
-  kern::sample(logits.get(), V, b.params.get(), greedy, penalize, b.history.get(), b.s, b.out.get(),
-               nullptr);
-  return b.out.download()[0];
+  // The sink as sample_and_continue gives it: the next decode step's input too.
+  const int32_t n_past = 1 + static_cast<int32_t>(hist.size());
+  kern::sample(logits.get(), V, b.params.get(), greedy, penalize, b.history.get(), b.s,
+               {b.out.get(), b.io.get(), n_past}, nullptr);
+  const kern::SampleOut out = b.out.download()[0];
+  const std::vector<int32_t> io = b.io.download();
+  EXPECT_EQ(io[0], n_past);
+  EXPECT_EQ(io[1], out.id);
+  return out;
 }
 
 // Logits that stress every place where two samplers could part: exact ties at the top and

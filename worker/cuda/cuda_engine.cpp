@@ -324,9 +324,10 @@ class CudaEngine final : public Engine {
                               std::mt19937_64& rng, uint64_t* logits_hash) override;
 
  private:
-  // sample() up to the copy of its SampleOut to pin_out_, queued (no wait).
+  // sample()'s kernels, queued (no wait, no copy): the SampleOut into samp_.out and, with
+  // feed_io, the next decode step's input (n_past_, the id) into feed_io.
   void queue_sample(const SamplingParams& params, std::span<const int32_t> history,
-                    std::mt19937_64& rng);
+                    std::mt19937_64& rng, int32_t* feed_io);
   int32_t read_sample(uint64_t* logits_hash) const;
   // Waits for the queued work sample_and_continue() left running; a started step that no eval
   // took is dropped here (its logits replaced the sampled ones when those were dec_.logits).
@@ -347,8 +348,9 @@ class CudaEngine final : public Engine {
   void run_eval(std::span<const int32_t> tokens, bool all_logits,
                 const std::function<void()>* meanwhile);
   void decode_body(bool persistent);  // the step as the persistent kernel, or per op
-  // The step for the token in dec_.io (through its graph when use_graph); persistent: the
-  // persistent kernel, else one launch per op.
+  // The step for the token in dec_.io. persistent: the persistent kernel and its embedding,
+  // two PDL launches (no graph: a graph launch cannot overlap the sample kernels before it;
+  // perf-notes v33); else one launch per op, replayed from graph_ when use_graph.
   void launch_decode(bool persistent);
   bool decode_persistent(int32_t n_past) const {
     return step_ && !sink_ && n_past + 1 <= step_->local_keys();
@@ -369,10 +371,8 @@ class CudaEngine final : public Engine {
   int32_t n_past_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  cudaGraph_t graph_ = nullptr;  // the decode step one kernel per op
+  cudaGraph_t graph_ = nullptr;  // the decode step one kernel per op (use_graph)
   cudaGraphExec_t graph_exec_ = nullptr;
-  cudaGraph_t step_graph_ = nullptr;  // ... and as the persistent kernel (step_)
-  cudaGraphExec_t step_graph_exec_ = nullptr;
 
   Arena weights_;
   std::map<const TensorInfo*, const void*> dev_ptr_;
@@ -414,7 +414,10 @@ class CudaEngine final : public Engine {
   mutable std::optional<Started> started_;
   mutable bool queued_ = false;       // work on stream_ that no host call has waited for
   mutable bool logits_lost_ = false;  // a dropped started step overwrote d_last_'s logits
-  Event sampled_;                     // sample_and_continue: its SampleOut is on the host
+  // sample_and_continue: the sample's kernels are done (stream_), its SampleOut is on the host
+  // (copy_stream_, off the path from the sample to the next step)
+  Event sample_done_, sampled_;
+  cudaStream_t copy_stream_ = nullptr;
 
   const float* d_last_ = nullptr;  // device logits of the last evaluated position
   mutable std::vector<float> last_host_;
@@ -462,6 +465,7 @@ CudaEngine::CudaEngine(std::shared_ptr<const Model> model, int32_t ctx_size, int
   }
 
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&cublas_));
   CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   // D15 / M0-W-1031: no TF32 or reduced-precision shortcuts; deterministic algorithms.
@@ -500,9 +504,11 @@ CudaEngine::~CudaEngine() {
   if (queued_) (void)cudaStreamSynchronize(stream_);
   if (graph_exec_) (void)cudaGraphExecDestroy(graph_exec_);
   if (graph_) (void)cudaGraphDestroy(graph_);
-  if (step_graph_exec_) (void)cudaGraphExecDestroy(step_graph_exec_);
-  if (step_graph_) (void)cudaGraphDestroy(step_graph_);
   if (cublas_) (void)cublasDestroy(cublas_);
+  if (copy_stream_) {
+    (void)cudaStreamSynchronize(copy_stream_);  // a SampleOut copy left by a throw mid-call
+    (void)cudaStreamDestroy(copy_stream_);
+  }
   if (stream_) (void)cudaStreamDestroy(stream_);
 }
 
@@ -841,26 +847,24 @@ void CudaEngine::decode_body(bool persistent) {
 }
 
 void CudaEngine::launch_decode(bool persistent) {
-  if (!opt_.use_graph) {
+  if (persistent || !opt_.use_graph) {
     decode_body(persistent);
     return;
   }
-  cudaGraph_t& graph = persistent ? step_graph_ : graph_;
-  cudaGraphExec_t& exec = persistent ? step_graph_exec_ : graph_exec_;
-  if (exec == nullptr) {
+  if (graph_exec_ == nullptr) {
     CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     try {
-      decode_body(persistent);
+      decode_body(false);
     } catch (...) {
       cudaGraph_t g = nullptr;
       (void)cudaStreamEndCapture(stream_, &g);
       if (g) (void)cudaGraphDestroy(g);
       throw;
     }
-    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph_));
+    CUDA_CHECK(cudaGraphInstantiate(&graph_exec_, graph_, 0));
   }
-  CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+  CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
 }
 
 void CudaEngine::decode_one(int32_t token) {
@@ -869,7 +873,7 @@ void CudaEngine::decode_one(int32_t token) {
   io[1] = token;
   CUDA_CHECK(cudaMemcpyAsync(dec_.io, io, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, stream_));
   // The persistent step while its attention's local mode holds the keys; beyond, one kernel per
-  // op (kernels/decode_step.cu says why). Each has its own graph, captured at its first use.
+  // op (kernels/decode_step.cu says why), from its graph (captured at its first use).
   // Both numerics: the fast one differs in prompt batches only (its decode kernels were slower
   // than these on every type; perf-notes v20).
   const bool persistent = decode_persistent(n_past_);
@@ -1014,7 +1018,7 @@ std::span<const float> CudaEngine::logits_at(size_t i) const {
 }
 
 void CudaEngine::queue_sample(const SamplingParams& params, std::span<const int32_t> history,
-                              std::mt19937_64& rng) {
+                              std::mt19937_64& rng, int32_t* feed_io) {
   if (d_last_ == nullptr) throw WorkerError(ErrorCode::Internal, "sample() before any eval");
   check_sampling_params(params);
   // A step started by sample_and_continue() and not taken replaced the logits; a taken one is
@@ -1043,9 +1047,7 @@ void CudaEngine::queue_sample(const SamplingParams& params, std::span<const int3
                                cudaMemcpyHostToDevice, stream_));
   }
   kern::sample(d_last_, static_cast<int>(cfg_.vocab_size), samp_.params, greedy, penalize,
-               samp_.history, samp_.s, samp_.out, stream_);
-  CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(kern::SampleOut),
-                             cudaMemcpyDeviceToHost, stream_));
+               samp_.history, samp_.s, {samp_.out, feed_io, n_past_}, stream_);
 }
 
 int32_t CudaEngine::read_sample(uint64_t* logits_hash) const {
@@ -1056,15 +1058,19 @@ int32_t CudaEngine::read_sample(uint64_t* logits_hash) const {
 
 int32_t CudaEngine::sample(const SamplingParams& params, std::span<const int32_t> history,
                            std::mt19937_64& rng, uint64_t* logits_hash) {
-  queue_sample(params, history, rng);
+  queue_sample(params, history, rng, nullptr);
+  CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(kern::SampleOut),
+                             cudaMemcpyDeviceToHost, stream_));
   queued_ = false;
   CUDA_CHECK(cudaStreamSynchronize(stream_));
   return read_sample(logits_hash);
 }
 
 // The sampling as sample(), then, queued behind it before the wait, the decode step of the
-// sampled token (feed_sampled writes it into the step's io from the device). The wait is for
-// the SampleOut only: the step runs while the caller handles the id.
+// sampled token (the sample's last kernel writes it into the step's io from the device). The
+// SampleOut goes to the host on copy_stream_, so nothing sits between the sample's kernels and
+// the step on stream_; the wait is for that copy only: the step runs while the caller handles
+// the id. samp_.out is next written by the next sample, queued after this wait.
 int32_t CudaEngine::sample_and_continue(const SamplingParams& params,
                                         std::span<const int32_t> history, std::mt19937_64& rng,
                                         uint64_t* logits_hash) {
@@ -1072,9 +1078,12 @@ int32_t CudaEngine::sample_and_continue(const SamplingParams& params,
   if (sink_ || !step_trace_path_.empty() || n_past_ >= n_ctx_) {
     return sample(params, history, rng, logits_hash);
   }
-  queue_sample(params, history, rng);
-  CUDA_CHECK(cudaEventRecord(sampled_.get(), stream_));
-  kern::feed_sampled(samp_.out, n_past_, dec_.io, stream_);
+  queue_sample(params, history, rng, dec_.io);
+  CUDA_CHECK(cudaEventRecord(sample_done_.get(), stream_));
+  CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, sample_done_.get(), 0));
+  CUDA_CHECK(cudaMemcpyAsync(pin_out_.data(), samp_.out, sizeof(kern::SampleOut),
+                             cudaMemcpyDeviceToHost, copy_stream_));
+  CUDA_CHECK(cudaEventRecord(sampled_.get(), copy_stream_));
   launch_decode(decode_persistent(n_past_));
   queued_ = true;
   CUDA_CHECK(cudaEventSynchronize(sampled_.get()));

@@ -13,7 +13,9 @@ std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<const Model> model, int
 // Tuning and test knobs of the CUDA backend; the defaults are the product's settings.
 struct CudaEngineOptions {
   size_t upload_chunk_bytes = 1024 * 1024;  // M0-W-1222: bounded host->device chunks
-  bool use_graph = true;                    // replay the decode step as a captured CUDA graph
+  // Replay the per-op decode step (past the persistent step's keys) as a captured CUDA graph;
+  // the persistent step is two direct launches either way.
+  bool use_graph = true;
   int gemm_min_tokens = 16;  // prefill batches from this size use cuBLAS (float weights)
   int max_batch = 512;       // prefill chunk size (bounds the activation scratch)
   // FP32 instead of FP16 KV cache. The product uses FP16 (M0-W-1201, llama.cpp's default);
