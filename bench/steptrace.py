@@ -19,8 +19,9 @@ input quantized (quantized weights; float weights stamp 17 and 18 together), so 
 stage (10-17), quantize (17-18) and rows (18-11), 19 Wo's input staged; layer n_layer: 0 the
 LM head's start, 1 its norm done, 2 its end. Prints, averaged over layers and steps
 (microseconds): each op's compute time (median and slowest block), the attention's phases, the
-layer and the LM head, and for each edge between ops the time from the last writer's end to the
-median reader's having its input. Every op's output is a tagged value (no counter): its readers
+layer and the LM head, for each edge between ops the time from the last writer's end to the
+median reader's having its input, and a block's own time between the ops where thread 0 issues
+bulk copies (ISSUES). Every op's output is a tagged value (no counter): its readers
 poll the values inside the next op (the attention's inputs, Wo's and down's stages, the norms),
 so that op's time holds the wait. (Traces of builds with counters: the same figure is the
 counter's latency plus the op's input.)
@@ -40,6 +41,11 @@ TAGGED = [("Q/K/V -> attn inputs", 2, 3, 0), ("attn -> Wo stage", 4, 19, 0),
 PHASES = [(3, 12, "RoPE"), (12, 13, "scores"), (13, 14, "exps"), (14, 15, "softmax sum"),
           (15, 16, "KQV"), (16, 4, "reduce, out")]
 DOWN = [("down: stage", 10, 17), ("down: quantize", 17, 18), ("down: rows", 18, 11)]
+# Between two ops, where thread 0 issues the next bulk copies (kIssuer) before the next op's
+# poll: (name, from, to (in the next layer when nxt)), a block's own stamps, median over
+# blocks. A bulk copy holds its issuing thread while its bytes are requested (perf-notes v19).
+ISSUES = [("issue: attn -> Wo start", 4, 5, 0), ("issue: Wo -> ffn norm start", 6, 7, 0),
+          ("issue: down -> next layer", 11, 0, 1)]
 
 
 def read(path):
@@ -79,6 +85,10 @@ def analyse(recs):
         out["tagged " + name] = mean(lambda t, l: statistics.median(
             [x for x in t[l + nxt][ready] if x > 0]) - max(t[l][end]))
     out["layer"] = mean(lambda t, l: statistics.median(t[l + 1][0]) - statistics.median(t[l][0]))
+    for name, a, b, nxt in ISSUES:  # the last layer's next is the LM head's own issue: left out
+        out[name] = statistics.fmean(
+            statistics.median(t[l + nxt][b][i] - t[l][a][i] for i in range(len(t[l][a])))
+            for _, _, _, t in recs for l in range(L - nxt)) / 1000
     if P >= 17:
         for a, b, name in PHASES:
             out["attention " + name] = mean(
@@ -126,6 +136,8 @@ def main():
     for name in [e[0] for e in TAGGED if "tagged " + e[0] in r]:
         v = r["tagged " + name]
         print(f"  edge {name:22s} last writer's end -> median reader's input {v:6.2f}")
+    for name, _, _, _ in ISSUES:
+        print(f"  {name:27s} (barrier + copies issued) median block {r[name]:6.2f}")
     print(f"  layer total {r['layer']:6.2f}")
     phases = [k for k in r if k.startswith("attention ") and k != "attention slowest"]
     if phases:

@@ -88,7 +88,10 @@ class StepTraceTest(unittest.TestCase):
                              ("tagged down -> attn norm", 0.5 + 2.0), ("attention scores", 5.5),
                              ("attention KQV", 1.8), ("attention reduce, out", 1.0),
                              ("down: stage", 0.6), ("down: quantize", 0.4),
-                             ("down: rows", 1.4), ("LM head", 88.0)]:
+                             ("down: rows", 1.4), ("LM head", 88.0),
+                             # a block's own gaps: 100 ns in the attention blocks, 500 ns
+                             ("issue: attn -> Wo start", 0.1), ("issue: Wo -> ffn norm start", 0.5),
+                             ("issue: down -> next layer", 0.5)]:
                 self.assertAlmostEqual(r[name], us, places=6, msg=name)
             # the attention (blocks 0-2 only): inputs ready -> done
             self.assertAlmostEqual(r["attention slowest"], 1.6 + 5.5 + 1.1 + 0.7 + 1.8 + 1.0)
@@ -99,6 +102,7 @@ class StepTraceTest(unittest.TestCase):
             self.assertIn("scores", out)
             self.assertIn("down: quantize", out)
             self.assertIn("edge down -> attn norm", out)
+            self.assertIn("issue: Wo -> ffn norm start", out)
 
     def test_compare_gives_each_figure_of_both_and_the_difference(self):
         with tempfile.TemporaryDirectory() as tmp:
