@@ -4,7 +4,11 @@
 // the graph replayed once after a warm-up. Speed is measured here, not in the kernel tests
 // (they check the bits). Weights are random valid blocks (kernels/tests/exact_test_blocks.h).
 //
-//   kernel_bench [--json] [--reps N] [--filter SUBSTR]
+//   kernel_bench [--json] [--reps N] [--filter SUBSTR] [--type NAME] [--n-tok N]
+//
+// --filter: only ops whose name holds SUBSTR; --type: only that type's entries (a weight type's
+// name as the table prints it, e.g. Q8_0; the other weight types are not set up); --n-tok: only
+// entries of that many tokens (bench/bench.py: --type Q8_0 --n-tok 512, the prompt's products).
 //
 // Prints a table (op, type, shape, us per call, GB/s of the weight or KV cache bytes read, %
 // of the card's bandwidth (peak_gbs: H100 3350, H200 4800 GB/s), TFLOP/s of the products);
@@ -120,7 +124,8 @@ std::string dims(int64_t rows, int64_t cols) {
 struct Opts {
   bool json = false;
   int reps = 50;
-  std::string filter;
+  std::string filter, type;
+  int n_tok = 0;  // 0: every token count
 };
 
 class Bench {
@@ -146,6 +151,8 @@ class Bench {
   void time(const std::string& op, const std::string& type, const std::string& shape, int n_tok,
             double bytes, double flops, F&& body) {
     if (!o_.filter.empty() && op.find(o_.filter) == std::string::npos) return;
+    if (!o_.type.empty() && type != o_.type) return;
+    if (o_.n_tok != 0 && n_tok != o_.n_tok) return;
     // about 20 ms of work per graph, between 3 and --reps calls
     const double one = graph_us(body, 1);
     const int reps = std::clamp(static_cast<int>(20000.0 / std::max(one, 1.0)), 3, o_.reps);
@@ -461,7 +468,9 @@ void bench_attention(Bench& b, Buffers& m) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: kernel_bench [--json] [--reps N] [--filter SUBSTR]\n");
+  std::fprintf(stderr,
+               "usage: kernel_bench [--json] [--reps N] [--filter SUBSTR] [--type NAME] "
+               "[--n-tok N]\n");
   return 2;
 }
 
@@ -477,6 +486,11 @@ int main(int argc, char** argv) {
       o.reps = std::max(3, std::atoi(argv[++i]));
     } else if (a == "--filter" && i + 1 < argc) {
       o.filter = argv[++i];
+    } else if (a == "--type" && i + 1 < argc) {
+      o.type = argv[++i];
+    } else if (a == "--n-tok" && i + 1 < argc) {
+      o.n_tok = std::atoi(argv[++i]);
+      if (o.n_tok < 1) return usage();
     } else {
       return usage();
     }
@@ -492,10 +506,16 @@ int main(int argc, char** argv) {
     Bench b(o, p.name);
     Buffers m;
     bench_act(b, m);
-    for (GgmlType t : kTypes) bench_decode(b, m, t);
+    // a type's weights are set up only when its entries can be timed
+    const auto wanted = [&](GgmlType t) { return o.type.empty() || tname(t) == o.type; };
+    for (GgmlType t : kTypes) {
+      if (wanted(t)) bench_decode(b, m, t);
+    }
     bench_attention<float>(b, m);
     bench_attention<uint16_t>(b, m);
-    for (GgmlType t : kTypes) bench_prompt(b, m, t);
+    for (GgmlType t : kTypes) {
+      if (wanted(t)) bench_prompt(b, m, t);
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kernel_bench: %s\n", e.what());
     return 1;

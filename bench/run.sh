@@ -1,7 +1,8 @@
 #!/bin/bash
 # The benchmark end to end, in one call on the GPU machine (after building worker-orcd and
-# decode_bench with CUDA): generates the 0.5B-shaped models (F16, Q8_0, Q4_K_M), runs
-# bench/bench.py on them (engine level + HTTP, exact and fast) and, with --llamacpp,
+# decode_bench with CUDA, and kernel_bench for the Q8_0 products' share of their float-chain
+# floor; without it that target is not measured): generates the 0.5B-shaped models (F16, Q8_0,
+# Q4_K_M), runs bench/bench.py on them (engine level + HTTP, exact and fast) and, with --llamacpp,
 # llama.cpp's llama-bench on the same files; writes OUT/bench-<date>.json and .md.
 #
 #   bench/run.sh --out DIR [--llamacpp] [--bin DIR | --build-dir build] [--numerics exact,fast]
@@ -76,6 +77,13 @@ else
 fi
 
 args=(--backend "$backend" --numerics "$numerics" --worker "$worker" --decode-bench "$dbench" --out "$out")
+# kernel_bench (optional): the Q8_0 products' share of their float-chain floor
+kbench=${bin:+$bin/kernel_bench}
+kbench=${kbench:-$build/bench/kernel_bench}
+if [ "$backend" = cuda ] && [ $smoke = 0 ]; then
+  if [ -x "$kbench" ]; then args+=(--kernel-bench "$kbench")
+  else say "no $kbench: the Q8_0 products' floor fraction is not measured"; fi
+fi
 for m in "${models[@]}"; do args+=(--model "$m"); done
 [ $smoke = 1 ] && args+=(--smoke)
 if [ $llama = 1 ]; then
