@@ -15,13 +15,17 @@
 #                [--graph on|off|both] (decode_bench's --graph: the per-op step, past the persistent
 #                step's keys, replayed from a CUDA graph, the product's setting, or launched
 #                directly; on by default. The persistent step is launched directly either way)
+#                [--trace MODELS] (after the runs, a step trace of the persistent step on each of
+#                these models (e.g. f16,q8_0) by new and each variant: decode_bench --decode 24
+#                with WORKER_DECODE_STEP_TRACE, then bench/steptrace.py --compare new variant,
+#                its per-layer lines; the traces stay in /tmp/ab-trace-BUILD-MODEL.bin)
 # Each decode_bench run is cut after 150 s. A variant whose build fails, or whose run fails or is
 # cut, is not run (again) and the others go on (the exit status is then 1); new's and prev's
 # builds must succeed.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra="" patches=() noprev=0 reps=3
-graph=on
+graph=on trace=""
 while [ $# -gt 0 ]; do
   case $1 in
     --numerics) numerics=$2; shift ;;
@@ -32,8 +36,9 @@ while [ $# -gt 0 ]; do
     --no-prev) noprev=1 ;;
     --reps) reps=$2; shift ;;
     --graph) graph=$2; shift ;;
+    --trace) trace=$2; shift ;;
     --patch) patches+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift ;;
-    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]... [--no-prev] [--reps N] [--graph on|off|both]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]... [--no-prev] [--reps N] [--graph on|off|both] [--trace MODELS]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -106,6 +111,22 @@ for b in "${order[@]}"; do
     continue
   fi
   awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s graph %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $3, $4, $8, $11}' /tmp/ab-run.log
+done
+for m in ${trace//,/ }; do
+  for b in new "${variants[@]}"; do
+    [[ $failed == *" $b "* ]] && continue
+    t=/tmp/ab-trace-$b-$m.bin
+    rm -f "$t"
+    WORKER_DECODE_STEP_TRACE=$t timeout 60 /tmp/ab-$b/bench/decode_bench \
+      --model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf" --prefill "$prefill" --decode 24 \
+      --reps 1 > /tmp/ab-trace.log 2>&1 || { say "FAILED: $b's traced run on $m"; tail -3 /tmp/ab-trace.log; }
+  done
+  for v in "${variants[@]}"; do
+    [ -s /tmp/ab-trace-new-$m.bin ] && [ -s /tmp/ab-trace-$v-$m.bin ] || continue
+    say "step trace $m: new -> $v (us)"
+    python3 bench/steptrace.py --compare /tmp/ab-trace-new-$m.bin /tmp/ab-trace-$v-$m.bin |
+      grep -vE "slowest|attention (RoPE|exps|softmax|KQV|reduce)|down: "
+  done
 done
 if [ "$failed" != " " ]; then say "done; failed:$failed"; exit 1; fi
 say "done"
