@@ -855,10 +855,14 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
       __syncthreads();  // sm and the stage are reused by the next unit, the stage by gate + up
     }
     stamp(p.trace, l, 4);
-    issue_g(l);  // after the attention: its latency-bound loads do not queue behind these
+    // Copies in flight lengthen every poll (perf-notes v34); each type's copies go where they
+    // cost least, measured: gate + up after the attention (Q8_0) or after Wo's poll (the others).
+    constexpr bool kLateG = T != GgmlType::Q8_0;
+    if (!kLateG) issue_g(l);  // after the attention's latency-bound loads
     // ---- Wo: x += Wo att ----
     stamp(p.trace, l, 5);
     stage_tagged(xs, p.at, p.QD, tag(l + 1));
+    if (kLateG) issue_g(l);
     stamp(p.trace, l, 19);
     quantize(p.QD);
     rows_dot<T>(P + span_of(sh.rb[kMo], e0, e1).off, sh.t[kMo], sh.rb[kMo], e1 - e0, p.QD, in,
@@ -866,16 +870,21 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     stamp(p.trace, l, 6);
     __syncthreads();  // the block's reads of P (Wo) are done before the down copy into it
     const Span ds = span_of(sh.rb[kMdown], e0, e1);
-    if (tid == kIssuer) {  // P is free: Wo and the attention are done
+    // down's copy: P is free (Wo and the attention are done); issued after the ffn norm's poll
+    // (Q8_0) or before it (the others), measured as kLateG
+    const auto issue_d = [&] {
+      if (tid != kIssuer) return;
       fence_async_smem();
       mbar_expect(&bar_d, ds.bytes);
       bulk_copy(P, L.w[kMdown] + ds.lo, ds.bytes, &bar_d);
-    }
+    };
+    if (kLateG) issue_d();
     // ---- RMSNorm + gate + up + SwiGLU ----
     const NormW wf = norm_w(L.ffn_norm, p.E);
     stamp(p.trace, l, 7);
     norm_act<T>(xs, nullptr, p.xt, tag(3 * l + 1), L.ffn_norm, wf, p.E, p.eps, shd, &sh_mean, xres,
                 e0, e0);
+    if (!kLateG) issue_d();
     quantize(p.E);
     stamp(p.trace, l, 8);
     mbar_wait(&bar_g, static_cast<unsigned>(l & 1));  // G: gate, up
