@@ -19,6 +19,9 @@
 #                these models (e.g. f16,q8_0) by new and each variant: decode_bench --decode 24
 #                with WORKER_DECODE_STEP_TRACE, then bench/steptrace.py --compare new variant,
 #                its per-layer lines; the traces stay in /tmp/ab-trace-BUILD-MODEL.bin)
+# Last, bench/absummary.py's table: each build's median decode and prompt tok/s, their change
+# against new's, and whether its logits hashes equal new's; with $OUT set (the device call's
+# output folder) the run lines and that table are also written to $OUT/gpu-ab-runs.txt.
 # Each decode_bench run is cut after 150 s. A variant whose build fails, or whose run fails or is
 # cut, is not run (again) and the others go on (the exit status is then 1); new's and prev's
 # builds must succeed.
@@ -97,6 +100,7 @@ export LD_LIBRARY_PATH
 args=()
 for m in ${models//,/ }; do args+=(--model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf"); done
 rev=(); for ((i = ${#variants[@]} - 1; i >= 0; i--)); do rev+=("${variants[$i]}"); done
+: > /tmp/ab-lines.txt
 order=(prev new "${variants[@]}" "${rev[@]}" new prev)
 [ $noprev = 1 ] && order=(new "${variants[@]}" "${rev[@]}" new)
 for b in "${order[@]}"; do
@@ -110,7 +114,8 @@ for b in "${order[@]}"; do
     failed+="$b "
     continue
   fi
-  awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s graph %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $3, $4, $8, $11}' /tmp/ab-run.log
+  awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s graph %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $3, $4, $8, $11}' /tmp/ab-run.log |
+    tee -a /tmp/ab-lines.txt
 done
 for m in ${trace//,/ }; do
   for b in new "${variants[@]}"; do
@@ -128,5 +133,7 @@ for m in ${trace//,/ }; do
       grep -vE "slowest|attention (RoPE|exps|softmax|KQV|reduce)|down: "
   done
 done
+python3 bench/absummary.py /tmp/ab-lines.txt | tee /tmp/ab-summary.txt
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cat /tmp/ab-lines.txt /tmp/ab-summary.txt > "$OUT/gpu-ab-runs.txt"; fi
 if [ "$failed" != " " ]; then say "done; failed:$failed"; exit 1; fi
 say "done"
