@@ -58,17 +58,11 @@ def percentile(values, p):
     return v[k]
 
 
-def bandwidth_for(card):
-    for key, gbs in BANDWIDTH_GBS:
+def card_value(table, card):
+    """The value of the first (name, value) of table whose name the card's name holds; None."""
+    for key, value in table:
         if key in card:
-            return gbs
-    return None
-
-
-def fp32_tflops_for(card):
-    for key, tf in FP32_TFLOPS:
-        if key in card:
-            return tf
+            return value
     return None
 
 
@@ -90,7 +84,7 @@ def products_floor(rows, card, n_tok=PRODUCTS_TOKENS):
     """From kernel_bench --json rows of one weight type: {us_per_layer (the products of a layer
     for n_tok tokens), floor_us_per_layer, pct (floor / measured, %)}; None when a call's row
     is missing or the card's FP32 rate is unknown."""
-    tflops = fp32_tflops_for(card or "")
+    tflops = card_value(FP32_TFLOPS, card or "")
     us = {(r.get("op"), r.get("shape")): r.get("us") for r in rows if r.get("n_tok") == n_tok}
 
     def get(op, r, c):
@@ -648,7 +642,7 @@ def main():
                 f"HTTP: {c['ttft_reps']} requests per TTFT figure, {c['decode_reps']} x "
                 f"{c['decode']}-token decodes after a {c['depth']}-token prompt")
     dev = device_info(a.backend)
-    bw = bandwidth_for(dev["card"]) if a.backend == "cuda" else None
+    bw = card_value(BANDWIDTH_GBS, dev["card"]) if a.backend == "cuda" else None
     lc = {}
     lc_source = "not measured"
     if a.llamacpp_bin:
