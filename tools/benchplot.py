@@ -357,9 +357,9 @@ PLOTS = [
 # ---------------------------------------------------------------- report
 
 
-def md_block(d: dict, plot_dir_rel: str, notes: dict[str, list[str]]) -> str:
+def md_block(d: dict, plot_dir_rel: str, notes: dict[str, list[str]], json_name: str) -> str:
     out = [BEGIN, "", "## Plots", "",
-           f"Drawn by `tools/benchplot.py` from `bench-{d['date']}.json` (regenerate: "
+           f"Drawn by `tools/benchplot.py` from `{json_name}` (regenerate: "
            "`python3 tools/benchplot.py`).", ""]
     out += ["| type | numerics | decode tok/s | % of floor | llama.cpp decode | prompt 512 tok/s "
             "| TTFT32 p50 / p95 ms | ITL p50 / p99 ms |", "|---|---|---|---|---|---|---|---|"]
@@ -405,7 +405,7 @@ def write_report(json_path: Path, out_dir: Path | None = None, md_path: Path | N
         rel = out_dir.resolve().relative_to(md_path.resolve().parent).as_posix()
     except ValueError:
         rel = out_dir.resolve().as_posix()
-    block = md_block(d, rel, notes)
+    block = md_block(d, rel, notes, json_path.name)
     if md_path.exists():
         text = md_path.read_text(encoding="utf-8")
         if BEGIN in text and END in text:
@@ -420,7 +420,7 @@ def write_report(json_path: Path, out_dir: Path | None = None, md_path: Path | N
                 f"{v('cuda_runtime')}; commit {v('commit')}; memory bandwidth "
                 f"{v('bandwidth_gbs')} GB/s (the floor: weight bytes read once per token)."
                 f"\nllama.cpp figures: {d.get('llamacpp_source') or 'not measured'}. Data: "
-                f"[bench-{date}.json](bench-{date}.json).\n\n" + block + "\n")
+                f"[{json_path.name}]({json_path.name}).\n\n" + block + "\n")
     md_path.write_text(text, encoding="utf-8")
     written.append(md_path)
     return written

@@ -83,6 +83,20 @@ class BenchPlotTest(unittest.TestCase):
         again = md_path.read_text()
         self.assertIn("A note by hand.", again)
         self.assertEqual(again.count(benchplot.BEGIN), 1)
+        self.assertIn("from `bench-2026-11-26.json`", again)
+
+    # REQ: WRK-D25
+    def test_a_tagged_run_names_its_own_json_not_its_date(self):
+        # Two runs of one date: bench-<date>-<tag>.json keeps its own plots and page, and the
+        # page names that file (not bench-<date>.json, another run's data).
+        tagged = self.tmp / "bench-2026-11-26-h200.json"
+        tagged.write_text(json.dumps(self.data))
+        self.assertEqual(benchplot.main([str(tagged)]), 0)
+        md = (self.tmp / "bench-2026-11-26-h200.md").read_text()
+        self.assertIn("from `bench-2026-11-26-h200.json`", md)
+        self.assertIn("[bench-2026-11-26-h200.json](bench-2026-11-26-h200.json)", md)
+        self.assertNotIn("bench-2026-11-26.json", md)
+        self.assertIn("](bench-2026-11-26-h200/decode.svg)", md)
 
     # REQ: WRK-D25
     def test_decode_bars_hold_each_value_and_null_is_absent_not_zero(self):
