@@ -5,7 +5,10 @@ For each model (TYPE=PATH) and numerics: engine level through decode_bench --jso
 over 256 tokens at depth 512, prompt tok/s for 512 tokens, decode vs depth, prompt vs length,
 logits hash), then through HTTP against the real worker-orcd (load to ready, time to first
 token p50/p95 for 32- and 512-token prompts, inter-token latency p50/p99, decode tok/s), and
-llama.cpp's llama-bench on the same files when --llamacpp-bin is given. Writes
+llama.cpp's llama-bench on the same files when --llamacpp-bin is given: run twice, before and
+after this worker's figures (its figures move 5-20% between device calls, perf-notes v35), and
+each ratio is judged against the faster of the two runs; both are in the JSON
+(llamacpp_*_runs) and the report. Writes
 OUT/bench-<date>.json (schema 1, one row per (type, numerics)) and OUT/bench-<date>.md.
 """
 
@@ -411,20 +414,21 @@ def http_level(binary, backend, path, numerics, c, logdir, tag):
 # llama.cpp
 
 
-def llamacpp(bin_dir, models, logdir):
-    """llama-bench with run-peer.sh's settings (-p 512 -n 256 -d 0,512 -fa 1 -r 3), JSON out.
-    Returns {file name: {"decode": tok/s at depth 512, "prompt512": tok/s}}."""
+def llamacpp(bin_dir, models, logdir, tag="llama-bench"):
+    """llama-bench with run-peer.sh's settings (-p 512 -n 256 -d 0,512 -fa 1 -r 3), JSON out
+    (kept as logdir/TAG.json). Returns {file name: {"decode": tok/s at depth 512, "prompt512":
+    tok/s}} (llama-bench's mean over its repetitions)."""
     exe = Path(bin_dir) / "llama-bench"
     cmd = [str(exe)]
     for m in models:
         cmd += ["-m", m]
     cmd += ["-p", "512", "-n", "256", "-d", "0,512", "-fa", "1", "-r", "3", "-o", "json"]
-    log("llama-bench: " + " ".join(cmd))
+    log(f"{tag}: " + " ".join(cmd))
     r = subprocess.run(cmd, capture_output=True, text=True)
-    (logdir / "llama-bench.json").write_text(r.stdout)
-    (logdir / "llama-bench.stderr").write_text(r.stderr)
+    (logdir / f"{tag}.json").write_text(r.stdout)
+    (logdir / f"{tag}.stderr").write_text(r.stderr)
     if r.returncode != 0:
-        raise RuntimeError(f"llama-bench failed ({r.returncode}); see {logdir}/llama-bench.stderr")
+        raise RuntimeError(f"llama-bench failed ({r.returncode}); see {logdir}/{tag}.stderr")
     out = {}
     for t in json.loads(r.stdout):
         name = Path(t["model_filename"]).name
@@ -433,6 +437,24 @@ def llamacpp(bin_dir, models, logdir):
             e["decode"] = t["avg_ts"]
         if t.get("n_prompt") == 512 and t.get("n_gen") == 0 and t.get("n_depth", 0) == 0:
             e["prompt512"] = t["avg_ts"]
+    return out
+
+
+def best_of_runs(runs):
+    """llama.cpp's figures from several llama-bench runs of one call (before and after this
+    worker's): per file and figure the fastest run's (the one this worker's ratio is judged
+    against: the conservative choice) and every run's, in order (None where a run lacks it).
+    Returns {file name: {"decode": best, "prompt512": best, "decode_runs": [...],
+    "prompt512_runs": [...]}}."""
+    out = {}
+    for name in sorted({n for r in runs for n in r}):
+        e = {}
+        for k in ("decode", "prompt512"):
+            vals = [r.get(name, {}).get(k) for r in runs]
+            have = [v for v in vals if v is not None]
+            e[k] = max(have) if have else None
+            e[k + "_runs"] = vals
+        out[name] = e
     return out
 
 
@@ -557,6 +579,16 @@ def write_markdown(doc, path, smoke):
             f"| {fmt(r['http_itl_p50_ms'], 3)} / {fmt(r['http_itl_p99_ms'], 3)} "
             f"| {fmt(r['http_decode_tok_s'])} | {fmt(r['load_to_ready_ms'])} | `{r['logits_hash']}` |")
     L.append("")
+    runs = {}  # llama.cpp's runs of this call, a line per weight file (not per numerics)
+    for r in doc["rows"]:
+        if r.get("llamacpp_decode_runs") is not None:
+            runs.setdefault(r["type"], (r["llamacpp_decode_runs"], r["llamacpp_prompt512_runs"]))
+    if runs:
+        L.append("llama.cpp's runs in this call, in order (the table takes the faster of each "
+                 "figure): " + "; ".join(
+                     f"{t} decode {' / '.join(fmt(v) for v in d)}, prompt 512 "
+                     f"{' / '.join(fmt(v) for v in p)}" for t, (d, p) in runs.items()) + ".")
+        L.append("")
     if doc["rows"]:
         ctxs = [p["ctx"] for p in doc["rows"][0]["decode_vs_ctx"]]
         lens = [p["len"] for p in doc["rows"][0]["prompt_vs_len"]]
@@ -643,11 +675,11 @@ def main():
                 f"{c['decode']}-token decodes after a {c['depth']}-token prompt")
     dev = device_info(a.backend)
     bw = card_value(BANDWIDTH_GBS, dev["card"]) if a.backend == "cuda" else None
-    lc = {}
+    lc_runs = []
     lc_source = "not measured"
-    if a.llamacpp_bin:
-        lc = llamacpp(a.llamacpp_bin, [m.split("=", 1)[1] for m in a.model], logdir)
-        lc_source = "measured in this run (llama-bench -fa 1, decode at depth 512)"
+    lc_files = [m.split("=", 1)[1] for m in a.model]
+    if a.llamacpp_bin:  # once now and once after this worker's figures (below)
+        lc_runs.append(llamacpp(a.llamacpp_bin, lc_files, logdir, "llama-bench-1"))
 
     products = None
     if a.kernel_bench and a.backend == "cuda":
@@ -678,15 +710,13 @@ def main():
                                  f"not {h[key]['target']}")
             if any(k < c["decode"] for k in h["decode_tokens"]):
                 notes.append(f"HTTP decode stopped early (EOS) after {h['decode_tokens']} tokens")
-            lcr = lc.get(Path(path).name, {})
             row = {
                 "type": typ, "numerics": num, "model": Path(path).name,
                 "weight_bytes": e["weight_bytes"], "floor_tok_s": floor,
                 "decode_tok_s": e["decode_tok_s"],
                 "pct_of_floor": 100.0 * e["decode_tok_s"] / floor if floor else None,
                 "prompt512_tok_s": e["prompt_tok_s"],
-                "llamacpp_decode_tok_s": lcr.get("decode"),
-                "llamacpp_prompt512_tok_s": lcr.get("prompt512"),
+                "llamacpp_decode_tok_s": None, "llamacpp_prompt512_tok_s": None,  # below
                 "http_ttft32_p50_ms": percentile(t32, 50), "http_ttft32_p95_ms": percentile(t32, 95),
                 "http_ttft512_p50_ms": percentile(t512, 50),
                 "http_ttft512_p95_ms": percentile(t512, 95),
@@ -710,6 +740,19 @@ def main():
             log(f"{tag}: TTFT32 p50 {fmt(row['http_ttft32_p50_ms'], 2)} ms, ITL p50 "
                 f"{fmt(row['http_itl_p50_ms'], 3)} ms, HTTP decode {fmt(row['http_decode_tok_s'])} tok/s, "
                 f"load {fmt(row['load_to_ready_ms'])} ms; {time.perf_counter() - t_start:.0f} s so far")
+    if a.llamacpp_bin:
+        lc_runs.append(llamacpp(a.llamacpp_bin, lc_files, logdir, "llama-bench-2"))
+        lc_source = ("measured in this run, twice: before and after this worker's figures; each "
+                     "figure is the faster of the two runs (llama-bench -fa 1 -r 3, decode at "
+                     "depth 512)")
+    lc = best_of_runs(lc_runs)
+    for row in rows:
+        lcr = lc.get(row["model"], {})
+        row["llamacpp_decode_tok_s"] = lcr.get("decode")
+        row["llamacpp_prompt512_tok_s"] = lcr.get("prompt512")
+        if lc_runs:
+            row["llamacpp_decode_runs"] = lcr.get("decode_runs", [None] * len(lc_runs))
+            row["llamacpp_prompt512_runs"] = lcr.get("prompt512_runs", [None] * len(lc_runs))
     doc = {"schema": 1, "date": a.date, "commit": git_commit(root), "card": dev["card"],
            "driver": dev["driver"], "cuda_runtime": cuda_runtime, "bandwidth_gbs": bw,
            "llamacpp_source": lc_source, "settings": settings, "smoke": a.smoke, "rows": rows}

@@ -3,7 +3,8 @@
 # decode_bench with CUDA, and kernel_bench for the Q8_0 products' share of their float-chain
 # floor; without it that target is not measured): generates the 0.5B-shaped models (F16, Q8_0,
 # Q4_K_M), runs bench/bench.py on them (engine level + HTTP, exact and fast) and, with --llamacpp,
-# llama.cpp's llama-bench on the same files; writes OUT/bench-<date>.json and .md.
+# llama.cpp's llama-bench on the same files (twice: before and after this worker's figures, the
+# faster run counts); writes OUT/bench-<date>.json and .md.
 #
 #   bench/run.sh --out DIR [--llamacpp] [--bin DIR | --build-dir build] [--numerics exact,fast]
 #   bench/run.sh --build-llamacpp        only build llama-bench (~5 min on 16 cores)

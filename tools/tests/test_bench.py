@@ -224,6 +224,77 @@ class BenchSmokeTest(unittest.TestCase):
             self.assertIsNone(bench.kernel_products(str(fake), "NVIDIA H200", tmp))
 
 
+    # REQ: WRK-D30
+    def test_llamacpp_runs_twice_and_the_faster_run_counts(self):
+        """llamacpp() runs llama-bench with run-peer.sh's settings and reads decode at depth 512
+        and prompt 512 at depth 0 (not the other entries); best_of_runs() keeps every run's
+        figure and judges against the faster one, a figure missing in one run coming from the
+        other; write_markdown() lists the runs."""
+        bench = load_bench()
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            fake = tmp / "llama-bench"
+            # run n (a counter file) reports decode 700 + 60 (n - 1) and prompt 50,000 - 5,000
+            # (n - 1); the second run leaves b.gguf's prompt out. Decoys: decode at depth 0 and
+            # prompt at depth 512, which must not be read.
+            fake.write_text(
+                "#!/usr/bin/env python3\nimport json, sys, pathlib\n"
+                "want = ['-p', '512', '-n', '256', '-d', '0,512', '-fa', '1', '-r', '3', '-o', 'json']\n"
+                "if sys.argv[-len(want):] != want: sys.exit(3)\n"
+                f"c = pathlib.Path({str(tmp / 'n')!r})\n"
+                "n = int(c.read_text()) + 1 if c.exists() else 1\n"
+                "c.write_text(str(n))\n"
+                "ms = [sys.argv[i + 1] for i, a in enumerate(sys.argv) if a == '-m']\n"
+                "out = []\n"
+                "for m in ms:\n"
+                "    out.append({'model_filename': m, 'n_prompt': 0, 'n_gen': 256, 'n_depth': 512,"
+                " 'avg_ts': 700 + 60 * (n - 1)})\n"
+                "    out.append({'model_filename': m, 'n_prompt': 0, 'n_gen': 256, 'n_depth': 0,"
+                " 'avg_ts': 9999})\n"
+                "    out.append({'model_filename': m, 'n_prompt': 512, 'n_gen': 0, 'n_depth': 512,"
+                " 'avg_ts': 1})\n"
+                "    if not (n == 2 and m.endswith('b.gguf')):\n"
+                "        out.append({'model_filename': m, 'n_prompt': 512, 'n_gen': 0, 'n_depth': 0,"
+                " 'avg_ts': 50000 - 5000 * (n - 1)})\n"
+                "print(json.dumps(out))\n")
+            fake.chmod(0o755)
+            models = ["/m/a.gguf", "/m/b.gguf"]
+            runs = [bench.llamacpp(str(tmp), models, tmp, "llama-bench-1"),
+                    bench.llamacpp(str(tmp), models, tmp, "llama-bench-2")]
+            self.assertEqual(runs[0]["a.gguf"], {"decode": 700, "prompt512": 50000})
+            self.assertEqual(runs[1]["b.gguf"], {"decode": 760, "prompt512": None})
+            self.assertTrue((tmp / "llama-bench-2.json").exists())
+            best = bench.best_of_runs(runs)
+            self.assertEqual(best["a.gguf"], {"decode": 760, "prompt512": 50000,
+                                              "decode_runs": [700, 760],
+                                              "prompt512_runs": [50000, 45000]})
+            self.assertEqual(best["b.gguf"]["prompt512"], 50000)
+            self.assertEqual(best["b.gguf"]["prompt512_runs"], [50000, None])
+            self.assertEqual(bench.best_of_runs([]), {})
+            fake.write_text("#!/bin/sh\nexit 1\n")
+            with self.assertRaisesRegex(RuntimeError, "llama-bench failed"):
+                bench.llamacpp(str(tmp), models, tmp, "llama-bench-3")
+            # the report names both runs of a type once
+            row = {"type": "F16", "numerics": "exact", "decode_tok_s": 1500.0,
+                   "pct_of_floor": 30.0, "prompt512_tok_s": 31000.0,
+                   "llamacpp_decode_tok_s": 760, "llamacpp_prompt512_tok_s": 50000,
+                   "llamacpp_decode_runs": [700, 760], "llamacpp_prompt512_runs": [50000, 45000],
+                   "http_ttft32_p50_ms": 2.0, "http_ttft32_p95_ms": 2.2,
+                   "http_ttft512_p50_ms": 15.0, "http_ttft512_p95_ms": 16.0,
+                   "http_itl_p50_ms": 0.7, "http_itl_p99_ms": 0.8, "http_decode_tok_s": 1490.0,
+                   "load_to_ready_ms": 600.0, "logits_hash": "0123456789abcdef",
+                   "decode_vs_ctx": [], "prompt_vs_len": []}
+            doc = {"date": "2026-11-29", "commit": "x", "card": "c", "driver": "d",
+                   "cuda_runtime": "13.0", "bandwidth_gbs": 4800, "llamacpp_source": "s",
+                   "settings": "s", "rows": [row, dict(row, numerics="fast")]}
+            md = tmp / "r.md"
+            bench.write_markdown(doc, md, False)
+            text = md.read_text()
+            self.assertIn("F16 decode 700 / 760, prompt 512 50,000 / 45,000.", text)
+            self.assertEqual(text.count("F16 decode 700 / 760"), 1)
+            self.assertIn("| 1,500 | 30.0 | 760 | 1.97 |", text)
+
+
 def load_bench():
     import importlib.util
     spec = importlib.util.spec_from_file_location("bench", ROOT / "bench/bench.py")
