@@ -741,10 +741,16 @@ def main():
                 f"{fmt(row['http_itl_p50_ms'], 3)} ms, HTTP decode {fmt(row['http_decode_tok_s'])} tok/s, "
                 f"load {fmt(row['load_to_ready_ms'])} ms; {time.perf_counter() - t_start:.0f} s so far")
     if a.llamacpp_bin:
-        lc_runs.append(llamacpp(a.llamacpp_bin, lc_files, logdir, "llama-bench-2"))
-        lc_source = ("measured in this run, twice: before and after this worker's figures; each "
-                     "figure is the faster of the two runs (llama-bench -fa 1 -r 3, decode at "
-                     "depth 512)")
+        try:
+            lc_runs.append(llamacpp(a.llamacpp_bin, lc_files, logdir, "llama-bench-2"))
+            lc_source = ("measured in this run, twice: before and after this worker's figures; "
+                         "each figure is the faster of the two runs (llama-bench -fa 1 -r 3, "
+                         "decode at depth 512)")
+        except RuntimeError as err:  # keep this worker's figures and the first run's
+            log(f"llama-bench-2: {err}")
+            lc_source = ("measured in this run once, before this worker's figures (the second "
+                         f"run, after them, failed: {err}) (llama-bench -fa 1 -r 3, decode at "
+                         "depth 512)")
     lc = best_of_runs(lc_runs)
     for row in rows:
         lcr = lc.get(row["model"], {})

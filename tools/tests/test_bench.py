@@ -6,6 +6,7 @@ report files in the shared schema. The GPU figures come from the same script on 
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -293,6 +294,61 @@ class BenchSmokeTest(unittest.TestCase):
             self.assertIn("F16 decode 700 / 760, prompt 512 50,000 / 45,000.", text)
             self.assertEqual(text.count("F16 decode 700 / 760"), 1)
             self.assertIn("| 1,500 | 30.0 | 760 | 1.97 |", text)
+
+
+    # REQ: WRK-D30
+    def test_smoke_with_llama_bench_twice_keeps_the_faster_and_survives_a_failed_second_run(self):
+        """bench.py end to end on the CPU with a fake llama-bench on the same file: run 1 before
+        this worker's figures, run 2 after them; the row takes the faster figure of each and
+        lists both. When the second run fails, the report keeps this worker's figures and the
+        first run's, and says so."""
+        for b in (BUILD / "worker/server/worker-orcd", BUILD / "bench/decode_bench"):
+            self.assertTrue(b.exists(), f"{b} not built")
+        for fail_second in (False, True):
+            with tempfile.TemporaryDirectory(prefix="bench-llama-") as tmp:
+                tmp = Path(tmp)
+                fake = tmp / "bin" / "llama-bench"
+                fake.parent.mkdir()
+                # run 1: decode 500, prompt 9,000; run 2: decode 450, prompt 9,500 (or exit 1)
+                fake.write_text(
+                    "#!/usr/bin/env python3\nimport json, sys, pathlib\n"
+                    f"c = pathlib.Path({str(tmp / 'n')!r})\n"
+                    "n = int(c.read_text()) + 1 if c.exists() else 1\n"
+                    "c.write_text(str(n))\n"
+                    f"if n == 2 and {fail_second}: sys.exit(1)\n"
+                    "m = sys.argv[sys.argv.index('-m') + 1]\n"
+                    "print(json.dumps([\n"
+                    "  {'model_filename': m, 'n_prompt': 0, 'n_gen': 256, 'n_depth': 512,"
+                    " 'avg_ts': [500, 450][n - 1]},\n"
+                    "  {'model_filename': m, 'n_prompt': 512, 'n_gen': 0, 'n_depth': 0,"
+                    " 'avg_ts': [9000, 9500][n - 1]}]))\n")
+                fake.chmod(0o755)
+                r = subprocess.run(
+                    [sys.executable, str(ROOT / "bench/bench.py"), "--backend", "cpu", "--smoke",
+                     "--model", f"F32={SHARED / 'stories260K.gguf'}",
+                     "--worker", str(BUILD / "worker/server/worker-orcd"),
+                     "--decode-bench", str(BUILD / "bench/decode_bench"),
+                     "--out", str(tmp / "out"), "--llamacpp-bin", str(fake.parent)],
+                    capture_output=True, text=True, timeout=300,
+                    env=dict(os.environ, BENCH_COMMIT="smoke"))
+                self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+                self.assertEqual((tmp / "n").read_text(), "2")  # llama-bench ran twice
+                doc = json.loads(next((tmp / "out").glob("bench-*.json")).read_text())
+                row = doc["rows"][0]
+                md = next((tmp / "out").glob("bench-*.md")).read_text()
+                if fail_second:
+                    self.assertEqual((row["llamacpp_decode_tok_s"], row["llamacpp_prompt512_tok_s"]),
+                                     (500, 9000))
+                    self.assertEqual(row["llamacpp_decode_runs"], [500])
+                    self.assertIn("the second run, after them, failed", doc["llamacpp_source"])
+                    self.assertGreater(row["decode_tok_s"], 0)  # this worker's figures kept
+                else:
+                    self.assertEqual((row["llamacpp_decode_tok_s"], row["llamacpp_prompt512_tok_s"]),
+                                     (500, 9500))
+                    self.assertEqual(row["llamacpp_decode_runs"], [500, 450])
+                    self.assertEqual(row["llamacpp_prompt512_runs"], [9000, 9500])
+                    self.assertIn("twice", doc["llamacpp_source"])
+                    self.assertIn("F32 decode 500 / 450, prompt 512 9,000 / 9,500.", md)
 
 
 def load_bench():
