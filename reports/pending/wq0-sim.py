@@ -2,16 +2,21 @@
 # Host replay of reports/pending/wq0.patch's wq0 tile (Q8_0, one CTA) thread by thread, with wgmma
 # emulated per the fragment layouts and descriptor strides the tile assumes, against the
 # reference lane chains (dot_q0_lanes). Needs numpy (Debian python3-numpy: /usr/bin/python3).
-#   /usr/bin/python3 reports/pending/wq0-sim.py [SEED] [ROWS <= 32] [TOKENS <= 64]
+#   /usr/bin/python3 reports/pending/wq0-sim.py [SEED] [ROWS <= NR] [TOKENS <= 16 WG] [NR: 32 | 64]
+# (NR 32: 4 warpgroups, the default tile; 64: 2 warpgroups, WORKER_WQ0_N=64)
 import sys
 
 import numpy as np
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-kNR, kNT, kKB, kKS = 32, 64, 4, 128
+kNR = int(sys.argv[4]) if len(sys.argv) > 4 else 32
+WG = 4 if kNR == 32 else 2
+T = 128 * WG
+kNT, kKB, kKS = 16 * WG, 4, 128
+kRI = kNR // 8
 kXS = kKS + 16
 kSliceB = kNR * 16 * 2
 kLbo, kSbo = 128, 256
-kDwS = 12
+kDwS = kNR // 4 + 4
 kXBytes = kNT * kXS * 2
 kXGap = kXBytes + 64
 rows, cols, n_tok = int(sys.argv[2]) if len(sys.argv) > 2 else 30, 256, int(sys.argv[3]) if len(sys.argv) > 3 else 50
@@ -39,14 +44,15 @@ for r in range(rows):
         ref[t, r] = f32(f32(t0 + t2) + f32(t1 + t3))
 # --- simulated CTA (row0 = 0, tok0 = 0); smem as dicts of byte offset -> value
 out = np.full((kNT, kNR + 1), np.nan, dtype=f32)
-ch = np.zeros((512, 4, 2, 4), dtype=f32)
+ch = np.zeros((T, kRI, 2, 4), dtype=f32)
 def wval(n, k):  # weight value of row n, element k of the matrix (zero-filled past rows)
     return int(W[n, k]) if n < rows else 0
 for step in range(steps):
     # convert: weights -> Bsm (byte offset -> f16 value list of 8)
     Bsm = {}
-    for tid in range(512):
-        n = (tid & 7) | (((tid >> 4) & 3) << 3); kh = (tid >> 3) & 1; q = tid >> 6
+    G = kNR // 8
+    for u in range(kNR * 16):
+        n = (u & 7) | (((u >> 4) % G) << 3); kh = (u >> 3) & 1; q = (u >> 4) // G
         blk = q >> 1; hf = q & 1
         e0 = 32 * (step * kKB + blk) + 16 * hf + 8 * kh
         off = q * kSliceB + (n >> 3) * kSbo + kh * kLbo + (n & 7) * 16
@@ -62,7 +68,7 @@ for step in range(steps):
     base = 0  # stage (step & 1): x at 2*kXGap*cur bytes; simulate at stage 'cur'
     cur = step & 1
     xb = 2 * kXGap * cur // 2
-    for tid in range(512):
+    for tid in range(T):
         tok = tid >> 3; blk = (tid >> 1) & 3; hf = tid & 1
         v = []  # word 8hf + w: elements 16hf + 2w, +1 : pairs
         for w_ in range(8):
@@ -79,7 +85,7 @@ for step in range(steps):
         da[tid] = DA[tok, step*kKB+blk] if tok < n_tok else f32(0)
     # compute: per thread registers
     regs = {}
-    for tid in range(512):
+    for tid in range(T):
         lane = tid & 31; g = lane >> 2; t = lane & 3
         tok = 16 * (tid >> 7) + 4 * ((tid >> 5) & 3) + (g >> 1)
         xoff = 0 if (t >> 1) == (g & 1) else kXGap
@@ -93,7 +99,7 @@ for step in range(steps):
         regs[tid] = (tok, xw)
     for q in range(8):
         b = q >> 1; sl = q & 1
-        for wg in range(4):
+        for wg in range(WG):
             A = np.zeros((64, 16), dtype=np.int64)
             for tl in range(128):
                 tid = 128 * wg + tl
@@ -105,9 +111,9 @@ for step in range(steps):
                 A[16*w_+g+8, 2*t:2*t+2] = (0, 0)
                 A[16*w_+g, 2*t+8:2*t+10] = (0, 0)
                 A[16*w_+g+8, 2*t+8:2*t+10] = r3
-            Bm = np.zeros((16, 32), dtype=np.int64)
+            Bm = np.zeros((16, kNR), dtype=np.int64)
             for k in range(16):
-                for n in range(32):
+                for n in range(kNR):
                     off = q * kSliceB + (n >> 3) * kSbo + (k >> 3) * kLbo + (n & 7) * 16  # H1
                     Bm[k, n] = Bsm[off][k & 7]
             D = A @ Bm
@@ -115,34 +121,34 @@ for step in range(steps):
                 tid = 128 * wg + tl
                 w_ = tl >> 5; lane = tl & 31; g = lane >> 2; t = lane & 3
                 tok = regs[tid][0]
-                d = [f32(D[16*w_+g+8*((j>>1)&1), 8*(j>>2)+2*t+(j&1)]) for j in range(16)]
+                d = [f32(D[16*w_+g+8*((j>>1)&1), 8*(j>>2)+2*t+(j&1)]) for j in range(4 * kRI)]
                 dwp = b * 4 * kDwS + t * kDwS
-                dwv = [dw[dwp + j] for j in range(8)]
+                dwv = [dw[dwp + j] for j in range(2 * kRI)]
                 dab = da[tok * kKB + b]
-                for i in range(4):
+                for i in range(kRI):
                     for e in range(2):
                         sc = f32(dwv[2*i+e] * dab)
                         ch[tid, i, e, 2*sl] = fma(sc, d[4*i+e], ch[tid, i, e, 2*sl])
                         ch[tid, i, e, 2*sl+1] = fma(sc, d[4*i+2+e], ch[tid, i, e, 2*sl+1])
 # combine
-P = np.zeros((512, 4, 2), dtype=f32)
-for tid in range(512):
-    for i in range(4):
+P = np.zeros((T, kRI, 2), dtype=f32)
+for tid in range(T):
+    for i in range(kRI):
         for e in range(2):
             v = ch[tid, i, e]
             P[tid, i, e] = f32(f32(v[0] + v[2]) + f32(v[1] + v[3]))
-for tid in range(512):
+for tid in range(T):
     lane = tid & 31; g = lane >> 2; t = lane & 3
     tok = 16 * (tid >> 7) + 4 * ((tid >> 5) & 3) + (g >> 1)
     partner = (tid & ~31) | (lane ^ 4)
-    for i in range(4):
+    for i in range(kRI):
         for e in range(2):
             s = f32(P[tid, i, e] + P[partner, i, e])
             if (g & 1) == 0:
                 out[tok, 8*i + 2*t + e] = s
 y = np.full((n_tok, rows), np.nan, dtype=f32)
-for tid in range(512):
-    tt = tid // (kNR // 4); r = 4 * (tid % (kNR // 4))
+for u in range(kNT * kNR // 4):
+    tt = u // (kNR // 4); r = 4 * (u % (kNR // 4))
     if tt < n_tok:
         for j in range(4):
             if r + j < rows: y[tt, r + j] = out[tt, r + j]
