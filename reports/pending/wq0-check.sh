@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the GPU machine, two calls: reports/pending/wq0.patch (the Q0 tensor-core
 # tile on wgmma, written in session 33 without a device: compiled for sm_90a + compute_90, no
-# spills, 114-118 registers for <32, 4>, 184-194 for <64, 2>; NOT RUN) against the working tree:
+# spills, 112-117 registers for <32, 4>, 183-194 for <64, 2>; NOT RUN) against the working tree:
 #   1. ci/gpu-ab.sh --no-prev --patch wq0.patch on q8_0 / q4_k_m (decode_bench prompt 512 and
 #      decode; the logits hashes must equal new's), building exact_qgemm_tests and kernel_bench too
 #   2. the patched exact_qgemm_tests: WgmmaProbe (one wgmma against the host product; on failure
