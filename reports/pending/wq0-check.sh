@@ -7,7 +7,7 @@
 #   2. the patched exact_qgemm_tests: WgmmaProbe (one wgmma against the host product; on failure
 #      it says whether the descriptor's strides swapped would be right) and TensorCore* (the tile
 #      bitwise against the dp4a tile and the CPU reference on every shape), with the default tile
-#      <32, 4> and with WORKER_WQ0_N=64 (<64, 2>)
+#      <32, 4> and (the quick shape set) with WORKER_WQ0_N=64 (<64, 2>)
 #   3. kernel_bench --type Q8_0 --n-tok 512, new and patched, both tiles (a layer's products, us),
 #      and the patched decode_bench with WORKER_WQ0_N=64 (its prompt 512 beside gpu-ab's lines)
 #   4. compute-sanitizer memcheck and racecheck on the patched TensorCore* test (quick set), both
@@ -32,11 +32,12 @@ QN=$(bin /tmp/ab-new exact_qgemm_tests) QP=$(bin /tmp/ab-p1 exact_qgemm_tests)
 KN=$(bin /tmp/ab-new kernel_bench) KP=$(bin /tmp/ab-p1 kernel_bench)
 [ -n "$QP" ] || { say "FAILED: no patched exact_qgemm_tests (the build: /tmp/ab-p1.log)"; grep -E 'error' /tmp/ab-p1.log | head; exit 1; }
 if [ "$phase" = ab ]; then
-for n in 32 64; do
-  say "tests (patched, WORKER_WQ0_N=$n)"
-  WORKER_WQ0_N=$n timeout 240 "$QP" --gtest_filter='*WgmmaProbe*:*TensorCore*' 2>&1 |
-    grep -E '^\[  |Failure|differ|want|FAIL|mismatch' | head -30
-done
+say "tests (patched, <32, 4>)"
+timeout 200 "$QP" --gtest_filter='*WgmmaProbe*:*TensorCore*:ExactQgemmHost.Wq0*' 2>&1 |
+  grep -E '^\[  |Failure|differ|want|FAIL|mismatch' | head -30
+say "tests (patched, WORKER_WQ0_N=64: <64, 2>, the quick shape set)"
+WORKER_WQ0_N=64 WORKER_KERNEL_TEST_QUICK=1 timeout 120 "$QP" --gtest_filter='*TensorCore*' 2>&1 |
+  grep -E '^\[  |Failure|differ|want|FAIL|mismatch' | head -30
 say "kernel_bench Q8_0 512 (new, patched 32, patched 64, new, patched 32, patched 64)"
 for r in 1 2; do
   [ -n "$KN" ] && timeout 60 "$KN" --type Q8_0 --n-tok 512 2>&1 | tail -8
