@@ -732,15 +732,19 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
   const auto up_at = [&](const Shape& sh) {
     return static_cast<unsigned>(slot_bytes(f1 - f0, sh.rb[kMgate]));
   };
-  const auto issue_g = [&](int l) {
+  // part 0: G's expectation for both and gate's copy; part 1: up's copy (G's bar completes when
+  // both have landed); part 2: both at once.
+  const auto issue_g = [&](int l, int part) {
     if (tid != kIssuer) return;
     fence_async_smem();
     const StepLayer<KT>& L = p.layers[l];
     const Shape& sh = shapes[l];
     const Span gs = span_of(sh.rb[kMgate], f0, f1), us = span_of(sh.rb[kMup], f0, f1);
-    mbar_expect(&bar_g, gs.bytes + us.bytes);
-    bulk_copy(Gr, L.w[kMgate] + gs.lo, gs.bytes, &bar_g);
-    bulk_copy(Gr + up_at(sh), L.w[kMup] + us.lo, us.bytes, &bar_g);
+    if (part != 1) {
+      mbar_expect(&bar_g, gs.bytes + us.bytes);
+      bulk_copy(Gr, L.w[kMgate] + gs.lo, gs.bytes, &bar_g);
+    }
+    if (part != 0) bulk_copy(Gr + up_at(sh), L.w[kMup] + us.lo, us.bytes, &bar_g);
   };
   // LM head: stage s holds rows v0 + lm_rows s .. (lm_rows rows), in slot s % lm_stages
   const int lm_chunks = (v1 - v0 + p.lm_rows - 1) / p.lm_rows;
@@ -856,13 +860,15 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     }
     stamp(p.trace, l, 4);
     // Copies in flight lengthen every poll (perf-notes v34); each type's copies go where they
-    // cost least, measured: gate + up after the attention (Q8_0) or after Wo's poll (the others).
+    // cost least, measured: gate + up after the attention (Q8_0), after Wo's poll (Q4_K_M and the
+    // others), or split between the two (F16: gate's half, then up's; v37, +1.6% decode).
     constexpr bool kLateG = T != GgmlType::Q8_0;
-    if (!kLateG) issue_g(l);  // after the attention's latency-bound loads
+    constexpr bool kSplitG = T == GgmlType::F16;
+    if (!kLateG || kSplitG) issue_g(l, kSplitG ? 0 : 2);  // after the attention's loads
     // ---- Wo: x += Wo att ----
     stamp(p.trace, l, 5);
     stage_tagged(xs, p.at, p.QD, tag(l + 1));
-    if (kLateG) issue_g(l);
+    if (kLateG) issue_g(l, kSplitG ? 1 : 2);
     stamp(p.trace, l, 19);
     quantize(p.QD);
     rows_dot<T>(P + span_of(sh.rb[kMo], e0, e1).off, sh.t[kMo], sh.rb[kMo], e1 - e0, p.QD, in,
