@@ -75,7 +75,9 @@ def blocks_of(body: list[str]) -> list[Block]:
         if m:
             blocks.append(Block(m.group(1)))
             continue
-        if not s or s.startswith("//") or s.startswith(".") or s in ("{", "}"):
+        # inline-asm scopes: `{  cvt.f32.f16 %f1, %rs1;}` is one instruction
+        s = s.strip("{} \t")
+        if not s or s.startswith("//") or s.startswith("."):
             continue
         blocks[-1].ops.append(opcode(s))
         b = BRANCH.search(s)
