@@ -861,7 +861,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
     stamp(p.trace, l, 4);
     // Copies in flight lengthen every poll (perf-notes v34); each type's copies go where they
     // cost least, measured: gate + up after the attention (Q8_0), after Wo's poll (Q4_K_M and the
-    // others), or split between the two (F16: gate's half, then up's; v37, +1.6% decode).
+    // others), or split between the two (F16: gate's copy, then up's; v37, +1.2% decode).
     constexpr bool kLateG = T != GgmlType::Q8_0;
     constexpr bool kSplitG = T == GgmlType::F16;
     if (!kLateG || kSplitG) issue_g(l, kSplitG ? 0 : 2);  // after the attention's loads
