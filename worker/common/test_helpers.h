@@ -29,7 +29,6 @@ inline std::string llama_models_dir() {
   return env_or("WORKER_LLAMA_SRC", source_dir() + "/.deps/llama.cpp") + "/models";
 }
 
-// The bit pattern of a float: bitwise comparisons (-0 != +0, NaN payloads kept).
 // Whether this x86-64 host has the AVX-512 subsets whose ggml-cpu builds (node-llama-cpp's
 // zen4 / icelake / skylakex libraries) sum in the orders the CPU reference reproduces; without
 // them llama.cpp runs its 8-lane kernels and only loose bounds against it hold.
@@ -42,6 +41,7 @@ inline bool host_has_avx512() {
 #endif
 }
 
+// The bit pattern of a float: bitwise comparisons (-0 != +0, NaN payloads kept).
 inline uint32_t bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);

@@ -17,6 +17,7 @@
 #include "common/test_helpers.h"
 #include "engine/cpu/cpu_engine.h"
 #include "engine/sampler.h"
+#include "oracle_cpu.h"
 
 namespace worker {
 namespace {
@@ -211,6 +212,7 @@ class EngineParity : public ::testing::Test {
 
 // REQ: M0-W-1214 M0-W-1420 M0-W-1201 WRK-D1 WRK-D2
 TEST_F(EngineParity, LogSoftmaxEveryPositionAndGreedy64MatchLlamaCpp) {
+  ASSERT_EQ(test::oracle_cpu_variants_problem(), "");
   ASSERT_TRUE(missing_.empty()) << "missing generated fixture " << missing_.front()
                                 << " (run fixtures/generate_all.sh)";
   if (test::env_or("WORKER_PARITY_ONLY", "").empty()) {
