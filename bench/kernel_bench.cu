@@ -223,8 +223,10 @@ struct Buffers {
   Dev<float> g{static_cast<size_t>(kMaxTok) * kF}, u{static_cast<size_t>(kMaxTok) * kF};
   Dev<float> spare{static_cast<size_t>(kF)};
   Dev<float> norm_w{static_cast<size_t>(kE)};
-  Dev<uint8_t> act_mem{ex::act_buffer_bytes(kMaxTok, kF)};
-  ex::ActBuf act = ex::act_buffer_at(act_mem.get(), kMaxTok, kF);
+  // with the tensor-core tile's scratch for the largest launch (gate + up), as the engine sizes it
+  size_t mma_bytes = ex::qgemm_scratch_bytes(kMaxTok, kF, 2 * ex::qgemm_weight_elems(kF, kE));
+  Dev<uint8_t> act_mem{ex::act_buffer_bytes(kMaxTok, kF, mma_bytes)};
+  ex::ActBuf act = ex::act_buffer_at(act_mem.get(), kMaxTok, kF, mma_bytes);
   Buffers() {
     const auto xs = uniform(static_cast<size_t>(kMaxTok) * kF, 1, -1.0f, 1.0f);
     CUDA_OK(cudaMemcpy(x.get(), xs.data(), xs.size() * 4, cudaMemcpyHostToDevice));

@@ -299,15 +299,15 @@ void with_act(ActType t, F&& f) {
 
 }  // namespace
 
-size_t act_buffer_bytes(int max_tok, int max_cols) {
+size_t act_buffer_bytes(int max_tok, int max_cols, size_t mma_bytes) {
   const size_t n = static_cast<size_t>(max_tok) * static_cast<size_t>(max_cols);
   const size_t nt = static_cast<size_t>(max_tok);
   const size_t mc = static_cast<size_t>(max_cols);
   return align256(n * sizeof(float)) + align256(n) + align256(nt * (mc / 32) * sizeof(float)) +
-         align256(nt * (mc / 16) * sizeof(int32_t));
+         align256(nt * (mc / 16) * sizeof(int32_t)) + align256(mma_bytes);
 }
 
-ActBuf act_buffer_at(void* base, int max_tok, int max_cols) {
+ActBuf act_buffer_at(void* base, int max_tok, int max_cols, size_t mma_bytes) {
   const size_t n = static_cast<size_t>(max_tok) * static_cast<size_t>(max_cols);
   const size_t nt = static_cast<size_t>(max_tok);
   const size_t mc = static_cast<size_t>(max_cols);
@@ -320,6 +320,11 @@ ActBuf act_buffer_at(void* base, int max_tok, int max_cols) {
   a.d = reinterpret_cast<float*>(p);
   p += align256(nt * (mc / 32) * sizeof(float));
   a.bsum = reinterpret_cast<int32_t*>(p);
+  p += align256(nt * (mc / 16) * sizeof(int32_t));
+  if (mma_bytes > 0) {
+    a.mma = p;
+    a.mma_bytes = mma_bytes;
+  }
   return a;
 }
 

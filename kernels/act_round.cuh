@@ -24,6 +24,10 @@ struct ActBuf {
   int8_t* q = nullptr;  // [n_tok][cols] Q8_0 or Q8_K quants (quantized weights)
   float* d = nullptr;   // [n_tok][cols / 32] Q8_0 scales (fp16-rounded) or [n_tok][cols/256] Q8_K
   int32_t* bsum = nullptr;  // [n_tok][cols / 16] Q8_K sums of 16 quants
+  // Scratch of qgemm's tensor-core Q0 tile (matmul.cuh: qgemm_scratch_bytes): a launch's
+  // weights and activations converted to its f16 layout; nullptr / 0: the tile does not run.
+  uint8_t* mma = nullptr;
+  size_t mma_bytes = 0;
   void holds(ActType t, const float* x) {
     type = t;
     src = x;
@@ -32,10 +36,12 @@ struct ActBuf {
     return src == x && type == act_type_of(weight_type);
   }
 };
-// Bytes of one region holding an ActBuf for up to max_tok rows of up to max_cols values.
-size_t act_buffer_bytes(int max_tok, int max_cols);
-// Carves an ActBuf out of `base` (act_buffer_bytes(max_tok, max_cols) bytes, 256-aligned).
-ActBuf act_buffer_at(void* base, int max_tok, int max_cols);
+// Bytes of one region holding an ActBuf for up to max_tok rows of up to max_cols values,
+// with mma_bytes of tensor-core scratch (ActBuf::mma) after them.
+size_t act_buffer_bytes(int max_tok, int max_cols, size_t mma_bytes = 0);
+// Carves an ActBuf out of `base` (act_buffer_bytes(max_tok, max_cols, mma_bytes) bytes,
+// 256-aligned).
+ActBuf act_buffer_at(void* base, int max_tok, int max_cols, size_t mma_bytes = 0);
 
 // a = x [n_tok][cols] rounded for `weight_type` (cpu::quantize_activation, row by row).
 // Writes a's buffers only: callers that track what `a` holds call a.holds() (linear.cuh).

@@ -38,6 +38,11 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(src_bytes)
                : "memory");
 }
+// cp_async16 to a shared-state-space address (__cvta_generic_to_shared of the target), all 16
+// bytes copied.
+__device__ __forceinline__ void cp_async16_sa(uint32_t smem, const void* gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem), "l"(gmem) : "memory");
+}
 // 8 bytes global -> shared (cp.async.ca: sizes below 16 go through L1), zero-filled when
 // src_bytes is 0.
 __device__ __forceinline__ void cp_async8(void* smem, const void* gmem, int src_bytes = 8) {

@@ -45,6 +45,14 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
 // qgemm_takes() says when it applies (quantized type, n_tok large enough to pay off for a
 // launch of `rows` weight rows); linear() then calls qgemm instead of matmul.
 bool qgemm_takes(uint32_t weight_type, int n_tok, int64_t rows);
+// The tensor-core tile of Q8_0 / Q5_0 / Q4_0 weights (qgemm's default from this many tokens)
+// reads its operands converted to f16 by a pass before it, into ActBuf::mma. Its bytes for
+// batches of up to max_tok tokens of up to max_cols values whose launches hold up to
+// max_weight_elems weight elements (the sum of qgemm_weight_elems over a launch's weights:
+// Q / K / V, gate and up together). Without that scratch the dp4a tile runs instead.
+constexpr int kQgemmMmaMinTokens = 512;
+int64_t qgemm_weight_elems(int64_t rows, int64_t cols);
+size_t qgemm_scratch_bytes(int max_tok, int max_cols, int64_t max_weight_elems);
 void qgemm(const WeightView& w, const ActBuf& a, int n_tok, const BatchOrder& order, float* y,
            bool accumulate, cudaStream_t stream);
 // ys[i] = ws[i] x a for n (<= 3) quantized weights of one type, width and order in one qgemm

@@ -26,9 +26,10 @@
 // chains; Q0Lanes: the thread's two chains added, then xor 2, 1): lane 0 gets (t0 + t2) +
 // (t1 + t3) with t_i = v_i + v_(i+4), hsum_float_8's tree, since a + b == b + a bit for bit.
 //
-// Big batches (kMmaMinTokens tokens and grids that fill their waves) take a tensor-core tile
+// Big batches (kQgemmMmaMinTokens tokens and grids that fill their waves) take a tensor-core tile
 // instead: Q0Lanes weights mma0 (the lane integers from mma.m16n8k8 with a block-diagonal
-// activation operand, the same chains, each output's 8 in one thread), Q4KRep kmma (the pair
+// activation operand, the same chains, each output's 8 in one thread; its operands converted
+// to f16 by a pass before it, into ActBuf::mma), Q4KRep kmma (the pair
 // integers as f32 mma chains), Q6_K q6mma (the lane integers from split-scale mma chains with
 // biased accumulators). Each keeps the reference's float steps and their order.
 //
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR, RING>())
   }
 }
 
-// ---- Q0Lanes on the tensor cores (big prompt batches: mma_fills, kMmaMinTokens) ----
+// ---- Q0Lanes on the tensor cores (big prompt batches: mma_fills, kQgemmMmaMinTokens) ----
 //
 // The reference's lane integer (4 int8 products, elements 4L..4L+3 of a block) is exact in any
 // order, so an mma may form it when each of its outputs sums exactly one lane. mma.m16n8k8
@@ -248,21 +249,18 @@ __global__ void __launch_bounds__(kThreads, min_blocks<FL, TT, BR, RING>())
 // lane % 4) gets, per 16-row group, token quad and slice, rows g and g + 8 of token t of the
 // quad, lanes 2s and 2s + 1: over a block's four slices all 8 lane chains of its two (row,
 // token) outputs, which it steps with acc = fma(d_w * d_a, lane, acc) block after block (one
-// scale product per output and block) and combines with hsum_float_8 in the thread. Weights
-// and activations are converted to f16 once per CTA (0x6400 | byte gives 1024 + byte; minus
-// 1024 + the type's offset: exact); a block's activation words are stored with the four
-// slices of a thread's B word adjacent (one 16-byte load a token quad and block). The threads
-// whose B words are the zeros of the block-diagonal operand load them from a zero region laid
-// out like the activations (no mask instruction), 16 banks away from the real words.
+// scale product per output and block) and combines with hsum_float_8 in the thread. The
+// threads whose B words are the zeros of the block-diagonal operand load them from a zero
+// region laid out like the activations (no mask instruction), 16 banks away from the real words.
 //
-// CTA: 256 threads, kMR weight rows x kMT tokens (warps 2 x 4, each 32 rows x 8 tokens); steps
-// of 128 elements (four blocks). The raw bytes of a step (weights, activation quants and scales)
-// come kRawRing - 1 steps ahead through a ring of shared-memory stages (8- and 16-byte cp.async;
-// rows 8-byte aligned: the row length a multiple of 128); each step the CTA converts the next
-// step's raw bytes into one of two f16 stages while its mma run on the other. One barrier a
-// step. (The previous form, mma.m16n8k16 with a column per (token of a pair, lane of a half
-// block), left each output's 8 chains split over two threads: a shuffle to combine them, the
-// scale products twice, two masks and a load per token pair and half block.)
+// The operands come converted: prep_kernel, launched before the tile, writes the launch's
+// weights and activation quants as f16 (quant minus the type's offset: exact) with their scales
+// into ActBuf::mma in the tile's own layout (PrepLayout), once per launch instead of once per
+// CTA (a weight row is read by every token tile: 16 CTAs at 512 tokens). The tile then only
+// copies: 64 weight rows x 32 tokens a CTA (warps 2 x 4, each 32 rows x 8 tokens), steps of 128
+// elements (four blocks) through a ring of kRing f16 stages filled by 16-byte cp.async kRing - 1
+// steps ahead, one barrier a step. (Before, each CTA converted the raw bytes itself: 191 of the
+// ~836 PTX instructions of a thread's step, tools/ptxcount.py; perf-notes v38.)
 namespace mma0 {
 constexpr int kWQ = 2;         // token quads a warp
 constexpr int kMR = 64;        // weight rows a CTA
@@ -272,7 +270,7 @@ constexpr int kKS = 32 * kKB;  // elements a step
 // halves a weight row of an f16 stage (272 bytes: ldmatrix's 8 rows hit 8 distinct bank quads)
 constexpr int kWS = kKS + 8;
 constexpr int kXS = kKS + 16;  // halves a token row (a warp's B loads: distinct banks)
-constexpr int kRawRing = 3;
+constexpr int kRing = 3;       // f16 stages in flight
 
 // The thread index passed through an empty volatile asm, so that the compiler cannot prove it
 // unchanged: the per-step copy and conversion addresses are recomputed from it each step
@@ -287,67 +285,71 @@ struct F16Stage {
   alignas(16) uint16_t w[kMR * kWS];  // f16 weights, element order
   // f16 activation quants; in each block's 16 words, word 4s + t (elements 8s + 2t, + 1) at 4t + s
   alignas(16) uint16_t x[kMT * kXS];
-  // d_w, [block][row / 32][row % 8][(row / 8) % 4]: a thread's four rows g, g + 8, g + 16, g + 24
-  // of its warp's 32 are one 16-byte load
+  // d_w, [block][dw_slot(row)]: a thread's four rows g, g + 8, g + 16, g + 24 of its warp's 32
+  // are one 16-byte load
   alignas(16) float dw[kMR * kKB];
-  // d_a, [block][token / 8][token % 4][(token / 4) % 2]: a thread's tokens t, t + 4 of its warp's
-  // 8 are one 8-byte load
+  // d_a, [block][da_slot(token)]: a thread's tokens t, t + 4 of its warp's 8 are one 8-byte load
   alignas(16) float da[kMT * kKB];
 };
-template <GgmlType T>
-__host__ __device__ constexpr int raw_row() {  // bytes of a weight row's step
-  return kKB * TypeTraits<T>::kBlockBytes;
+__host__ __device__ constexpr int dw_slot(int row) {
+  return (row >> 5) * 32 + (row & 7) * 4 + ((row >> 3) & 3);
 }
-template <GgmlType T>
-struct RawStage {
-  alignas(16) uint8_t w[kMR * raw_row<T>() + 16];  // + what sw_words may read past the end
-  alignas(16) int8_t x[kMT * kKS];
-  alignas(16) float d[kMT * kKB];
-};
-template <GgmlType T>
+__host__ __device__ constexpr int da_slot(int tok) {
+  return (tok >> 3) * 8 + (tok & 3) * 2 + ((tok >> 2) & 1);
+}
 struct Smem {
-  RawStage<T> raw[kRawRing];
   union {
-    F16Stage st[2];
+    F16Stage st[kRing];
     float out[kMT * (kMR + 1)];  // the result tile [token][row], after the last step
   };
   // Zeros laid out as an f16 stage's activations (+ 128 bytes to place them): the B words of
   // the threads whose column takes none of their k (compute_block) come from here.
   alignas(128) uint8_t zx[kMT * kXS * 2 + 128];
 };
-static_assert(sizeof(F16Stage) % 128 == 0, "both stages' activations at one offset mod 128");
+static_assert(sizeof(F16Stage) % 128 == 0, "every stage's activations at one offset mod 128");
 
 // The zeros' base: 64 bytes (16 banks) away from the stages' activations mod 128, so that a
 // quarter warp's zero words and real words (same offsets) fall in different banks.
-template <GgmlType T>
-__device__ __forceinline__ const uint32_t* zero_words(const Smem<T>& sm) {
+__device__ __forceinline__ const uint32_t* zero_words(const Smem& sm) {
   const auto xa = static_cast<uint32_t>(__cvta_generic_to_shared(sm.st[0].x));
   const auto za = static_cast<uint32_t>(__cvta_generic_to_shared(sm.zx));
   return reinterpret_cast<const uint32_t*>(sm.zx + ((xa + 64u - za) & 127u));
 }
 
-// The raw bytes of step `step` into `r` (pieces outside the matrix / batch zero-filled).
-template <GgmlType T>
-__device__ __forceinline__ void issue_w(int tid, int step, const uint8_t* __restrict__ w, int rows,
-                                        size_t row_bytes, int row0, RawStage<T>& r) {
-  constexpr int kPR = raw_row<T>() / 8;  // 8-byte pieces a row
-  // thread tid: row tid / 4, pieces tid % 4 + 4 j (the row's address computed once; a loop over
-  // n = tid + kThreads i with n / kPR and n % kPR per piece measured 3-7% slower end to end)
-  static_assert(kMR * 4 == kThreads, "four threads a row");
-  const int rr = tid >> 2;
-  const bool in = row0 + rr < rows;
-  const uint8_t* src = w + static_cast<size_t>(in ? row0 + rr : 0) * row_bytes +
-                       static_cast<size_t>(step) * raw_row<T>();
-  uint8_t* dst = r.w + rr * raw_row<T>();
-  const int q0 = tid & 3;  // pieces q0 + 4 j: constant offsets from one source and one target
-#pragma unroll
-  for (int j = 0; j < kPR / 4; ++j)
-    cp_async8(dst + 8 * q0 + 32 * j, src + 8 * q0 + 32 * j, in ? 8 : 0);
-  if (q0 < kPR % 4)
-    cp_async8(dst + 8 * q0 + 8 * (kPR - kPR % 4), src + 8 * q0 + 8 * (kPR - kPR % 4), in ? 8 : 0);
+// A launch's operands as the tile reads them (byte offsets into ActBuf::mma, 256-aligned; CTA
+// column bx = row tile bx of the launch's weights, the segments' tiles in order):
+//   w:  [bx][kMR][cols] f16 weight quants minus the type's offset; rows past a weight's end 0;
+//   dw: [bx][block][dw_slot(row % kMR)] the weight scales (fp16 d as float);
+//   x:  [token][cols] f16 activation quants, each block's word 4s + t at 4t + s; tokens up to a
+//       multiple of kMT (0 past n_tok);
+//   da: [token / kMT][block][da_slot(token % kMT)] the activation scales.
+struct PrepLayout {
+  size_t w, dw, x, da, bytes;
+};
+constexpr size_t al256(size_t n) {
+  return (n + 255) / 256 * 256;
 }
+constexpr PrepLayout prep_layout(int64_t tiles, int cols, int n_tok) {
+  const auto t = static_cast<size_t>(tiles), c = static_cast<size_t>(cols), nb = c / 32,
+             tp = static_cast<size_t>((n_tok + kMT - 1) / kMT * kMT);
+  PrepLayout l{};
+  l.w = 0;
+  l.dw = l.w + al256(t * kMR * c * 2);
+  l.x = l.dw + al256(t * nb * kMR * 4);
+  l.da = l.x + al256(tp * c * 2);
+  l.bytes = l.da + al256(tp * nb * 4);
+  return l;
+}
+// The tile's kernel arguments: the regions of a PrepLayout.
+struct Prep {
+  const uint16_t* w;
+  const float* dw;
+  const uint16_t* x;
+  const float* da;
+};
+
 // The activation quants of step `step` (kKS of each of the tile's kMT tokens) into x: one
-// 16-byte piece a thread, tokens past n_tok zero-filled.
+// 16-byte piece a thread, tokens past n_tok zero-filled (kmma's and q6mma's raw stages).
 __device__ __forceinline__ void issue_quants(int tid, int step, const int8_t* __restrict__ aq,
                                              int cols, int tok0, int n_tok, int8_t* x) {
   static_assert(kMT * kKS / 16 == kThreads, "one 16-byte piece a thread");
@@ -356,17 +358,6 @@ __device__ __forceinline__ void issue_quants(int tid, int step, const int8_t* __
   cp_async16(x + 16 * tid,
              aq + static_cast<size_t>(in ? tok0 + t : 0) * cols + kKS * step + 16 * (tid & 7),
              in ? 16 : 0);
-}
-template <GgmlType T>
-__device__ __forceinline__ void issue_a(int tid, int step, const int8_t* __restrict__ aq,
-                                        const float* __restrict__ ad, int cols, int nb, int tok0,
-                                        int n_tok, RawStage<T>& r) {
-  issue_quants(tid, step, aq, cols, tok0, n_tok, r.x);
-  if (tid < kMT) {
-    const bool tin = tok0 + tid < n_tok;
-    cp_async16(r.d + kKB * tid, ad + static_cast<size_t>(tin ? tok0 + tid : 0) * nb + kKB * step,
-               tin ? 16 : 0);
-  }
 }
 
 // Unsigned bytes u (value = u - off) as two f16x2 words, exactly: (0x6400 | u) - (1024 + off).
@@ -399,71 +390,6 @@ __device__ __forceinline__ void quants_to_f16(const int8_t* src, uint32_t (&v)[W
 __device__ __forceinline__ uint32_t f16x2_ints(int a, int b) {
   return static_cast<uint32_t>(__half_as_ushort(__int2half_rn(a))) |
          (static_cast<uint32_t>(__half_as_ushort(__int2half_rn(b))) << 16);
-}
-
-// A raw stage into an f16 stage. Every thread the same work (the step's barrier waits for the
-// slowest warp): weight units (row, block, half) tid and tid + kThreads, the scale d_w of
-// (row tid / 4, block tid % 4), half a block of one token's activation quants (16), and the
-// d_a of the first kMT * kKB threads.
-template <GgmlType T>
-__device__ __forceinline__ void convert(int tid, const RawStage<T>& r, F16Stage& s) {
-  constexpr int BB = TypeTraits<T>::kBlockBytes;
-  constexpr uint32_t off = T == GgmlType::Q8_0 ? 128 : (T == GgmlType::Q4_0 ? 8 : 16);
-  constexpr uint32_t bias2 = (0x6400u | off) * 0x10001u;
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int u = tid + k * kThreads;
-    const int rr = u >> 3, blk = (u >> 1) & 3, hf = u & 1;
-    uint32_t q[4], qh = 0;
-    if constexpr (T == GgmlType::Q8_0) {
-      qg::sw_words<4>(r.w, rr * raw_row<T>() + blk * BB + 2 + 16 * hf, q);
-    } else if constexpr (T == GgmlType::Q4_0) {
-      qg::sw_words<4>(r.w, rr * raw_row<T>() + blk * BB + 2, q);
-    } else {
-      uint32_t h5[5];
-      qg::sw_words<5>(r.w, rr * raw_row<T>() + blk * BB + 2, h5);
-      qh = h5[0];
-      for (int i = 0; i < 4; ++i) q[i] = h5[1 + i];
-    }
-    uint32_t v[8];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      uint32_t x;
-      if constexpr (T == GgmlType::Q8_0) {
-        x = q[i] ^ 0x80808080u;
-      } else {
-        x = (hf != 0 ? q[i] >> 4 : q[i]) & 0x0F0F0F0Fu;  // elements 16 hf + 4i ..
-        if constexpr (T == GgmlType::Q5_0) {
-          x |= qg::q5_high_bits((qh >> (16 * hf + 4 * i)) & 0xFu);
-        }
-      }
-      bytes_to_f16(x, bias2, v[2 * i], v[2 * i + 1]);
-    }
-    uint4* dst = reinterpret_cast<uint4*>(s.w + rr * kWS + 32 * blk + 16 * hf);
-    dst[0] = make_uint4(v[0], v[1], v[2], v[3]);
-    dst[1] = make_uint4(v[4], v[5], v[6], v[7]);
-  }
-  {  // d_w of (row tid / 4, block tid % 4)
-    static_assert(kMR * kKB == kThreads, "one scale a thread");
-    const int row = tid >> 2, blk = tid & 3;
-    const uint32_t d = qg::sw16(r.w, row * raw_row<T>() + blk * BB);
-    s.dw[blk * kMR + (row >> 5) * 32 + (row & 7) * 4 + ((row >> 3) & 3)] =
-        __half2float(__ushort_as_half(static_cast<unsigned short>(d)));
-  }
-  {  // activations: half a block (16 quants, words 8 hf .. 8 hf + 7) of a token a thread
-    static_assert(kMT * kKB * 2 == kThreads, "half a block a thread");
-    const int tok = tid >> 3, blk = (tid >> 1) & 3, hf = tid & 1;
-    uint32_t v[8];                        // word 8 hf + w: elements 16 hf + 2w, + 1
-    quants_to_f16<8>(r.x + 16 * tid, v);  // == tok * kKS + 32 blk + 16 hf
-    // block word 4 sl + t (sl = 2 hf + w / 4, t = w % 4) goes to 4 t + sl: words 4t + 2hf, + 1
-    uint2* dst = reinterpret_cast<uint2*>(s.x + tok * kXS + 32 * blk + 4 * hf);
-#pragma unroll
-    for (int t = 0; t < 4; ++t) dst[2 * t] = make_uint2(v[t], v[t + 4]);
-  }
-  if (tid < kMT * kKB) {  // r.d is [token][block]
-    const int tok = tid >> 2, blk = tid & 3;
-    s.da[blk * kMT + (tok >> 3) * 8 + (tok & 3) * 2 + ((tok >> 2) & 1)] = r.d[tid];
-  }
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&a)[4]) {
@@ -617,64 +543,195 @@ __device__ __forceinline__ void frag_epilogue(float* out, int tid, const float (
   store_out<MULTI>(out, tid2, sg, bx, tok0, n_tok, ts, accumulate);
 }
 
+// prep_kernel: the weight unit (tile bx, row r, block) of thread u < blk_end[2] * kMR * nb
+// converts one weight block, the activation units after them one token's block.
+template <GgmlType T>
+__device__ __forceinline__ void weight_block_f16(const uint8_t* blk, uint32_t (&v)[16], float& d) {
+  static_assert(TypeTraits<T>::kBlockBytes % 2 == 0, "blocks of whole 16-bit words");
+  const auto* h = reinterpret_cast<const uint16_t*>(blk);  // rows are 8-byte aligned (ring_rows)
+  d = __half2float(__ushort_as_half(h[0]));
+  const auto word = [h](int i) {  // 16-bit words i, i + 1 as one little-endian word
+    return static_cast<uint32_t>(h[i]) | (static_cast<uint32_t>(h[i + 1]) << 16);
+  };
+  constexpr uint32_t off = T == GgmlType::Q8_0 ? 128 : (T == GgmlType::Q4_0 ? 8 : 16);
+  constexpr uint32_t bias2 = (0x6400u | off) * 0x10001u;
+  if constexpr (T == GgmlType::Q8_0) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)  // elements 4i .. 4i + 3
+      bytes_to_f16(word(1 + 2 * i) ^ 0x80808080u, bias2, v[2 * i], v[2 * i + 1]);
+  } else {
+    const int q0 = T == GgmlType::Q4_0 ? 1 : 3;  // Q5_0: d, qh (2 words), qs
+    const uint32_t qh = T == GgmlType::Q5_0 ? word(1) : 0u;
+#pragma unroll
+    for (int hf = 0; hf < 2; ++hf)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {  // elements 16 hf + 4i .. + 3: nibble hf of qs[4i .. 4i + 3]
+        uint32_t x = (hf != 0 ? word(q0 + 2 * i) >> 4 : word(q0 + 2 * i)) & 0x0F0F0F0Fu;
+        if constexpr (T == GgmlType::Q5_0) x |= qg::q5_high_bits((qh >> (16 * hf + 4 * i)) & 0xFu);
+        bytes_to_f16(x, bias2, v[8 * hf + 2 * i], v[8 * hf + 2 * i + 1]);
+      }
+  }
+}
+
 template <GgmlType T, bool MULTI>
+__global__ void __launch_bounds__(kThreads)
+    prep_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
+                const float* __restrict__ ad, int n_tok, uint8_t* __restrict__ scratch,
+                const PrepLayout pl) {
+  constexpr int BB = TypeTraits<T>::kBlockBytes;
+  const int nb = cols / 32;
+  const int64_t u = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t wunits = static_cast<int64_t>(sg.blk_end[2]) * kMR * nb;
+  uint32_t v[16];
+  float d = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = 0u;
+  if (u < wunits) {
+    const int blk = static_cast<int>(u % nb);
+    const int64_t tr = u / nb;  // row of the launch's tiles
+    const int bx = static_cast<int>(tr / kMR), r = static_cast<int>(tr % kMR);
+    const int seg =
+        seg_of<MULTI>(sg, bx);  // (selects: indexing the parameter arrays would copy them)
+    const int row = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR + r;
+    if (row < (seg == 0
+                   ? sg.rows[0]
+                   : (seg == 1 ? sg.rows[1] : sg.rows[2]))) {  // weights: no kernel writes them
+      const uint8_t* w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
+      weight_block_f16<T>(
+          w + static_cast<size_t>(row) * sg.row_bytes + static_cast<size_t>(blk) * BB, v, d);
+    }
+    griddep_wait();  // the previous launch's tile may still read the scratch
+    auto* dst = reinterpret_cast<uint4*>(scratch + pl.w) + (tr * cols + 32 * blk) / 8;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      dst[i] = make_uint4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    reinterpret_cast<float*>(scratch +
+                             pl.dw)[(static_cast<int64_t>(bx) * nb + blk) * kMR + dw_slot(r)] = d;
+    return;
+  }
+  const int64_t au = u - wunits;
+  const int tp = (n_tok + kMT - 1) / kMT * kMT;
+  if (au >= static_cast<int64_t>(tp) * nb) return;
+  const int blk = static_cast<int>(au % nb), tok = static_cast<int>(au / nb);
+  griddep_wait();  // the activation quants come from earlier kernels
+  if (tok < n_tok) {
+    // block word j (elements 2j, 2j + 1) = word j % 8 of half j / 8; word 4s + t goes to 4t + s
+    uint32_t q[2][8];
+    const int8_t* src = aq + static_cast<size_t>(tok) * cols + 32 * blk;
+    quants_to_f16<8>(src, q[0]);
+    quants_to_f16<8>(src + 16, q[1]);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) v[4 * (j & 3) + (j >> 2)] = q[j >> 3][j & 7];
+    d = ad[static_cast<size_t>(tok) * nb + blk];
+  }
+  auto* dst =
+      reinterpret_cast<uint4*>(scratch + pl.x) + (static_cast<int64_t>(tok) * cols + 32 * blk) / 8;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    dst[i] = make_uint4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+  reinterpret_cast<float*>(
+      scratch + pl.da)[(static_cast<int64_t>(tok / kMT) * nb + blk) * kMT + da_slot(tok % kMT)] = d;
+}
+
+// A thread's copies: the f16 operands of a step into an f16 stage (16-byte cp.async). Weight
+// row tid / 4, pieces tid % 4 + 4j of its 256 bytes; token tid / 8, pieces tid % 8 and + 8; one
+// 16-byte piece of the step's scales for the first kDw + kDa threads. The sources advance by a
+// step's elements; the targets are shared-memory offsets within a stage.
+struct Copier {
+  static constexpr int kDw = kMR * kKB / 4, kDa = kMT * kKB / 4;  // 16-byte pieces of the scales
+  const uint16_t* w;
+  const uint16_t* x;
+  const float* sc;  // nullptr: no scale piece
+  int sc_step;      // floats a step of sc
+  uint32_t wd, xd, scd;
+
+  __device__ __forceinline__ Copier(int tid, const Prep& p, int cols) {
+    static_assert(kMR * 4 == kThreads && kMT * 8 == kThreads, "the copies' thread maps");
+    const int rr = tid >> 2, q0 = tid & 3, tt = tid >> 3, p0 = tid & 7;
+    w = p.w + static_cast<size_t>(rr) * cols + 8 * q0;
+    x = p.x + static_cast<size_t>(tt) * cols + 8 * p0;
+    wd = static_cast<uint32_t>(offsetof(F16Stage, w)) +
+         2u * static_cast<uint32_t>(rr * kWS + 8 * q0);
+    xd = static_cast<uint32_t>(offsetof(F16Stage, x)) +
+         2u * static_cast<uint32_t>(tt * kXS + 8 * p0);
+    if (tid < kDw) {
+      sc = p.dw + 4 * tid;
+      sc_step = kMR * kKB;
+      scd = static_cast<uint32_t>(offsetof(F16Stage, dw)) + 16u * static_cast<uint32_t>(tid);
+    } else if (tid < kDw + kDa) {
+      sc = p.da + 4 * (tid - kDw);
+      sc_step = kMT * kKB;
+      scd = static_cast<uint32_t>(offsetof(F16Stage, da)) + 16u * static_cast<uint32_t>(tid - kDw);
+    } else {
+      sc = nullptr;
+      sc_step = 0;
+      scd = 0;
+    }
+  }
+  // step `step`'s pieces into the stage at shared address `stage`
+  __device__ __forceinline__ void issue(int step, uint32_t stage) const {
+    const uint16_t* ws = w + kKS * step;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) cp_async16_sa(stage + wd + 64u * j, ws + 32 * j);
+    const uint16_t* xs = x + kKS * step;
+    cp_async16_sa(stage + xd, xs);
+    cp_async16_sa(stage + xd + 128u, xs + 64);
+    if (sc != nullptr) cp_async16_sa(stage + scd, sc + sc_step * step);
+  }
+};
+
+template <bool MULTI>
 __global__ void __launch_bounds__(kThreads, 2)
-    qmma_kernel(const QSegs sg, int cols, const int8_t* __restrict__ aq,
-                const float* __restrict__ ad, int n_tok, int accumulate) {
+    qmma_kernel(const QSegs sg, int cols, const Prep prep, int n_tok, int accumulate) {
   extern __shared__ __align__(16) unsigned char qmma_smem[];
-  auto& sm = *reinterpret_cast<Smem<T>*>(qmma_smem);
+  auto& sm = *reinterpret_cast<Smem*>(qmma_smem);
   const int tid = static_cast<int>(threadIdx.x);
   const int bx = static_cast<int>(blockIdx.x);
   const TileSeg ts = tile_seg<MULTI>(sg, bx);
-  const uint8_t* __restrict__ w = ts.w;
-  const int rows = ts.rows, row0 = ts.row0;
   const int tok0 = static_cast<int>(blockIdx.y) * kMT;
   const int nb = cols / 32;
   const int steps = nb / kKB;  // the launch guarantees nb % kKB == 0
+  // this CTA's regions of the converted operands
+  const Prep p{prep.w + static_cast<size_t>(bx) * kMR * cols,
+               prep.dw + static_cast<size_t>(bx) * nb * kMR,
+               prep.x + static_cast<size_t>(tok0) * cols,
+               prep.da + static_cast<size_t>(blockIdx.y) * nb * kMT};
 
   MAcc acc;
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
-    for (int p = 0; p < kWQ; ++p)
+    for (int q = 0; q < kWQ; ++q)
 #pragma unroll
       for (int j = 0; j < 2; ++j)
 #pragma unroll
-        for (int k = 0; k < 8; ++k) acc.v[r][p][j][k] = 0.0f;
+        for (int k = 0; k < 8; ++k) acc.v[r][q][j][k] = 0.0f;
 
-  for (int k = 0; k < kRawRing - 1; ++k)  // weights: no kernel writes them
-    if (k < steps) issue_w<T>(tid, k, w, rows, sg.row_bytes, row0, sm.raw[k]);
   for (int k = tid; k < static_cast<int>(sizeof(sm.zx) / 16); k += kThreads)
     reinterpret_cast<uint4*>(sm.zx)[k] = make_uint4(0u, 0u, 0u, 0u);
   // B[k][n] of a slice is nonzero where k / 4 == n % 2: thread (g, t) holds k = 2t, 2t + 1 of
   // column g, so threads with t / 2 != g % 2 give zeros (their words from zero_words).
   const bool b_zero = ((tid & 3) >> 1) != (((tid & 31) >> 2) & 1);
-  griddep_wait();  // activations (and y) come from earlier kernels
-  for (int k = 0; k < kRawRing - 1; ++k) {
-    if (k < steps) issue_a<T>(tid, k, aq, ad, cols, nb, tok0, n_tok, sm.raw[k]);
+  const Copier cp(tid, p, cols);
+  const auto st0 = static_cast<uint32_t>(__cvta_generic_to_shared(&sm.st[0]));
+  griddep_wait();  // the operands come from prep_kernel (and y from earlier kernels)
+  for (int k = 0; k < kRing - 1; ++k) {
+    if (k < steps) cp.issue(k, st0 + k * static_cast<uint32_t>(sizeof(F16Stage)));
     cp_async_commit();
   }
-  cp_async_wait<kRawRing - 2>();
-  __syncthreads();
-  convert<T>(tid, sm.raw[0], sm.st[0]);
   for (int step = 0; step < steps; ++step) {
-    cp_async_wait<kRawRing - 3>();  // this thread's copies of step + 1 have landed
-    __syncthreads();  // everyone's; f16 stage step & 1 is converted; stage (step + 1) & 1 and raw
-                      // slot (step - 1) % kRawRing are free
-    const int next = step + kRawRing - 1;
-    if (next < steps) {
-      RawStage<T>& r = sm.raw[next % kRawRing];
-      issue_w<T>(step_tid(tid), next, w, rows, sg.row_bytes, row0, r);
-      issue_a<T>(step_tid(tid), next, aq, ad, cols, nb, tok0, n_tok, r);
-    }
+    cp_async_wait<kRing - 2>();  // this thread's copies of `step` have landed
+    __syncthreads();             // everyone's; stage (step - 1) % kRing is free
+    const int next = step + kRing - 1;
+    if (next < steps)
+      cp.issue(next, st0 + (next % kRing) * static_cast<uint32_t>(sizeof(F16Stage)));
     cp_async_commit();
-    if (step + 1 < steps)
-      convert<T>(step_tid(tid), sm.raw[(step + 1) % kRawRing], sm.st[(step + 1) & 1]);
-    const F16Stage& s = sm.st[step & 1];
+    const F16Stage& s = sm.st[step % kRing];
     const uint32_t* xw = b_zero ? zero_words(sm) : reinterpret_cast<const uint32_t*>(s.x);
 #pragma unroll 1
     for (int b = 0; b < kKB; ++b) compute_block(tid, s, xw, b, acc);
   }
+  cp_async_wait<0>();
   __syncthreads();  // the out tile shares the f16 stages
 
   // combine (hsum_float_8, in the thread) into the out tile
@@ -684,10 +741,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
 #pragma unroll
-    for (int p = 0; p < kWQ; ++p) {
+    for (int q = 0; q < kWQ; ++q) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        sm.out[(tb + 4 * p + t) * (kMR + 1) + rb + 16 * r + 8 * j + g] = qm::hsum8(acc.v[r][p][j]);
+        sm.out[(tb + 4 * q + t) * (kMR + 1) + rb + 16 * r + 8 * j + g] = qm::hsum8(acc.v[r][q][j]);
       }
     }
   }
@@ -1426,7 +1483,7 @@ void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int 
 }
 
 // When the tensor-core tile (mma0) takes a Q0Lanes launch by default: batches of
-// kMmaMinTokens tokens or more whose CTAs fill their waves (at least 3/4 of the last wave's
+// kQgemmMmaMinTokens tokens or more whose CTAs fill their waves (at least 3/4 of the last wave's
 // slots, two CTAs an SM). Its CTAs are long (a 896-wide row is 7 steps of ~2.5 us), so it wins
 // only on big, evenly filled grids. H100, kernel_bench us at 512 tokens, dp4a tile -> tensor-core
 // tile: Q8_0 4864 x 896 144.5 -> 124.3, 896 x 4864 168.1 -> 131.0, 896 x 896 33.2 -> 25.6, gate
@@ -1434,7 +1491,6 @@ void launch_tt(const Launch& l, bool ring_rows, const ActBuf& a, int n_tok, int 
 // an earlier build had Q / K / V (1,152 rows: 288 CTAs, 1.09 waves) 40.3 -> 43.6 and 128 x 896
 // (32 CTAs) 11.4 -> 17.7, and whole Q8_0 prompts (decode_bench, tok/s) of 256 tokens 29.6k ->
 // 28.0k and 128 tokens 23.6k -> 18.0k.
-constexpr int kMmaMinTokens = 512;
 bool mma_fills(int64_t ctas) {
   const int64_t slots = 2 * static_cast<int64_t>(sm_count());
   const int64_t waves = (ctas + slots - 1) / slots;
@@ -1461,11 +1517,29 @@ void launch_tile(const char* name, size_t smem, int br, int bt, const Launch& l,
                   args...);
 }
 
+// mma0's two launches: prep_kernel (the operands into a.mma, which the caller checked holds
+// prep_layout's bytes), then the tile.
 template <GgmlType T>
 void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cudaStream_t stream) {
-  launch_tile<mma0::qmma_kernel<T, true>, mma0::qmma_kernel<T, false>>(
-      "exact_qmma_kernel", sizeof(mma0::Smem<T>), mma0::kMR, mma0::kMT, l, n_tok, stream,
-      static_cast<const int8_t*>(a.q), static_cast<const float*>(a.d), n_tok, accumulate ? 1 : 0);
+  const QSegs sg = l.segs(mma0::kMR);
+  const mma0::PrepLayout pl = mma0::prep_layout(sg.blk_end[2], l.cols, n_tok);
+  const int64_t nb = l.cols / 32;
+  const int64_t units = (static_cast<int64_t>(sg.blk_end[2]) * mma0::kMR +
+                         (n_tok + mma0::kMT - 1) / mma0::kMT * mma0::kMT) *
+                        nb;
+  const dim3 pgrid(static_cast<unsigned>((units + kThreads - 1) / kThreads));
+  const auto* aq = static_cast<const int8_t*>(a.q);
+  const auto* ad = static_cast<const float*>(a.d);
+  launch_pdl("exact_qmma_prep_kernel",
+             l.n > 1 ? mma0::prep_kernel<T, true> : mma0::prep_kernel<T, false>, pgrid,
+             dim3(kThreads), stream, sg, l.cols, aq, ad, n_tok, a.mma, pl);
+  const mma0::Prep prep{reinterpret_cast<const uint16_t*>(a.mma + pl.w),
+                        reinterpret_cast<const float*>(a.mma + pl.dw),
+                        reinterpret_cast<const uint16_t*>(a.mma + pl.x),
+                        reinterpret_cast<const float*>(a.mma + pl.da)};
+  launch_tile<mma0::qmma_kernel<true>, mma0::qmma_kernel<false>>(
+      "exact_qmma_kernel", sizeof(mma0::Smem), mma0::kMR, mma0::kMT, l, n_tok, stream, prep, n_tok,
+      accumulate ? 1 : 0);
 }
 
 void launch_kmma(const Launch& l, const ActBuf& a, int n_tok, int gemm_end, bool accumulate,
@@ -1496,6 +1570,18 @@ bool is_quant(uint32_t t) {
 // at 8 tokens only the tall launches (4864 x 896 8.5 / 17.8, so gate + up and Q / K / V together)
 // while 896 x 4864 (28.5 / 20.2) and 896 x 896 (5.7 / 4.6) are not; Q4_K 896 x 4864 from 32
 // tokens (31.8 / 38.0; at 16 31.7 / 27.0).
+int64_t qgemm_weight_elems(int64_t rows, int64_t cols) {
+  return (rows + mma0::kMR - 1) / mma0::kMR * mma0::kMR * cols;
+}
+
+size_t qgemm_scratch_bytes(int max_tok, int max_cols, int64_t max_weight_elems) {
+  // prep_layout's regions, each at its largest (a launch of max_weight_elems / cols tiles)
+  const auto e = static_cast<size_t>(max_weight_elems), c = static_cast<size_t>(max_cols),
+             tp = static_cast<size_t>((max_tok + mma0::kMT - 1) / mma0::kMT * mma0::kMT);
+  return mma0::al256(e * 2) + mma0::al256(e / 32 * 4) + mma0::al256(tp * c * 2) +
+         mma0::al256(tp * (c / 32) * 4);
+}
+
 bool qgemm_takes(uint32_t weight_type, int n_tok, int64_t rows) {
   if (!is_quant(weight_type)) return false;
   if (weight_type == static_cast<uint32_t>(GgmlType::Q4_K)) return n_tok >= 32;
@@ -1564,9 +1650,16 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
         // the tensor-core tile: Q0Lanes weights whose width is a multiple of its step and whose
         // rows are 8-byte aligned (its cp.async pieces)
         const bool mma_ok = !rep && w0.cols % mma0::kKS == 0 && ring_rows;
+        const bool scratch_ok =
+            a.mma != nullptr &&
+            a.mma_bytes >= mma0::prep_layout(l.tiles(mma0::kMR), l.cols, n_tok).bytes;
+        if (mma_ok && !scratch_ok && prefetch == qg::kVariantMma)
+          throw WorkerError(
+              ErrorCode::Internal,
+              "qgemm: the tensor-core tile's scratch (ActBuf::mma) is missing or too small");
         if (mma_ok && prefetch == qg::kVariantMma)
           return launch_mma<T>(l, a, n_tok, accumulate, stream);
-        if (mma_ok && prefetch < 0 && n_tok >= kMmaMinTokens &&
+        if (mma_ok && scratch_ok && prefetch < 0 && n_tok >= kQgemmMmaMinTokens &&
             mma_fills(static_cast<int64_t>(l.tiles(mma0::kMR)) *
                       ((n_tok + mma0::kMT - 1) / mma0::kMT)))
           return launch_mma<T>(l, a, n_tok, accumulate, stream);
@@ -1577,7 +1670,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
         const bool kmma_ok = rep && rows16;
         if (kmma_ok && prefetch == qg::kVariantMma)
           return launch_kmma(l, a, n_tok, gemm_end, accumulate, stream);
-        if (kmma_ok && prefetch < 0 && n_tok >= kMmaMinTokens &&
+        if (kmma_ok && prefetch < 0 && n_tok >= kQgemmMmaMinTokens &&
             mma_fills(static_cast<int64_t>(l.tiles(kmma::kMR)) *
                       ((n_tok + kmma::kMT - 1) / kmma::kMT)))
           return launch_kmma(l, a, n_tok, gemm_end, accumulate, stream);
@@ -1586,7 +1679,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
         // the Q6_K tensor-core tile (q6mma): 16-byte aligned weights (its windows' pieces)
         if (base16 && prefetch == qg::kVariantMma)
           return launch_q6mma(l, a, n_tok, accumulate, stream);
-        if (base16 && prefetch < 0 && n_tok >= kMmaMinTokens &&
+        if (base16 && prefetch < 0 && n_tok >= kQgemmMmaMinTokens &&
             mma_fills(static_cast<int64_t>(l.tiles(q6mma::kMR)) *
                       ((n_tok + q6mma::kMT - 1) / q6mma::kMT)))
           return launch_q6mma(l, a, n_tok, accumulate, stream);

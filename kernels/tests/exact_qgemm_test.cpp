@@ -352,6 +352,14 @@ std::vector<HostCase> k_cases(int rows_a, int rows_b) {
           {rows_b, 256, 35, {35, 0}}};
 }
 
+// ActBuf::mma for a qgemm of n_tok tokens over weights of `elems` elements together
+// (qgemm_weight_elems): the tensor-core Q0 tile's scratch, as the engine sizes it for batches
+// that reach that tile by default (always: `variant`, the tile forced).
+size_t mma_bytes_for(int n_tok, int cols, int64_t elems, bool variant = false) {
+  if (!variant && n_tok < kern::exact::kQgemmMmaMinTokens) return 0;
+  return kern::exact::qgemm_scratch_bytes(n_tok, cols, elems);
+}
+
 // REQ: WRK-D15
 TEST(ExactQgemmHost, Q0LanesEmulationMatchesCpuReference) {
   host_cases<GgmlType::Q8_0, Flavor::Q0Lanes, 1>(q0_cases(40, 64), 100);
@@ -462,8 +470,9 @@ void run_type(GgmlType type) {
         const bool accumulate = (case_no++ % 2) == 1;
         const int n_tok = gc.n_tok;
         HostActs acts = make_acts(type, n_tok, cols, ++seed);
-        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols));
-        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols);
+        const size_t mb = mma_bytes_for(n_tok, cols, kern::exact::qgemm_weight_elems(rows, cols));
+        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols, mb));
+        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols, mb);
         upload_acts(acts, a);
         std::vector<float> y0(static_cast<size_t>(n_tok) * rows, NAN);
         if (accumulate) {
@@ -558,8 +567,10 @@ TEST(ExactQgemmGpu, MatchesMatmulAtModelShapes) {
       if (sh.rows > 100000 && n_tok > 64) continue;  // 151936 x 512 outputs: 300 MB each
       if (quick() && (sh.rows > 5000 || n_tok != 64)) continue;
       HostActs acts = make_acts(sh.type, n_tok, sh.cols, ++seed);
-      DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols));
-      const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols);
+      const size_t mb =
+          mma_bytes_for(n_tok, sh.cols, kern::exact::qgemm_weight_elems(sh.rows, sh.cols));
+      DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols, mb));
+      const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols, mb);
       upload_acts(acts, a);
       DevArray<float> dq(static_cast<size_t>(n_tok) * sh.rows), dn(dq.size()), dm(dq.size());
       const BatchOrder order{n_tok, 0};
@@ -615,8 +626,11 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
       for (const GpuCase& gc : cases) {
         const int n_tok = gc.n_tok;
         HostActs acts = make_acts(type, n_tok, cols, ++seed);
-        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols));
-        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols);
+        int64_t elems = 0;
+        for (const int r : set.rows) elems += kern::exact::qgemm_weight_elems(r, cols);
+        const size_t mb = mma_bytes_for(n_tok, cols, elems);
+        DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, cols, mb));
+        const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, cols, mb);
         upload_acts(acts, a);
         std::vector<std::unique_ptr<DevArray<float>>> ym, ys;
         float* yp[3] = {nullptr, nullptr, nullptr};
@@ -685,7 +699,8 @@ TEST(ExactQgemmGpu, SeveralWeightsInOneLaunch) {
 // Q6_K also at the extremes its exactness argument bounds (every quant 63, scales -128 and 127,
 // activation quants all +-127: the lo chains' sums near their bound); weights they cannot take (a
 // width that is not a multiple of the 128-element step, Q4_K that is not repacked, repacked
-// Q4_0, Q6_K whose data is not 16-byte aligned) are refused with an error.
+// Q4_0, Q6_K whose data is not 16-byte aligned, Q8_0 without the Q0 tile's scratch) are refused
+// with an error.
 // REQ: M0-W-1430 M0-W-1201 WRK-D15
 TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
   REQUIRE_GPU();
@@ -725,8 +740,10 @@ TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
       const bool accumulate = (case_no++ % 2) == 1;
       HostActs acts = sh.extreme ? extreme_acts(sh.type, n_tok, sh.cols)
                                  : make_acts(sh.type, n_tok, sh.cols, ++seed);
-      DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols));
-      const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols);
+      const size_t mb = mma_bytes_for(
+          n_tok, sh.cols, kern::exact::qgemm_weight_elems(sh.rows, sh.cols), /*variant=*/true);
+      DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(n_tok, sh.cols, mb));
+      const ActBuf a = kern::exact::act_buffer_at(buf.get(), n_tok, sh.cols, mb);
       upload_acts(acts, a);
       std::vector<float> y0(static_cast<size_t>(n_tok) * sh.rows, NAN);
       if (accumulate) {
@@ -758,28 +775,35 @@ TEST(ExactQgemmGpu, TensorCoreTileMatchesDp4aTileAndCpuReference) {
     }
   }
   // refused: a width that is not a multiple of 128, a Q4_K that is not repacked (rows % 8 != 0),
-  // a repacked Q4_0 (rows % 8 == 0), a Q6_K 2 bytes past a 16-byte boundary
+  // a repacked Q4_0 (rows % 8 == 0), a Q6_K 2 bytes past a 16-byte boundary (each with the Q0
+  // tile's scratch, so that only that reason is left), and a Q8_0 the Q0 tile takes but whose
+  // ActBuf has no scratch
   const struct {
     GgmlType type;
     int rows, cols;
     int offset;
-  } refused[] = {{GgmlType::Q8_0, 64, 160, 0},
-                 {GgmlType::Q4_K, 66, 256, 0},
-                 {GgmlType::Q6_K, 64, 256, 2},
-                 {GgmlType::Q4_0, 64, 256, 0}};
+    bool scratch;
+  } refused[] = {{GgmlType::Q8_0, 64, 160, 0, true},
+                 {GgmlType::Q4_K, 66, 256, 0, true},
+                 {GgmlType::Q6_K, 64, 256, 2, true},
+                 {GgmlType::Q4_0, 64, 256, 0, true},
+                 {GgmlType::Q8_0, 64, 256, 0, false}};
   for (const auto& r : refused) {
     auto wr = random_weights(r.type, r.rows, r.cols, ++seed);
     wr.insert(wr.begin(), static_cast<size_t>(r.offset), uint8_t{0});
     DevArray<uint8_t> dw(wr);
     kern::WeightView wv = view_of(r.type, dw, r.rows, r.cols);
     wv.data = dw.get() + r.offset;
-    DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(4, r.cols));
-    const ActBuf a = kern::exact::act_buffer_at(buf.get(), 4, r.cols);
+    const size_t mb =
+        r.scratch ? mma_bytes_for(4, r.cols, kern::exact::qgemm_weight_elems(r.rows, r.cols), true)
+                  : 0;
+    DevArray<uint8_t> buf(kern::exact::act_buffer_bytes(4, r.cols, mb));
+    const ActBuf a = kern::exact::act_buffer_at(buf.get(), 4, r.cols, mb);
     DevArray<float> y(static_cast<size_t>(4) * r.rows);
     EXPECT_THROW(
         qg::qgemm_variant(wv, a, 4, BatchOrder{4, 0}, y.get(), false, nullptr, qg::kVariantMma),
         WorkerError)
-        << type_str(r.type) << " cols " << r.cols;
+        << type_str(r.type) << " cols " << r.cols << (r.scratch ? "" : " without scratch");
   }
 }
 

@@ -78,14 +78,30 @@ class Layout {
 // mode's quantized prompt GEMM) and, in exact mode, the attention's probabilities.
 struct ExactSizes {
   size_t act_bytes = 0, attn_floats = 0;
+  size_t mma_bytes = 0;   // of act_bytes: qgemm's tensor-core scratch (prompt batches)
   size_t step_bytes = 0;  // the persistent decode step's tables (decode scratch only)
 };
+
+// qgemm's Q8_0 / Q5_0 / Q4_0 tensor-core tile converts each launch's operands into scratch
+// first: for batches that reach it, of files with quantized layer weights, the largest launch
+// (Q / K / V, Wo, gate + up, down; linear.cu's groups).
+size_t qgemm_mma_bytes(const ModelConfig& c, int B, int widest) {
+  const std::string& k = c.quant_kind;
+  if (B < kern::exact::kQgemmMmaMinTokens || k == "F32" || k == "F16" || k == "BF16") return 0;
+  using kern::exact::qgemm_weight_elems;
+  const int64_t E = c.n_embd, QD = c.n_head * c.head_dim, KD = c.n_head_kv * c.head_dim, F = c.n_ff;
+  const int64_t elems =
+      std::max({qgemm_weight_elems(QD, E) + 2 * qgemm_weight_elems(KD, E),
+                qgemm_weight_elems(E, QD), 2 * qgemm_weight_elems(F, E), qgemm_weight_elems(E, F)});
+  return kern::exact::qgemm_scratch_bytes(B, widest, elems);
+}
 
 ExactSizes exact_sizes(const ModelConfig& c, int B, int32_t n_ctx, bool exact) {
   ExactSizes e;
   // the rounded matmul input: both modes (the fast one for its quantized prompt GEMM)
   const int widest = static_cast<int>(std::max({c.n_embd, c.n_head * c.head_dim, c.n_ff}));
-  e.act_bytes = kern::exact::act_buffer_bytes(B, widest);
+  e.mma_bytes = qgemm_mma_bytes(c, B, widest);
+  e.act_bytes = kern::exact::act_buffer_bytes(B, widest, e.mma_bytes);
   if (!exact) return e;
   const int nh = static_cast<int>(c.n_head);
   e.attn_floats = kern::exact::attention_scratch_floats(n_ctx, B, nh);
@@ -140,7 +156,7 @@ struct Scratch {
       s->step_mem = step_mem;
       if (act) {
         const int widest = static_cast<int>(std::max({E, QD, F}));
-        s->act = kern::exact::act_buffer_at(act, B, widest);
+        s->act = kern::exact::act_buffer_at(act, B, widest, ex.mma_bytes);
       }
       s->attn_scr = attn_scr;
       s->attn_part = attn_part;
