@@ -143,11 +143,18 @@ def device_info(backend):
 
 
 def git_commit(root):
+    """The measured tree: BENCH_COMMIT, else git's HEAD with "-dirty" when tracked files differ
+    from it (a device call's copy of a working tree can carry a HEAD older than the tree)."""
     if os.environ.get("BENCH_COMMIT"):
         return os.environ["BENCH_COMMIT"]
     r = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
                        capture_output=True, text=True)
-    return r.stdout.strip() or "unknown"
+    head = r.stdout.strip()
+    if not head:
+        return "unknown"
+    d = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                       capture_output=True, text=True)
+    return head + ("-dirty" if d.returncode == 0 and d.stdout.strip() else "")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -120,6 +120,39 @@ class BenchSmokeTest(unittest.TestCase):
         self.assertEqual(ends[0], ends[1])
 
     # REQ: WRK-D30
+    def test_commit_names_a_tree_that_differs_from_head_as_dirty(self):
+        """The report's commit: git's HEAD, with -dirty once a tracked file differs from it (a
+        device call's copy of the working tree can carry an older HEAD than the tree measured);
+        BENCH_COMMIT overrides it."""
+        bench = load_bench()
+        with tempfile.TemporaryDirectory(prefix="bench-git-") as tmp:
+            env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t",
+                       GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+            env.pop("BENCH_COMMIT", None)
+
+            def git(*a):
+                subprocess.run(["git", "-C", tmp, *a], check=True, capture_output=True, env=env)
+            git("init", "-q")
+            (Path(tmp) / "f").write_text("a\n")
+            git("add", "f")
+            git("commit", "-q", "-m", "one")
+            head = subprocess.run(["git", "-C", tmp, "rev-parse", "--short", "HEAD"],
+                                  capture_output=True, text=True).stdout.strip()
+            old = os.environ.pop("BENCH_COMMIT", None)
+            try:
+                self.assertEqual(bench.git_commit(tmp), head)
+                (Path(tmp) / "g").write_text("untracked\n")  # untracked files do not count
+                self.assertEqual(bench.git_commit(tmp), head)
+                (Path(tmp) / "f").write_text("b\n")
+                self.assertEqual(bench.git_commit(tmp), head + "-dirty")
+                os.environ["BENCH_COMMIT"] = "given"
+                self.assertEqual(bench.git_commit(tmp), "given")
+            finally:
+                os.environ.pop("BENCH_COMMIT", None)
+                if old is not None:
+                    os.environ["BENCH_COMMIT"] = old
+
+    # REQ: WRK-D30
     def test_acceptance_lists_every_target_of_issue_14(self):
         """acceptance() on rows of the three GPU types and both numerics: the 17 targets, each
         judged on its row's numbers (the boundary values met), the Q8_0 float-chain floor not
