@@ -392,6 +392,42 @@ TEST(ExactQgemmHost, KQuantEmulationMatchesCpuReference) {
   host_cases<GgmlType::Q4_K, Flavor::Q4KRep, 1, 16>(k_cases(40, 64), 1150);
 }
 
+// The tensor-core tile's scratch as the engine and the tests size it: act_buffer_at carves it
+// after the activation regions, 256-aligned, inside act_buffer_bytes; qgemm_scratch_bytes holds
+// at least the f16 weights (2 bytes an element, rows rounded up to the tile's 64) and the f16
+// activations of the largest batch, and never shrinks as a launch or batch grows.
+// REQ: WRK-D15
+TEST(ExactQgemmHost, TensorCoreScratchLayout) {
+  namespace ex = kern::exact;
+  EXPECT_EQ(ex::qgemm_weight_elems(64, 896), 64 * 896);
+  EXPECT_EQ(ex::qgemm_weight_elems(65, 896), 128 * 896);
+  EXPECT_EQ(ex::qgemm_weight_elems(1, 128), 64 * 128);
+  for (const int n_tok : {1, 31, 512, 530}) {
+    for (const int cols : {128, 896, 4864}) {
+      const int64_t elems = 2 * ex::qgemm_weight_elems(200, cols);
+      const size_t mb = ex::qgemm_scratch_bytes(n_tok, cols, elems);
+      const size_t tp = static_cast<size_t>((n_tok + 31) / 32 * 32);
+      EXPECT_GE(mb, static_cast<size_t>(elems) * 2 + tp * static_cast<size_t>(cols) * 2);
+      EXPECT_LE(ex::qgemm_scratch_bytes(n_tok, cols, elems / 2), mb);
+      EXPECT_LE(mb, ex::qgemm_scratch_bytes(n_tok + 32, cols, elems));
+      const size_t total = ex::act_buffer_bytes(n_tok, cols, mb);
+      std::vector<uint8_t> mem(total + 256);  // only addresses are taken; base 256-aligned
+      uint8_t* base = mem.data() + (256 - reinterpret_cast<uintptr_t>(mem.data()) % 256) % 256;
+      const ActBuf a = ex::act_buffer_at(base, n_tok, cols, mb);
+      ASSERT_NE(a.mma, nullptr);
+      EXPECT_EQ(a.mma_bytes, mb);
+      const auto off = static_cast<size_t>(a.mma - base);
+      EXPECT_EQ(off % 256, 0u);
+      // after bsum ([n_tok][cols / 16] int32), the last of the activation regions
+      EXPECT_GE(off, static_cast<size_t>(reinterpret_cast<const uint8_t*>(a.bsum) - base) +
+                         static_cast<size_t>(n_tok) * (cols / 16) * sizeof(int32_t));
+      EXPECT_LE(off + mb, total);
+      EXPECT_EQ(ex::act_buffer_at(base, n_tok, cols).mma, nullptr);  // no scratch asked for
+      EXPECT_EQ(ex::act_buffer_bytes(n_tok, cols, 0) + (mb + 255) / 256 * 256, total);
+    }
+  }
+}
+
 // The int8 byte arithmetic of the weight unpacking (nibble - 8, 5-bit - 16) over all values.
 TEST(ExactQgemmHost, ByteOffsetsAreExact) {
   for (uint32_t v = 0; v < 16; ++v) {
