@@ -329,15 +329,17 @@ struct PrepLayout {
 constexpr size_t al256(size_t n) {
   return (n + 255) / 256 * 256;
 }
-constexpr PrepLayout prep_layout(int64_t tiles, int cols, int n_tok) {
-  const auto t = static_cast<size_t>(tiles), c = static_cast<size_t>(cols), nb = c / 32,
+// The layout of a launch whose weights hold w_elems elements (tiles x kMR rows x cols) and whose
+// batch has n_tok tokens of cols values; with the largest of each, qgemm_scratch_bytes.
+constexpr PrepLayout prep_layout(int64_t w_elems, int cols, int n_tok) {
+  const auto e = static_cast<size_t>(w_elems), c = static_cast<size_t>(cols),
              tp = static_cast<size_t>((n_tok + kMT - 1) / kMT * kMT);
   PrepLayout l{};
   l.w = 0;
-  l.dw = l.w + al256(t * kMR * c * 2);
-  l.x = l.dw + al256(t * nb * kMR * 4);
+  l.dw = l.w + al256(e * 2);
+  l.x = l.dw + al256(e / 32 * 4);
   l.da = l.x + al256(tp * c * 2);
-  l.bytes = l.da + al256(tp * nb * 4);
+  l.bytes = l.da + al256(tp * (c / 32) * 4);
   return l;
 }
 // The tile's kernel arguments: the regions of a PrepLayout.
@@ -1522,7 +1524,8 @@ void launch_tile(const char* name, size_t smem, int br, int bt, const Launch& l,
 template <GgmlType T>
 void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cudaStream_t stream) {
   const QSegs sg = l.segs(mma0::kMR);
-  const mma0::PrepLayout pl = mma0::prep_layout(sg.blk_end[2], l.cols, n_tok);
+  const mma0::PrepLayout pl =
+      mma0::prep_layout(static_cast<int64_t>(sg.blk_end[2]) * mma0::kMR * l.cols, l.cols, n_tok);
   const int64_t nb = l.cols / 32;
   const int64_t units = (static_cast<int64_t>(sg.blk_end[2]) * mma0::kMR +
                          (n_tok + mma0::kMT - 1) / mma0::kMT * mma0::kMT) *
@@ -1575,11 +1578,8 @@ int64_t qgemm_weight_elems(int64_t rows, int64_t cols) {
 }
 
 size_t qgemm_scratch_bytes(int max_tok, int max_cols, int64_t max_weight_elems) {
-  // prep_layout's regions, each at its largest (a launch of max_weight_elems / cols tiles)
-  const auto e = static_cast<size_t>(max_weight_elems), c = static_cast<size_t>(max_cols),
-             tp = static_cast<size_t>((max_tok + mma0::kMT - 1) / mma0::kMT * mma0::kMT);
-  return mma0::al256(e * 2) + mma0::al256(e / 32 * 4) + mma0::al256(tp * c * 2) +
-         mma0::al256(tp * (c / 32) * 4);
+  // each of prep_layout's regions grows with its argument: the largest launch's fit in these
+  return mma0::prep_layout(max_weight_elems, max_cols, max_tok).bytes;
 }
 
 bool qgemm_takes(uint32_t weight_type, int n_tok, int64_t rows) {
@@ -1652,7 +1652,10 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
         const bool mma_ok = !rep && w0.cols % mma0::kKS == 0 && ring_rows;
         const bool scratch_ok =
             a.mma != nullptr &&
-            a.mma_bytes >= mma0::prep_layout(l.tiles(mma0::kMR), l.cols, n_tok).bytes;
+            a.mma_bytes >=
+                mma0::prep_layout(static_cast<int64_t>(l.tiles(mma0::kMR)) * mma0::kMR * l.cols,
+                                  l.cols, n_tok)
+                    .bytes;
         if (mma_ok && !scratch_ok && prefetch == qg::kVariantMma)
           throw WorkerError(
               ErrorCode::Internal,
