@@ -134,6 +134,20 @@ __host__ __device__ __forceinline__ double tail_double(double s, const W& w, con
 
 namespace worker::kern::exact::xf {
 
+// tinyblas_kernel's interleaved weight stage (F32 / F16, 128-element chunks): in a row, the
+// four elements 64q + 16s + l (s = 0 .. 3) of lane l = 8h + j are the 16-byte slot 18q + 9h + j,
+// element s of it. ilv_read: the first float of lane l's slot of group q; ilv_pos: where element
+// k of the chunk goes. The slots of (q, h) start 0, 9, 18, 27 = 0, 1, 2, 3 mod 8, so that the
+// eight floats one conversion unit writes (one q, s, h, consecutive j) fall in banks that no
+// other unit of the row uses (ExactFloatHost.InterleavedStageIsAConflictFreePermutation).
+__host__ __device__ constexpr int ilv_read(int q, int l) {
+  return 4 * (18 * q + 9 * (l >> 3) + (l & 7));
+}
+__host__ __device__ constexpr int ilv_pos(int k) {
+  return ilv_read(k / 64, k % 16) + (k % 64) / 16;
+}
+constexpr int kIlvRowFloats = 4 * 35;  // slots 0 .. 34
+
 // cpu::tinyblas_takes (worker/engine/cpu/act_quant.cpp), restated here because the kernels
 // library does not link the CPU engine; exact_float_test.cpp checks that the two agree.
 // llamafile_sgemm takes prompt batches (>= 2 tokens) of F32/F16 weights with k % 16 == 0

@@ -294,10 +294,21 @@ struct TbGeom {
   static constexpr int kSw = kBfBig ? 5 : (TM == 8 ? 3 : 8);
   static constexpr int kSx = kBfBig ? 3 : (TM == 8 ? 2 : 3);
   static_assert(kSx >= 2 && kSw > kSx, "the weights run ahead of the activations");
+  // F32 / F16: the weights' float stage interleaved (kIlv): in each 64-element group q of a
+  // row, lane l's four elements 64q + 16s + l (s = 0 .. 3, its chain's next four steps) are one
+  // 16-byte slot, so a thread loads them with one LDS.128 instead of four LDS.32 (perf-notes
+  // v39). Slot of (q, lane l = 8h + j): 18q + 9h + j, so that the 8 floats a thread converts
+  // (one half h of one step s) go to 8 slots that no other unit of its row shares mod 8 banks
+  // (the stores run without conflicts) while a quarter warp's 8 lanes still read 8 adjacent slots.
+  static constexpr bool kIlv = T != GgmlType::BF16;
+  static_assert(!kIlv || kK == 128, "the interleaved stage holds two 64-element groups");
   // Row strides of the float stages (floats). The two groups of a warp share gm (the same
   // weight words: broadcast) and have gn one apart: tokens one row apart, kK + 16 = 16 mod 32
-  // banks, so their 16 lanes each hit disjoint banks.
-  static constexpr int kWLd = kK + 4;
+  // banks, so their 16 lanes each hit disjoint banks. Interleaved weight rows take 35 slots
+  // (140 floats); 144 = 16 mod 32 puts the two rows of a warp's conversion stores in disjoint
+  // banks.
+  static constexpr int kWLd = kIlv ? 144 : kK + 4;
+  static_assert(!kIlv || (kWLd >= xf::kIlvRowFloats && kWLd % 32 == 16), "see above");
   static constexpr int kXLd = kK + 16;
   static constexpr int kEsz = T == GgmlType::F32 ? 4 : 2;
   static constexpr int kWUnitEl = 16 / kEsz;        // weights in a 16-byte copy
@@ -356,12 +367,27 @@ __device__ __forceinline__ void copy16(void* dst, const uint8_t* __restrict__ sr
   }
 }
 
+// copy16 when `on` (a thread's unit that is in); cp.async under a predicate, no branch.
+template <int kEsz, bool kVec>
+__device__ __forceinline__ void copy16_if(void* dst, const uint8_t* __restrict__ src, uint32_t on) {
+  if constexpr (kVec) {
+    const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile(
+        "{\n .reg .pred p;\n setp.ne.u32 p, %2, 0;\n @p cp.async.cg.shared.global [%0], [%1], "
+        "16;\n}" ::"r"(s),
+        "l"(src), "r"(on)
+        : "memory");
+  } else if (on != 0u) {
+    copy16<kEsz, kVec>(dst, src);
+  }
+}
+
 template <GgmlType T, int TM, int TN, bool kVec>
 __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
   using G = TbGeom<T, TM, TN>;
   constexpr bool kBf = T == GgmlType::BF16;
-  constexpr int kBM = G::kBM, kBN = G::kBN, kSw = G::kSw, kSx = G::kSx;
+  constexpr int kBM = G::kBM, kBN = G::kBN, kSw = G::kSw, kSx = G::kSx, kK = G::kK;
   extern __shared__ __align__(16) unsigned char tb_smem[];
   uint8_t* const raw = tb_smem;                                        // [kSw][kBM][kK] raw
   float* const xs = reinterpret_cast<float*>(tb_smem + G::kRawBytes);  // [kSx][kBN][kXLd]
@@ -376,66 +402,133 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   const int rows = seg == 0 ? sg.rows[0] : (seg == 1 ? sg.rows[1] : sg.rows[2]);
   const int blk0 = seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]);
   const int m0 = (bx - blk0) * kBM, n0 = static_cast<int>(blockIdx.y) * kBN;
-  const int n_chunks = (cols + G::kK - 1) / G::kK;
+  const int n_chunks = (cols + kK - 1) / kK;
 
-  // Chunk c's copies into stages c % kSw and c % kSx (cols is a multiple of 16: a copy is all
-  // in or all out).
-  auto issue_w = [&](int c) {
-    if (c >= n_chunks) return;
-    const int k0 = c * G::kK;
-    uint8_t* const st = raw + static_cast<size_t>(c % kSw) * kBM * G::kK * G::kEsz;
+  // This thread's copies, the same in every chunk (so their addresses are computed once, and a
+  // chunk's copies are a pointer bump: perf-notes v39): weight units i < kWPer (row wr + i *
+  // kWRowStep, elements we .. we + kWUnitEl of the chunk) and activation units i < kXPer (token
+  // xt + i * kXTokStep, elements xe .. xe + 3). A unit past the weight's rows or the batch's
+  // tokens is never copied: its slots of every stage hold the padding written before the loop.
+  static_assert(G::kWUnits % kTbThreads == 0 && kTbThreads % G::kWUnitsRow == 0 &&
+                    G::kXUnits % kTbThreads == 0 && kTbThreads % (kK / 4) == 0,
+                "every thread copies the same number of whole units");
+  constexpr int kWPer = G::kWUnits / kTbThreads, kXPer = G::kXUnits / kTbThreads;
+  constexpr int kWRowStep = kTbThreads / G::kWUnitsRow, kXTokStep = kTbThreads / (kK / 4);
+  constexpr int kWStage = kBM * kK * G::kEsz;  // bytes of a raw weight stage
+  constexpr int kWUnitStep = kWRowStep * kK * G::kEsz;
+  constexpr int kXStage = kBN * G::kXLd;  // floats of an activation stage
+  const int wr = tid / G::kWUnitsRow, we = (tid % G::kWUnitsRow) * G::kWUnitEl;
+  const int xt = tid / (kK / 4), xe = (tid % (kK / 4)) * 4;
+  uint8_t* const wdst = raw + (wr * kK + we) * G::kEsz;  // + stage * kWStage + i * kWUnitStep
+  float* const xdst = xs + xt * G::kXLd + xe;            // + stage * kXStage + i * ..
+  // where the unit's first float goes (interleaved: its elements 4 floats apart)
+  const int wcv = G::kIlv ? xf::ilv_pos(we) : we;
+  float* const wcvt = ws + wr * G::kWLd + wcv;  // + float stage + i * kWRowStep * kWLd
+  const uint8_t* const wsrc =
+      w + static_cast<size_t>(m0 + wr) * row_bytes + static_cast<size_t>(we) * G::kEsz;
+  const size_t wstep = static_cast<size_t>(kWRowStep) * row_bytes;
+  const float* const xsrc = x + static_cast<size_t>(n0 + xt) * static_cast<size_t>(cols) + xe;
+  const size_t xstep = static_cast<size_t>(kXTokStep) * static_cast<size_t>(cols);
+  uint32_t wok = 0u, xok = 0u;
 #pragma unroll
-    for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
-      const int u = tid + i * kTbThreads;
-      if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
-      const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
-      void* dst = st + (r * G::kK + e) * G::kEsz;
-      if (m0 + r < rows && k0 + e < cols) {
-        copy16<G::kEsz, kVec>(dst,
-                              w + static_cast<size_t>(m0 + r) * row_bytes + (k0 + e) * G::kEsz);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0u, 0u, 0u, 0u);  // +0 (see above)
+  for (int i = 0; i < kWPer; ++i) wok |= (m0 + wr + i * kWRowStep < rows ? 1u : 0u) << i;
+#pragma unroll
+  for (int i = 0; i < kXPer; ++i) xok |= (n0 + xt + i * kXTokStep < n_tok ? 1u : 0u) << i;
+    // The padding of the units that are never copied: weights +0, activations -0 (see above).
+#pragma unroll
+  for (int s = 0; s < kSw; ++s) {
+#pragma unroll
+    for (int i = 0; i < kWPer; ++i) {
+      if (((wok >> i) & 1u) == 0u) {
+        *reinterpret_cast<uint4*>(wdst + s * kWStage + i * kWUnitStep) = make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < kSx; ++s) {
+#pragma unroll
+    for (int i = 0; i < kXPer; ++i) {
+      if (((xok >> i) & 1u) == 0u) {
+        *reinterpret_cast<float4*>(xdst + s * kXStage + i * kXTokStep * G::kXLd) =
+            make_float4(-0.0f, -0.0f, -0.0f, -0.0f);
+      }
+    }
+  }
+
+  // Chunk c's copies into raw stage s = c % kSw and activation stage s = c % kSx. A chunk that
+  // ends within cols (all but a partial last one: uniform in the block) copies every unit that
+  // is in; in a partial last chunk (cols is a multiple of 16: a unit is all in or all out) the
+  // units past cols get the padding.
+  auto issue_w = [&](int c, int s) {
+    if (c >= n_chunks) return;
+    const int k0 = c * kK;
+    const uint8_t* const src = wsrc + static_cast<size_t>(k0) * G::kEsz;
+    uint8_t* const dst = wdst + s * kWStage;
+    if (k0 + kK <= cols) {
+#pragma unroll
+      for (int i = 0; i < kWPer; ++i) {
+        copy16_if<G::kEsz, kVec>(dst + i * kWUnitStep, src + i * wstep, (wok >> i) & 1u);
+      }
+    } else {
+      const bool in = k0 + we < cols;
+#pragma unroll
+      for (int i = 0; i < kWPer; ++i) {
+        if (((wok >> i) & 1u) == 0u) continue;
+        if (in) {
+          copy16<G::kEsz, kVec>(dst + i * kWUnitStep, src + i * wstep);
+        } else {
+          *reinterpret_cast<uint4*>(dst + i * kWUnitStep) = make_uint4(0u, 0u, 0u, 0u);  // +0
+        }
       }
     }
   };
-  auto issue_x = [&](int c) {
+  auto issue_x = [&](int c, int s) {
     if (c >= n_chunks) return;
-    const int k0 = c * G::kK;
-    float* const st = xs + static_cast<size_t>(c % kSx) * kBN * G::kXLd;
+    const int k0 = c * kK;
+    const float* const src = xsrc + k0;
+    float* const dst = xdst + s * kXStage;
+    if (k0 + kK <= cols) {
 #pragma unroll
-    for (int i = 0; i < (G::kXUnits + kTbThreads - 1) / kTbThreads; ++i) {
-      const int u = tid + i * kTbThreads;
-      if (G::kXUnits % kTbThreads != 0 && u >= G::kXUnits) break;
-      const int t = u / (G::kK / 4), e = (u % (G::kK / 4)) * 4;
-      float* dst = st + t * G::kXLd + e;
-      if (n0 + t < n_tok && k0 + e < cols) {
-        copy16<4, kVec>(
-            dst, reinterpret_cast<const uint8_t*>(x + static_cast<size_t>(n0 + t) * cols + k0 + e));
-      } else {
-        *reinterpret_cast<float4*>(dst) = make_float4(-0.0f, -0.0f, -0.0f, -0.0f);  // -0
+      for (int i = 0; i < kXPer; ++i) {
+        copy16_if<4, kVec>(dst + i * kXTokStep * G::kXLd,
+                           reinterpret_cast<const uint8_t*>(src + i * xstep), (xok >> i) & 1u);
+      }
+    } else {
+      const bool in = k0 + xe < cols;
+#pragma unroll
+      for (int i = 0; i < kXPer; ++i) {
+        if (((xok >> i) & 1u) == 0u) continue;
+        float* const d = dst + i * kXTokStep * G::kXLd;
+        if (in) {
+          copy16<4, kVec>(d, reinterpret_cast<const uint8_t*>(src + i * xstep));
+        } else {
+          *reinterpret_cast<float4*>(d) = make_float4(-0.0f, -0.0f, -0.0f, -0.0f);  // -0
+        }
       }
     }
   };
-  // The weight words this thread copied for chunk c, as floats, into float stage c & 1.
-  auto convert = [&](int c) {
-    const uint8_t* const st = raw + static_cast<size_t>(c % kSw) * kBM * G::kK * G::kEsz;
-    float* const wf = ws + (c & 1) * kBM * G::kWLd;
+  // The weight words this thread copied into raw stage s, as floats, into float stage f.
+  auto convert = [&](int s, int f) {
 #pragma unroll
-    for (int i = 0; i < (G::kWUnits + kTbThreads - 1) / kTbThreads; ++i) {
-      const int u = tid + i * kTbThreads;
-      if (G::kWUnits % kTbThreads != 0 && u >= G::kWUnits) break;
-      const int r = u / G::kWUnitsRow, e = (u % G::kWUnitsRow) * G::kWUnitEl;
-      const uint4 q = *reinterpret_cast<const uint4*>(st + (r * G::kK + e) * G::kEsz);
-      float4* d = reinterpret_cast<float4*>(wf + r * G::kWLd + e);
+    for (int i = 0; i < kWPer; ++i) {
+      const uint4 q = *reinterpret_cast<const uint4*>(wdst + s * kWStage + i * kWUnitStep);
+      float* const d = wcvt + f * kBM * G::kWLd + i * kWRowStep * G::kWLd;
       if constexpr (T == GgmlType::F32) {
-        d[0] = make_float4(__uint_as_float(q.x), __uint_as_float(q.y), __uint_as_float(q.z),
-                           __uint_as_float(q.w));
+        const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) d[4 * j] = __uint_as_float(wd[j]);  // slots of lanes + j
+      } else if constexpr (G::kIlv) {
+        const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
+        float v[8];
+        unpack8<T>(wd, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d[4 * j] = v[j];
       } else {
         const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
         float v[8];
         unpack8<T>(wd, v);
-        d[0] = make_float4(v[0], v[1], v[2], v[3]);
-        d[1] = make_float4(v[4], v[5], v[6], v[7]);
+        reinterpret_cast<float4*>(d)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        reinterpret_cast<float4*>(d)[1] = make_float4(v[4], v[5], v[6], v[7]);
       }
     }
   };
@@ -445,52 +538,64 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   // j + kSw - kSx; empty for the first kSx - 1). A_j is group 2j after W, so chunk j has
   // landed once at most 2 kSx - 3 newer groups are pending (its weights are older: kSw > kSx).
 #pragma unroll
-  for (int c = 0; c < kSw - 1; ++c) issue_w(c);
+  for (int c = 0; c < kSw - 1; ++c) issue_w(c, c);
   cp_async_commit();
   griddep_wait();
 #pragma unroll
   for (int c = 0; c < kSx - 1; ++c) {
-    issue_x(c);
+    issue_x(c, c);
     cp_async_commit();
     cp_async_commit();
   }
   cp_async_wait<2 * kSx - 3>();
-  convert(0);
+  convert(0, 0);
   __syncthreads();
 
   const int l = tid & 15, g = tid >> 4, gm = g >> 2, gn = g & 3;
+  const int wl = xf::ilv_read(0, l);  // lane l's slot in group 0 (interleaved)
   float acc[TM][TN];
 #pragma unroll
   for (int mi = 0; mi < TM; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = 0.0f;
   }
+  // Stages: x_in / w_in take chunk c + kSx - 1 / c + kSw - 1, x_c holds chunk c, w_next chunk c
+  // + 1.
+  int x_in = kSx - 1, w_in = kSw - 1, x_c = 0, w_next = 1 % kSw;
   for (int c = 0; c < n_chunks; ++c) {
-    // Stages (c - 1) % kSx and (c - 1) % kSw were last read in chunk c - 1 (its math, its
-    // conversion), before the barrier that ended it.
-    issue_x(c + kSx - 1);
+    // Stages x_in and w_in were last read in chunk c - 1 (its math, its conversion), before the
+    // barrier that ended it.
+    issue_x(c + kSx - 1, x_in);
     cp_async_commit();
-    issue_w(c + kSw - 1);
+    issue_w(c + kSw - 1, w_in);
     cp_async_commit();
     const float* const wf = ws + (c & 1) * kBM * G::kWLd + gm * TM * G::kWLd;
-    const float* const xf = xs + static_cast<size_t>(c % kSx) * kBN * G::kXLd + gn * G::kXLd;
+    const float* const xf = xs + x_c * kXStage + gn * G::kXLd;
     if constexpr (!kBf) {
+      // group q: each weight slot holds steps kk = 64q + 16s, s = 0 .. 3, in order
 #pragma unroll
-      for (int kk = 0; kk < G::kK; kk += 16) {
-        float a[TM], b[TN];
+      for (int q = 0; q < kK / 64; ++q) {
+        float4 a4[TM];
 #pragma unroll
-        for (int mi = 0; mi < TM; ++mi) a[mi] = wf[mi * G::kWLd + kk + l];
+        for (int mi = 0; mi < TM; ++mi)
+          a4[mi] = *reinterpret_cast<const float4*>(wf + mi * G::kWLd + xf::ilv_read(q, 0) + wl);
 #pragma unroll
-        for (int ni = 0; ni < TN; ++ni) b[ni] = xf[4 * ni * G::kXLd + kk + l];
+        for (int s = 0; s < 4; ++s) {
+          float b[TN];
 #pragma unroll
-        for (int mi = 0; mi < TM; ++mi) {
+          for (int ni = 0; ni < TN; ++ni) b[ni] = xf[4 * ni * G::kXLd + 64 * q + 16 * s + l];
 #pragma unroll
-          for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a[mi], b[ni]);
+          for (int mi = 0; mi < TM; ++mi) {
+            const float a =
+                s == 0 ? a4[mi].x : (s == 1 ? a4[mi].y : (s == 2 ? a4[mi].z : a4[mi].w));
+#pragma unroll
+            for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a, b[ni]);
+          }
         }
       }
     } else {
 #pragma unroll
-      for (int kk = 0; kk < G::kK; kk += 32) {
+      for (int kk = 0; kk < kK; kk += 32) {
         float2 a[TM], b[TN];
 #pragma unroll
         for (int mi = 0; mi < TM; ++mi)
@@ -510,11 +615,14 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
       // Chunk c + 1 has landed (A_{c+1} and what is older); float stage (c + 1) & 1 was last
       // read in chunk c - 1.
       cp_async_wait<2 * kSx - 3>();
-      convert(c + 1);
+      convert(w_next, (c + 1) & 1);
       __syncthreads();
     }
+    x_in = x_in + 1 == kSx ? 0 : x_in + 1;
+    w_in = w_in + 1 == kSw ? 0 : w_in + 1;
+    x_c = x_c + 1 == kSx ? 0 : x_c + 1;
+    w_next = w_next + 1 == kSw ? 0 : w_next + 1;
   }
-
   // hsum16 over the 16 lanes of the group, lane bits 3, 2, 1, 0 (xor 8, 4, 2, 1: the pairs of
   // the reference's tree; a + b == b + a), as a transposing reduction: at each level a lane
   // keeps half of its outputs (the half picked by its lane bit) and adds the partner's value of

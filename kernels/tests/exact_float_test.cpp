@@ -281,6 +281,48 @@ TEST(ExactFloatHost, TransposingHsum16MatchesCpu) {
   }
 }
 
+// tinyblas_kernel's interleaved weight stage (F32 / F16): every element of a 128-element chunk
+// has its own place in a 35-slot row; lane l's slot of group q holds its chain's steps 64q +
+// 16s + l in order s = 0 .. 3; a quarter warp's 8 lanes read 8 adjacent slots; and the
+// conversion's stores (a warp: 32 / (128 / U) rows of 128 / U units of U consecutive elements,
+// rows xf::kIlvRowFloats apart rounded to the kernel's 144 floats) hit 32 distinct banks.
+// REQ: M0-W-1430
+TEST(ExactFloatHost, InterleavedStageIsAConflictFreePermutation) {
+  std::vector<int> owner(xf::kIlvRowFloats, -1);
+  for (int k = 0; k < 128; ++k) {
+    const int p = xf::ilv_pos(k);
+    ASSERT_GE(p, 0);
+    ASSERT_LT(p, xf::kIlvRowFloats);
+    EXPECT_EQ(owner[static_cast<size_t>(p)], -1) << "element " << k << " shares " << p;
+    owner[static_cast<size_t>(p)] = k;
+  }
+  for (int q = 0; q < 2; ++q) {
+    for (int l = 0; l < 16; ++l) {
+      EXPECT_EQ(xf::ilv_read(q, l) % 4, 0);
+      for (int s = 0; s < 4; ++s) {
+        EXPECT_EQ(owner[static_cast<size_t>(xf::ilv_read(q, l) + s)], 64 * q + 16 * s + l);
+      }
+      if (l % 8 != 0) {
+        EXPECT_EQ(xf::ilv_read(q, l), xf::ilv_read(q, l - 1) + 4);
+      }
+    }
+  }
+  constexpr int kLd = 144;
+  for (const int unit : {8, 4}) {  // F16, F32
+    const int per_row = 128 / unit;
+    for (int j = 0; j < unit; ++j) {  // one store instruction of the warp
+      std::vector<int> bank_use(32, 0);
+      for (int t = 0; t < 32; ++t) {
+        const int r = t / per_row, we = (t % per_row) * unit;
+        ++bank_use[static_cast<size_t>((r * kLd + xf::ilv_pos(we + j)) % 32)];
+      }
+      for (int b = 0; b < 32; ++b) {
+        EXPECT_EQ(bank_use[static_cast<size_t>(b)], 1) << "unit " << unit << " j " << j;
+      }
+    }
+  }
+}
+
 // HOST EMULATION: the tinyBLAS kernel pads a partial last k chunk with weight +0 and
 // activation -0; that step must leave every chain value unchanged, signed zeros included.
 // REQ: M0-W-1430
