@@ -329,11 +329,16 @@ struct PrepLayout {
 constexpr size_t al256(size_t n) {
   return (n + 255) / 256 * 256;
 }
+// A batch's token tiles (kMT tokens a CTA row); the prepared activations hold their tokens, the
+// ones past n_tok zero.
+__host__ __device__ constexpr int token_tiles(int n_tok) {
+  return (n_tok + kMT - 1) / kMT;
+}
 // The layout of a launch whose weights hold w_elems elements (tiles x kMR rows x cols) and whose
 // batch has n_tok tokens of cols values; with the largest of each, qgemm_scratch_bytes.
 constexpr PrepLayout prep_layout(int64_t w_elems, int cols, int n_tok) {
   const auto e = static_cast<size_t>(w_elems), c = static_cast<size_t>(cols),
-             tp = static_cast<size_t>((n_tok + kMT - 1) / kMT * kMT);
+             tp = static_cast<size_t>(token_tiles(n_tok)) * kMT;
   PrepLayout l{};
   l.w = 0;
   l.dw = l.w + al256(e * 2);
@@ -592,15 +597,11 @@ __global__ void __launch_bounds__(kThreads)
     const int blk = static_cast<int>(u % nb);
     const int64_t tr = u / nb;  // row of the launch's tiles
     const int bx = static_cast<int>(tr / kMR), r = static_cast<int>(tr % kMR);
-    const int seg =
-        seg_of<MULTI>(sg, bx);  // (selects: indexing the parameter arrays would copy them)
-    const int row = (bx - (seg == 0 ? 0 : (seg == 1 ? sg.blk_end[0] : sg.blk_end[1]))) * kMR + r;
-    if (row < (seg == 0
-                   ? sg.rows[0]
-                   : (seg == 1 ? sg.rows[1] : sg.rows[2]))) {  // weights: no kernel writes them
-      const uint8_t* w = seg == 0 ? sg.w[0] : (seg == 1 ? sg.w[1] : sg.w[2]);
+    const TileSeg ts = tile_seg<MULTI>(sg, bx);
+    const int row = ts.row0 + r;
+    if (row < ts.rows) {  // weights: no kernel writes them
       weight_block_f16<T>(
-          w + static_cast<size_t>(row) * sg.row_bytes + static_cast<size_t>(blk) * BB, v, d);
+          ts.w + static_cast<size_t>(row) * sg.row_bytes + static_cast<size_t>(blk) * BB, v, d);
     }
     griddep_wait();  // the previous launch's tile may still read the scratch
     auto* dst = reinterpret_cast<uint4*>(scratch + pl.w) + (tr * cols + 32 * blk) / 8;
@@ -612,8 +613,7 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int64_t au = u - wunits;
-  const int tp = (n_tok + kMT - 1) / kMT * kMT;
-  if (au >= static_cast<int64_t>(tp) * nb) return;
+  if (au >= static_cast<int64_t>(token_tiles(n_tok)) * kMT * nb) return;
   const int blk = static_cast<int>(au % nb), tok = static_cast<int>(au / nb);
   griddep_wait();  // the activation quants come from earlier kernels
   if (tok < n_tok) {
@@ -1528,7 +1528,7 @@ void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cu
       mma0::prep_layout(static_cast<int64_t>(sg.blk_end[2]) * mma0::kMR * l.cols, l.cols, n_tok);
   const int64_t nb = l.cols / 32;
   const int64_t units = (static_cast<int64_t>(sg.blk_end[2]) * mma0::kMR +
-                         (n_tok + mma0::kMT - 1) / mma0::kMT * mma0::kMT) *
+                         static_cast<int64_t>(mma0::token_tiles(n_tok)) * mma0::kMT) *
                         nb;
   const dim3 pgrid(static_cast<unsigned>((units + kThreads - 1) / kThreads));
   const auto* aq = static_cast<const int8_t*>(a.q);
@@ -1663,8 +1663,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
         if (mma_ok && prefetch == qg::kVariantMma)
           return launch_mma<T>(l, a, n_tok, accumulate, stream);
         if (mma_ok && scratch_ok && prefetch < 0 && n_tok >= kQgemmMmaMinTokens &&
-            mma_fills(static_cast<int64_t>(l.tiles(mma0::kMR)) *
-                      ((n_tok + mma0::kMT - 1) / mma0::kMT)))
+            mma_fills(static_cast<int64_t>(l.tiles(mma0::kMR)) * mma0::token_tiles(n_tok)))
           return launch_mma<T>(l, a, n_tok, accumulate, stream);
       }
       if constexpr (T == GgmlType::Q4_K) {
