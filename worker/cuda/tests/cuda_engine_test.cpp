@@ -884,7 +884,11 @@ TEST(CudaEngine, InsufficientVramFailsFastWithBytes) {
 //   out, k, v, gate, up and one low-precision copy of the widest row), 32 rows of FP32
 //   logits, the sampling buffers (4 arrays of n_vocab 4-byte values), the rounded matmul
 //   input of the widest 512 rows (FP32 + int8 + scales + sums); exact mode also the
-//   attention's probabilities and the RoPE table. No FP32 copy of any weight matrix.
+//   attention's probabilities and the RoPE table. Quantized files also the tensor-core tile's
+//   operands converted once a launch (ActBuf::mma, perf-notes v38): the largest launch's
+//   weights (gate + up: 2 x n_ff rows, each weight's rows rounded up to 64, x n_embd) as f16
+//   with a float scale per 32, and the 512 rows of the widest input as f16 with a float scale
+//   per 32. No FP32 copy of any weight matrix.
 // The device must also really have lost at least the reported bytes (cudaMemGetInfo).
 // REQ: M0-W-1011 M0-W-1220 M0-W-1222 M0-W-1012
 TEST(CudaEngine, Qwen05BShapedFixturesLoadGenerateAndReportVram) {
@@ -926,6 +930,10 @@ TEST(CudaEngine, Qwen05BShapedFixturesLoadGenerateAndReportVram) {
       const double widest = std::max({E, QD, F});
       double scratch = 4.0 * (512 * (2 * E + 2 * QD + 2 * KD + 2 * F + widest) + 32 * V + 4 * V) +
                        512 * widest * (4 + 1 + 4.0 / 32 + 4.0 / 16);
+      if (c.quant_kind != "F16" && c.quant_kind != "F32" && c.quant_kind != "BF16") {
+        const double gate_up = 2.0 * std::ceil(F / 64) * 64 * E;
+        scratch += gate_up * (2 + 4.0 / 32) + 512 * widest * (2 + 4.0 / 32);
+      }
       if (exact) {
         scratch += 4.0 * static_cast<double>(kern::exact::attention_scratch_floats(
                              kCtx, 512, static_cast<int>(c.n_head))) +
