@@ -324,14 +324,15 @@ struct TbGeom {
 
 // One level of tinyblas_kernel's transposing hsum16 (xf::fold_pair): the first n
 // values of v are this lane's outputs; the lane keeps the half that its bit B picks (v[0 ..
-// n/2) after the call) and adds the partner's (lane ^ 2^B) values of them.
+// n/2) after the call) and adds the partner's (lane ^ 2^B, the thread tid ^ 2^(B + 1): lane l
+// is thread bits 1 .. 4) values of them.
 template <int n, int B, int N>
 __device__ __forceinline__ void fold_half(float (&v)[N], int l) {
 #pragma unroll
   for (int i = 0; i < n / 2; ++i) {
     float send, keep;
     xf::fold_pair<n, B>(v, l, i, send, keep);
-    v[i] = xf::add_rn(keep, __shfl_xor_sync(0xffffffffu, send, 1 << B));
+    v[i] = xf::add_rn(keep, __shfl_xor_sync(0xffffffffu, send, 2 << B));
   }
 }
 
@@ -551,7 +552,10 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   convert(0, 0);
   __syncthreads();
 
-  const int l = tid & 15, g = tid >> 4, gm = g >> 2, gn = g & 3;
+  // Lane l = thread bits 1 .. 4, the group's low bit = thread bit 0: threads tid and tid ^ 1
+  // (groups 2w and 2w + 1 of warp w: the same gm) load the same weight slot, which halves an
+  // LDS.128's wavefronts on sm_90 (4 -> 2: tools/probes/lds_probe.cu, perf-notes v39).
+  const int l = (tid >> 1) & 15, g = ((tid >> 5) << 1) | (tid & 1), gm = g >> 2, gn = g & 3;
   const int wl = xf::ilv_read(0, l);  // lane l's slot in group 0 (interleaved)
   float acc[TM][TN];
 #pragma unroll
