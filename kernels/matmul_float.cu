@@ -28,7 +28,7 @@
 //    staged in shared memory as floats (exact conversions; a partial last chunk padded with
 //    products -0, which leave every chain unchanged); thread (group g, lane l) owns lane l
 //    of 8 rows x 8 tokens or 4 x 4 (64 or 16 register chains, each in index order); hsum16
-//    by shuffles xor 8, 4, 2, 1 inside each 16-thread group (a transposing reduction).
+//    by shuffles over lane bits 3, 2, 1, 0 inside each 16-thread group (a transposing reduction).
 // accumulate: y = y + dot, one rounding (the CPU's x += tmp).
 //
 // All arithmetic here goes through xf:: helpers (explicit __fmul_rn / __fadd_rn / fmaf), and
@@ -259,12 +259,14 @@ __global__ void __launch_bounds__(kVdThreads)
 }
 
 // ---------------------------------------------------------------------------------------
-// tinyBLAS order. Block: 16 groups of 16 threads; group g = (gm, gn) owns rows gm*TM .. +TM and
+// tinyBLAS order. Block: 16 groups of 16 threads (warp w holds groups 2w and 2w + 1, thread bit
+// 0 picking the group, bits 1 .. 4 the lane); group g = (gm, gn) owns rows gm*TM .. +TM and
 // tokens gn, gn + 4, .., gn + 4(TN-1) of a 4TM-row x 4TN-token tile; thread lane l of the group
-// holds chain l of each of those outputs. Two tiles: 8 x 8 outputs a thread (32 x 32 per block:
-// 16 shared loads per 64 FMAs), and 4 x 4 (16 x 16) for short batches and small grids (896-row
-// matrices at <= 64 tokens: the 76-chunk K loop of a down projection then runs on four times
-// as many SMs); launch_tinyblas picks.
+// holds chain l of each of those outputs. Two tiles: 8 x 8 outputs a thread (32 x 32 per block;
+// per four 16-element steps, 8 LDS.128 weight slots and 32 LDS.32 activations for 256 FMAs),
+// and 4 x 4 (16 x 16) for short batches and small grids (896-row matrices at <= 64 tokens: the
+// 76-chunk K loop of a down projection then runs on four times as many SMs); launch_tinyblas
+// picks.
 //
 // k runs in chunks of kK (128) through two rings of shared-memory stages filled by cp.async
 // (16-byte copies): the raw weights, kSw stages, requested kSw - 1 chunks ahead (the first ones
@@ -627,8 +629,8 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     x_c = x_c + 1 == kSx ? 0 : x_c + 1;
     w_next = w_next + 1 == kSw ? 0 : w_next + 1;
   }
-  // hsum16 over the 16 lanes of the group, lane bits 3, 2, 1, 0 (xor 8, 4, 2, 1: the pairs of
-  // the reference's tree; a + b == b + a), as a transposing reduction: at each level a lane
+  // hsum16 over the 16 lanes of the group, lane bits 3, 2, 1, 0 (thread xor 16, 8, 4, 2: the pairs
+  // of the reference's tree; a + b == b + a), as a transposing reduction: at each level a lane
   // keeps half of its outputs (the half picked by its lane bit) and adds the partner's value of
   // those, sending its own of the other half. Output o = mi + TM * ni (kN of them) ends in
   // lane o / kQ: lane l holds outputs kQ * l .. kQ * l + kQ - 1.
