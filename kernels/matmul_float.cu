@@ -436,8 +436,10 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
 #pragma unroll
   for (int i = 0; i < kWPer; ++i) wok |= (m0 + wr + i * kWRowStep < rows ? 1u : 0u) << i;
 #pragma unroll
-  for (int i = 0; i < kXPer; ++i) xok |= (n0 + xt + i * kXTokStep < n_tok ? 1u : 0u) << i;
-    // The padding of the units that are never copied: weights +0, activations -0 (see above).
+  for (int i = 0; i < kXPer; ++i) {
+    xok |= (n0 + xt + i * kXTokStep < n_tok ? 1u : 0u) << i;
+  }
+  // The padding of the units that are never copied: weights +0, activations -0 (see above).
 #pragma unroll
   for (int s = 0; s < kSw; ++s) {
 #pragma unroll
