@@ -1519,13 +1519,18 @@ void launch_tile(const char* name, size_t smem, int br, int bt, const Launch& l,
                   args...);
 }
 
+// The layout of launch l's converted operands in ActBuf::mma at n_tok tokens.
+mma0::PrepLayout mma_layout(const Launch& l, int n_tok) {
+  return mma0::prep_layout(static_cast<int64_t>(l.tiles(mma0::kMR)) * mma0::kMR * l.cols, l.cols,
+                           n_tok);
+}
+
 // mma0's two launches: prep_kernel (the operands into a.mma, which the caller checked holds
-// prep_layout's bytes), then the tile.
+// mma_layout's bytes), then the tile.
 template <GgmlType T>
 void launch_mma(const Launch& l, const ActBuf& a, int n_tok, bool accumulate, cudaStream_t stream) {
   const QSegs sg = l.segs(mma0::kMR);
-  const mma0::PrepLayout pl =
-      mma0::prep_layout(static_cast<int64_t>(sg.blk_end[2]) * mma0::kMR * l.cols, l.cols, n_tok);
+  const mma0::PrepLayout pl = mma_layout(l, n_tok);
   const int64_t nb = l.cols / 32;
   const int64_t units = (static_cast<int64_t>(sg.blk_end[2]) * mma0::kMR +
                          static_cast<int64_t>(mma0::token_tiles(n_tok)) * mma0::kMT) *
@@ -1650,12 +1655,7 @@ void run(const WeightView* const* ws, float* const* ys, int n, const ActBuf& a, 
         // the tensor-core tile: Q0Lanes weights whose width is a multiple of its step and whose
         // rows are 8-byte aligned (its cp.async pieces)
         const bool mma_ok = !rep && w0.cols % mma0::kKS == 0 && ring_rows;
-        const bool scratch_ok =
-            a.mma != nullptr &&
-            a.mma_bytes >=
-                mma0::prep_layout(static_cast<int64_t>(l.tiles(mma0::kMR)) * mma0::kMR * l.cols,
-                                  l.cols, n_tok)
-                    .bytes;
+        const bool scratch_ok = a.mma != nullptr && a.mma_bytes >= mma_layout(l, n_tok).bytes;
         if (mma_ok && !scratch_ok && prefetch == qg::kVariantMma)
           throw WorkerError(
               ErrorCode::Internal,
