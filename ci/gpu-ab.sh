@@ -16,9 +16,10 @@
 #                step's keys, replayed from a CUDA graph, the product's setting, or launched
 #                directly; on by default. The persistent step is launched directly either way)
 #                [--trace MODELS] (after the runs, a step trace of the persistent step on each of
-#                these models (e.g. f16,q8_0) by new and each variant: decode_bench --decode 24
-#                with WORKER_DECODE_STEP_TRACE, then bench/steptrace.py --compare new variant,
-#                its per-layer lines; the traces stay in /tmp/ab-trace-BUILD-MODEL.bin)
+#                these models (e.g. f16,q8_0) by prev, new and each variant: decode_bench --decode
+#                24 with WORKER_DECODE_STEP_TRACE, then bench/steptrace.py --compare prev new and
+#                new variant, their per-layer lines (new's own trace when it is the only build);
+#                the traces stay in /tmp/ab-trace-BUILD-MODEL.bin)
 # Last, bench/absummary.py's table: each build's median decode and prompt tok/s, their change
 # against new's, and whether its logits hashes equal new's; with $OUT set (the device call's
 # output folder) the run lines and that table are also written to $OUT/gpu-ab-runs.txt.
@@ -117,21 +118,32 @@ for b in "${order[@]}"; do
   awk -v b=$b '/\.gguf/ {printf "%-4s %-24s exact %-3s graph %-3s decode %8s  prompt %8s  hash %s\n", b, $1, $2, $3, $4, $8, $11}' /tmp/ab-run.log |
     tee -a /tmp/ab-lines.txt
 done
+traced=(new "${variants[@]}")
+[ $noprev = 1 ] || traced=(prev "${traced[@]}")
 for m in ${trace//,/ }; do
-  for b in new "${variants[@]}"; do
+  for b in "${traced[@]}"; do
     [[ $failed == *" $b "* ]] && continue
     t=/tmp/ab-trace-$b-$m.bin
     rm -f "$t"
-    WORKER_DECODE_STEP_TRACE=$t timeout 60 /tmp/ab-$b/bench/decode_bench \
+    d=/tmp/ab-$b/bench/decode_bench; [ $b = prev ] && d=/tmp/ab-prev/build/bench/decode_bench
+    WORKER_DECODE_STEP_TRACE=$t timeout 60 "$d" \
       --model "$WORKER_GENERATED_FIXTURES/qwen2-0.5b-$m.gguf" --prefill "$prefill" --decode 24 \
       --reps 1 > /tmp/ab-trace.log 2>&1 || { say "FAILED: $b's traced run on $m"; tail -3 /tmp/ab-trace.log; }
   done
-  for v in "${variants[@]}"; do
-    [ -s /tmp/ab-trace-new-$m.bin ] && [ -s /tmp/ab-trace-$v-$m.bin ] || continue
-    say "step trace $m: new -> $v (us)"
-    python3 bench/steptrace.py --compare /tmp/ab-trace-new-$m.bin /tmp/ab-trace-$v-$m.bin |
+  pairs=()
+  [ $noprev = 1 ] || pairs+=("prev new")
+  for v in "${variants[@]}"; do pairs+=("new $v"); done
+  for pr in "${pairs[@]}"; do
+    set -- $pr
+    [ -s /tmp/ab-trace-$1-$m.bin ] && [ -s /tmp/ab-trace-$2-$m.bin ] || continue
+    say "step trace $m: $1 -> $2 (us)"
+    python3 bench/steptrace.py --compare /tmp/ab-trace-$1-$m.bin /tmp/ab-trace-$2-$m.bin |
       grep -vE "slowest|attention (RoPE|exps|softmax|KQV|reduce)|down: "
   done
+  if [ ${#pairs[@]} -eq 0 ] && [ -s /tmp/ab-trace-new-$m.bin ]; then
+    say "step trace $m: new (us)"
+    python3 bench/steptrace.py /tmp/ab-trace-new-$m.bin
+  fi
 done
 python3 bench/absummary.py /tmp/ab-lines.txt | tee /tmp/ab-summary.txt
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then cat /tmp/ab-lines.txt /tmp/ab-summary.txt > "$OUT/gpu-ab-runs.txt"; fi
