@@ -20,7 +20,10 @@ struct ActBuf {
   // already holds their input rounded for their weight.
   ActType type = ActType::F32;
   const float* src = nullptr;
-  float* f = nullptr;   // [n_tok][cols] F32 / F16- / BF16-rounded values (float weights)
+  float* f = nullptr;  // [n_tok][cols] F32 / F16- / BF16-rounded values (float weights)
+  // Scratch of the tinyBLAS products of F32 / F16 weights (matmul_float.cu): a launch's f
+  // rows permuted so that a lane's four steps are adjacent, [n_tok][cols rounded up to 64].
+  float* fp = nullptr;
   int8_t* q = nullptr;  // [n_tok][cols] Q8_0 or Q8_K quants (quantized weights)
   float* d = nullptr;   // [n_tok][cols / 32] Q8_0 scales (fp16-rounded) or [n_tok][cols/256] Q8_K
   int32_t* bsum = nullptr;  // [n_tok][cols / 16] Q8_K sums of 16 quants

@@ -39,6 +39,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <algorithm>
 #include <string>
 
 #include "common.cuh"
@@ -387,7 +388,8 @@ __device__ __forceinline__ void copy16_if(void* dst, const uint8_t* __restrict__
 
 template <GgmlType T, int TM, int TN, bool kVec>
 __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
-    tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int n_tok, int accumulate) {
+    tinyblas_kernel(TbSegs sg, int cols, const float* __restrict__ x, int xcols, int n_tok,
+                    int accumulate) {
   using G = TbGeom<T, TM, TN>;
   constexpr bool kBf = T == GgmlType::BF16;
   constexpr int kBM = G::kBM, kBN = G::kBN, kSw = G::kSw, kSx = G::kSx, kK = G::kK;
@@ -430,8 +432,8 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   const uint8_t* const wsrc =
       w + static_cast<size_t>(m0 + wr) * row_bytes + static_cast<size_t>(we) * G::kEsz;
   const size_t wstep = static_cast<size_t>(kWRowStep) * row_bytes;
-  const float* const xsrc = x + static_cast<size_t>(n0 + xt) * static_cast<size_t>(cols) + xe;
-  const size_t xstep = static_cast<size_t>(kXTokStep) * static_cast<size_t>(cols);
+  const float* const xsrc = x + static_cast<size_t>(n0 + xt) * static_cast<size_t>(xcols) + xe;
+  const size_t xstep = static_cast<size_t>(kXTokStep) * static_cast<size_t>(xcols);
   uint32_t wok = 0u, xok = 0u;
 #pragma unroll
   for (int i = 0; i < kWPer; ++i) wok |= (m0 + wr + i * kWRowStep < rows ? 1u : 0u) << i;
@@ -492,14 +494,14 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     const int k0 = c * kK;
     const float* const src = xsrc + k0;
     float* const dst = xdst + s * kXStage;
-    if (k0 + kK <= cols) {
+    if (k0 + kK <= xcols) {
 #pragma unroll
       for (int i = 0; i < kXPer; ++i) {
         copy16_if<4, kVec>(dst + i * kXTokStep * G::kXLd,
                            reinterpret_cast<const uint8_t*>(src + i * xstep), (xok >> i) & 1u);
       }
     } else {
-      const bool in = k0 + xe < cols;
+      const bool in = k0 + xe < xcols;
 #pragma unroll
       for (int i = 0; i < kXPer; ++i) {
         if (((xok >> i) & 1u) == 0u) continue;
@@ -580,7 +582,9 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
     const float* const wf = ws + (c & 1) * kBM * G::kWLd + gm * TM * G::kWLd;
     const float* const xf = xs + x_c * kXStage + gn * G::kXLd;
     if constexpr (!kBf) {
-      // group q: each weight slot holds steps kk = 64q + 16s, s = 0 .. 3, in order
+      // group q: each weight slot and each activation slot (x permuted: tb_permute) holds
+      // steps kk = 64q + 16s, s = 0 .. 3, in order; each chain acc[mi][ni] takes them in that
+      // order (the loops over ni and mi only interleave different chains)
 #pragma unroll
       for (int q = 0; q < kK / 64; ++q) {
         float4 a4[TM];
@@ -588,16 +592,18 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
         for (int mi = 0; mi < TM; ++mi)
           a4[mi] = *reinterpret_cast<const float4*>(wf + mi * G::kWLd + xf::ilv_read(q, 0) + wl);
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          float b[TN];
+        for (int ni = 0; ni < TN; ++ni) {
+          const float4 b4 =
+              *reinterpret_cast<const float4*>(xf + 4 * ni * G::kXLd + 64 * q + 4 * l);
 #pragma unroll
-          for (int ni = 0; ni < TN; ++ni) b[ni] = xf[4 * ni * G::kXLd + 64 * q + 16 * s + l];
+          for (int s = 0; s < 4; ++s) {
+            const float b = s == 0 ? b4.x : (s == 1 ? b4.y : (s == 2 ? b4.z : b4.w));
 #pragma unroll
-          for (int mi = 0; mi < TM; ++mi) {
-            const float a =
-                s == 0 ? a4[mi].x : (s == 1 ? a4[mi].y : (s == 2 ? a4[mi].z : a4[mi].w));
-#pragma unroll
-            for (int ni = 0; ni < TN; ++ni) acc[mi][ni] = xf::fma_step(acc[mi][ni], a, b[ni]);
+            for (int mi = 0; mi < TM; ++mi) {
+              const float a =
+                  s == 0 ? a4[mi].x : (s == 1 ? a4[mi].y : (s == 2 ? a4[mi].z : a4[mi].w));
+              acc[mi][ni] = xf::fma_step(acc[mi][ni], a, b);
+            }
           }
         }
       }
@@ -655,9 +661,33 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
   }
 }
 
+// F32 / F16 weights: tinyblas_kernel's activations x [n_tok][cols] permuted into xp
+// [n_tok][xcols] (xcols = cols rounded up to 64) so that in each 64-element group q, lane l's
+// four steps are one 16-byte slot: element 64q + 16s + l goes to 64q + 4l + s, and the
+// positions past cols hold the padding -0 (see above). The kernel's copies then move whole
+// slots (the same 16-byte units as the raw rows: a warp's copies still read whole lines,
+// perf-notes v41), and its math reads a token's four steps with one LDS.128 instead of four
+// LDS.32.
+__global__ void tb_permute_kernel(const float* __restrict__ x, float* __restrict__ xp, int n_tok,
+                                  int cols, int xcols) {
+  griddep_wait();
+  const size_t slots = static_cast<size_t>(xcols / 4), n = static_cast<size_t>(n_tok) * slots;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t t = i / slots;
+    const int j = static_cast<int>(i % slots), e0 = 64 * (j >> 4) + (j & 15);
+    const float* const src = x + t * static_cast<size_t>(cols);
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = e0 + 16 * k < cols ? src[e0 + 16 * k] : -0.0f;
+    reinterpret_cast<float4*>(xp + t * static_cast<size_t>(xcols))[j] =
+        make_float4(v[0], v[1], v[2], v[3]);
+  }
+}
+
 template <GgmlType T, int TM, int TN, bool kVec>
-void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int n_tok, int acc,
-                    cudaStream_t st) {
+void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int xcols, int n_tok,
+                    int acc, cudaStream_t st) {
   using G = TbGeom<T, TM, TN>;
   auto* kernel = tinyblas_kernel<T, TM, TN, kVec>;
   constexpr size_t kPadded = one_block_per_sm_smem(G::kSmem);
@@ -671,7 +701,7 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
                   static_cast<unsigned>((n_tok + G::kBN - 1) / G::kBN));
   // A grid no larger than the SMs runs one block an SM (launch.cuh).
   launch_pdl_smem("exact_float_tinyblas", kernel, grid, dim3(kTbThreads),
-                  smem_for_grid(grid, G::kSmem), st, sg, cols, x, n_tok, acc);
+                  smem_for_grid(grid, G::kSmem), st, sg, cols, x, xcols, n_tok, acc);
 }
 
 // One tinyBLAS launch over the n weights ws[i] (one type, one width) into ys[i]. 32 x 32 tiles
@@ -679,9 +709,11 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
 // half the SMs a block; then 16 x 16 (H100, kernel_bench, F16 us, 32 x 32 / 16 x 16: 4864 x 896
 // at 8 tokens 20.4 / 13.5, at 32 21.6 / 24.2; 896 x 4864 at 32 tokens 70.9 / 40.7, at 64 71.1 /
 // 68.4, at 128 71.5 / 101.5).
+// xp: the scratch of tb_permute (ActBuf::fp), n_tok x (cols rounded up to 64) floats; F32 / F16
+// only.
 template <GgmlType T, bool kVec>
 void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const float* x,
-                     int n_tok, bool accumulate, cudaStream_t st) {
+                     float* xp, int n_tok, bool accumulate, cudaStream_t st) {
   using Big = TbGeom<T, 8, 8>;
   TbSegs sg;
   for (int i = 0; i < n; ++i) {
@@ -700,18 +732,30 @@ void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const
     return blocks;
   };
   const int cols = static_cast<int>(ws[0]->cols), acc = accumulate ? 1 : 0;
+  int xcols = cols;
+  if constexpr (Big::kIlv) {
+    if (xp == nullptr) {
+      throw WorkerError(ErrorCode::Internal, "exact::matmul_float: tinyBLAS without ActBuf::fp");
+    }
+    xcols = (cols + 63) / 64 * 64;
+    const size_t slots = static_cast<size_t>(n_tok) * static_cast<size_t>(xcols / 4);
+    const dim3 grid(static_cast<unsigned>(std::min<size_t>((slots + 255) / 256, 65535)));
+    launch_pdl("exact_float_tb_permute", tb_permute_kernel, grid, dim3(256), st, x, xp, n_tok, cols,
+               xcols);
+    x = xp;
+  }
   const int blocks_big = set_blocks(Big::kBM);
   const int64_t grid_big = static_cast<int64_t>(blocks_big) * ((n_tok + Big::kBN - 1) / Big::kBN);
   if (n_tok > 16 && 2 * grid_big >= sm_count()) {
-    launch_tb_tile<T, 8, 8, kVec>(sg, blocks_big, cols, x, n_tok, acc, st);
+    launch_tb_tile<T, 8, 8, kVec>(sg, blocks_big, cols, x, xcols, n_tok, acc, st);
   } else {
     const int blocks_small = set_blocks(TbGeom<T, 4, 4>::kBM);
-    launch_tb_tile<T, 4, 4, kVec>(sg, blocks_small, cols, x, n_tok, acc, st);
+    launch_tb_tile<T, 4, 4, kVec>(sg, blocks_small, cols, x, xcols, n_tok, acc, st);
   }
 }
 
 template <GgmlType T, bool kVec>
-void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, float* y,
+void launch_typed(const WeightView& w, const float* x, float* xp, int n_tok, bool tiny, float* y,
                   bool accumulate, cudaStream_t st) {
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   const auto* wp = static_cast<const uint8_t*>(w.data);
@@ -719,7 +763,7 @@ void launch_typed(const WeightView& w, const float* x, int n_tok, bool tiny, flo
   if (tiny) {
     const WeightView* ws[1] = {&w};
     float* ys[1] = {y};
-    launch_tinyblas<T, kVec>(ws, ys, 1, x, n_tok, accumulate, st);
+    launch_tinyblas<T, kVec>(ws, ys, 1, x, xp, n_tok, accumulate, st);
   } else if (n_tok == 1) {
     const int rpb = rows < kVdSmallRows ? kVdRows / 2 : kVdRows;
     const dim3 grid((rows + rpb - 1) / rpb, 1);
@@ -740,13 +784,13 @@ bool vec_loads(const WeightView& w, const float* x) {
 }
 
 template <GgmlType T>
-void launch_type(const WeightView& w, const float* x, int n_tok, bool tiny, float* y,
+void launch_type(const WeightView& w, const float* x, float* xp, int n_tok, bool tiny, float* y,
                  bool accumulate, cudaStream_t st) {
   const bool vec = vec_loads(w, x);
   if (vec) {
-    launch_typed<T, true>(w, x, n_tok, tiny, y, accumulate, st);
+    launch_typed<T, true>(w, x, xp, n_tok, tiny, y, accumulate, st);
   } else {
-    launch_typed<T, false>(w, x, n_tok, tiny, y, accumulate, st);
+    launch_typed<T, false>(w, x, xp, n_tok, tiny, y, accumulate, st);
   }
 }
 
@@ -795,7 +839,7 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
   // The CPU reference picks tinyBLAS from the whole batch's token count (matmul.cuh).
   const bool tiny = xf::tinyblas_takes(w.type, w.rows, order.batch_n, w.cols);
   with_float_type(w.type, [&](auto tr) {
-    launch_type<decltype(tr)::kType>(w, a.f, n_tok, tiny, y, accumulate, stream);
+    launch_type<decltype(tr)::kType>(w, a.f, a.fp, n_tok, tiny, y, accumulate, stream);
   });
 }
 
@@ -816,9 +860,9 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
   return with_float_type(ws[0]->type, [&](auto tr) {
     constexpr GgmlType T = decltype(tr)::kType;
     if (vec) {
-      launch_tinyblas<T, true>(ws, ys, n, a.f, n_tok, false, stream);
+      launch_tinyblas<T, true>(ws, ys, n, a.f, a.fp, n_tok, false, stream);
     } else {
-      launch_tinyblas<T, false>(ws, ys, n, a.f, n_tok, false, stream);
+      launch_tinyblas<T, false>(ws, ys, n, a.f, a.fp, n_tok, false, stream);
     }
   });
 }

@@ -410,6 +410,12 @@ std::string describe(GgmlType type, const Case& c) {
   return buf;
 }
 
+// Floats of a tinyBLAS launch's permuted activations (ActBuf::fp): n_tok rows of cols rounded
+// up to 64.
+size_t fp_floats(int n_tok, int cols) {
+  return static_cast<size_t>(n_tok) * static_cast<size_t>((cols + 63) / 64 * 64);
+}
+
 // Runs one case on the GPU and compares every output bit for bit; returns mismatches.
 int run_case(GgmlType type, const Case& c, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -424,6 +430,7 @@ int run_case(GgmlType type, const Case& c, uint32_t seed) {
   DevArray<uint8_t> dw(w.bytes.size() + 64);
   DevArray<uint8_t> da(a.size() * 4 + 64);
   DevArray<float> dy(n_out);
+  DevArray<float> dfp(fp_floats(c.n_tok, c.cols));
   EXPECT_EQ(cudaMemcpy(dw.get() + c.w_off, w.bytes.data(), w.bytes.size(), cudaMemcpyHostToDevice),
             cudaSuccess);
   EXPECT_EQ(cudaMemcpy(da.get() + c.a_off, a.data(), a.size() * 4, cudaMemcpyHostToDevice),
@@ -438,6 +445,7 @@ int run_case(GgmlType type, const Case& c, uint32_t seed) {
   wv.row_bytes = ggml_row_bytes(type, c.cols);
   kern::exact::ActBuf ab;
   ab.f = reinterpret_cast<float*>(da.get() + c.a_off);
+  ab.fp = dfp.get();
   kern::exact::BatchOrder order;
   order.batch_n = batch_n;
   order.t0 = c.t0;
@@ -538,6 +546,7 @@ TEST(ExactFloatGpu, MultiWeightTinyblasBitExact) {
       const auto a = random_acts(type, n_tok, cols, rng);
       DevArray<float> da(a.size());
       da.upload(a);
+      DevArray<float> dfp(fp_floats(n_tok, cols));
       Weights w[3];
       std::unique_ptr<DevArray<uint8_t>> dw[3];
       std::unique_ptr<DevArray<float>> dy[3];
@@ -558,6 +567,7 @@ TEST(ExactFloatGpu, MultiWeightTinyblasBitExact) {
       }
       kern::exact::ActBuf ab;
       ab.f = da.get();
+      ab.fp = dfp.get();
       ASSERT_TRUE(kern::exact::detail::matmul_float_multi(
           ws, ys, 3, ab, n_tok, kern::exact::BatchOrder{n_tok, 0}, nullptr));
       EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -707,6 +717,10 @@ TEST(ExactFloatHost, RejectsBadShapes) {
   o.batch_n = 2;  // fewer than n_tok
   EXPECT_THROW(kern::exact::detail::matmul_float(wv, ab, 3, o, nullptr, false, nullptr),
                std::exception);
+  // a tinyBLAS product (F16, 8 tokens) without the permuted activations' scratch (ActBuf::fp)
+  o.batch_n = 8;
+  EXPECT_THROW(kern::exact::detail::matmul_float(wv, ab, 8, o, nullptr, false, nullptr),
+               std::exception);
 }
 
 // The 0.5B model's decode shapes (F16 weights), every output of one launch bit for bit
@@ -792,6 +806,7 @@ TEST(ExactFloatGpu, PrefillMatchesCpuAtModelShapes) {
       DevArray<uint8_t> dw(w.bytes);
       DevArray<float> da(a);
       DevArray<float> dy(static_cast<size_t>(sh.rows) * n_tok);
+      DevArray<float> dfp(fp_floats(n_tok, sh.cols));
       kern::WeightView wv;
       wv.data = dw.get();
       wv.type = static_cast<uint32_t>(type);
@@ -800,6 +815,7 @@ TEST(ExactFloatGpu, PrefillMatchesCpuAtModelShapes) {
       wv.row_bytes = ggml_row_bytes(type, sh.cols);
       kern::exact::ActBuf ab;
       ab.f = da.get();
+      ab.fp = dfp.get();
       kern::exact::BatchOrder order;
       order.batch_n = n_tok;
       ASSERT_TRUE(cpu::tinyblas_takes(type, sh.rows, n_tok, sh.cols));
