@@ -39,6 +39,7 @@
 #include "common.cuh"
 #include "common/errors.h"
 #include "cuda_check.h"
+#include "exact_float_math.cuh"
 #include "exact_ops_math.cuh"
 #include "exact_quant_math.cuh"
 #include "gguf/ggml_types.h"
@@ -303,7 +304,7 @@ size_t act_buffer_bytes(int max_tok, int max_cols, size_t mma_bytes) {
   const size_t n = static_cast<size_t>(max_tok) * static_cast<size_t>(max_cols);
   const size_t nt = static_cast<size_t>(max_tok);
   const size_t mc = static_cast<size_t>(max_cols);
-  const size_t np = nt * ((mc + 63) / 64 * 64);  // ActBuf::fp
+  const size_t np = nt * static_cast<size_t>(xf::tb_perm_cols(max_cols));  // ActBuf::fp
   return align256(n * sizeof(float)) + align256(np * sizeof(float)) + align256(n) +
          align256(nt * (mc / 32) * sizeof(float)) + align256(nt * (mc / 16) * sizeof(int32_t)) +
          align256(mma_bytes);
@@ -318,7 +319,7 @@ ActBuf act_buffer_at(void* base, int max_tok, int max_cols, size_t mma_bytes) {
   a.f = reinterpret_cast<float*>(p);
   p += align256(n * sizeof(float));
   a.fp = reinterpret_cast<float*>(p);
-  p += align256(nt * ((mc + 63) / 64 * 64) * sizeof(float));
+  p += align256(nt * static_cast<size_t>(xf::tb_perm_cols(max_cols)) * sizeof(float));
   a.q = reinterpret_cast<int8_t*>(p);
   p += align256(n);
   a.d = reinterpret_cast<float*>(p);

@@ -148,6 +148,12 @@ __host__ __device__ constexpr int ilv_pos(int k) {
 }
 constexpr int kIlvRowFloats = 4 * 35;  // slots 0 .. 34
 
+// The row length of tinyblas_kernel's permuted activations for F32 / F16 weights (ActBuf::fp,
+// matmul_float.cu's tb_permute_kernel): cols rounded up to a whole 64-element group.
+__host__ __device__ constexpr int tb_perm_cols(int cols) {
+  return (cols + 63) & ~63;
+}
+
 // cpu::tinyblas_takes (worker/engine/cpu/act_quant.cpp), restated here because the kernels
 // library does not link the CPU engine; exact_float_test.cpp checks that the two agree.
 // llamafile_sgemm takes prompt batches (>= 2 tokens) of F32/F16 weights with k % 16 == 0

@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kVdThreads)
 // 0 picking the group, bits 1 .. 4 the lane); group g = (gm, gn) owns rows gm*TM .. +TM and
 // tokens gn, gn + 4, .., gn + 4(TN-1) of a 4TM-row x 4TN-token tile; thread lane l of the group
 // holds chain l of each of those outputs. Two tiles: 8 x 8 outputs a thread (32 x 32 per block;
-// per four 16-element steps, 8 LDS.128 weight slots and 32 LDS.32 activations for 256 FMAs),
+// per four 16-element steps, 8 LDS.128 weight slots and 8 LDS.128 activation slots for 256 FMAs),
 // and 4 x 4 (16 x 16) for short batches and small grids (896-row matrices at <= 64 tokens: the
 // 76-chunk K loop of a down projection then runs on four times as many SMs); launch_tinyblas
 // picks.
@@ -662,7 +662,7 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
 }
 
 // F32 / F16 weights: tinyblas_kernel's activations x [n_tok][cols] permuted into xp
-// [n_tok][xcols] (xcols = cols rounded up to 64) so that in each 64-element group q, lane l's
+// [n_tok][xcols] (xcols = xf::tb_perm_cols(cols)) so that in each 64-element group q, lane l's
 // four steps are one 16-byte slot: element 64q + 16s + l goes to 64q + 4l + s, and the
 // positions past cols hold the padding -0 (see above). The kernel's copies then move whole
 // slots (the same 16-byte units as the raw rows: a warp's copies still read whole lines,
@@ -709,7 +709,7 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
 // half the SMs a block; then 16 x 16 (H100, kernel_bench, F16 us, 32 x 32 / 16 x 16: 4864 x 896
 // at 8 tokens 20.4 / 13.5, at 32 21.6 / 24.2; 896 x 4864 at 32 tokens 70.9 / 40.7, at 64 71.1 /
 // 68.4, at 128 71.5 / 101.5).
-// xp: the scratch of tb_permute (ActBuf::fp), n_tok x (cols rounded up to 64) floats; F32 / F16
+// xp: the scratch of tb_permute (ActBuf::fp), n_tok x xf::tb_perm_cols(cols) floats; F32 / F16
 // only.
 template <GgmlType T, bool kVec>
 void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const float* x,
@@ -737,7 +737,7 @@ void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const
     if (xp == nullptr) {
       throw WorkerError(ErrorCode::Internal, "exact::matmul_float: tinyBLAS without ActBuf::fp");
     }
-    xcols = (cols + 63) / 64 * 64;
+    xcols = xf::tb_perm_cols(cols);
     const size_t slots = static_cast<size_t>(n_tok) * static_cast<size_t>(xcols / 4);
     const dim3 grid(static_cast<unsigned>(std::min<size_t>((slots + 255) / 256, 65535)));
     launch_pdl("exact_float_tb_permute", tb_permute_kernel, grid, dim3(256), st, x, xp, n_tok, cols,

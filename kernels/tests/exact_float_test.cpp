@@ -410,10 +410,10 @@ std::string describe(GgmlType type, const Case& c) {
   return buf;
 }
 
-// Floats of a tinyBLAS launch's permuted activations (ActBuf::fp): n_tok rows of cols rounded
-// up to 64.
+// Floats of a tinyBLAS launch's permuted activations (ActBuf::fp): n_tok rows of
+// xf::tb_perm_cols(cols).
 size_t fp_floats(int n_tok, int cols) {
-  return static_cast<size_t>(n_tok) * static_cast<size_t>((cols + 63) / 64 * 64);
+  return static_cast<size_t>(n_tok) * static_cast<size_t>(kern::exact::xf::tb_perm_cols(cols));
 }
 
 // Runs one case on the GPU and compares every output bit for bit; returns mismatches.
