@@ -123,7 +123,15 @@ template <ActType AK>
 __device__ __forceinline__ void act_store(float v, int col, bool valid, int n, size_t t,
                                           const ActBuf& a, ActShared& sh) {
   if constexpr (AK == ActType::F32 || AK == ActType::F16 || AK == ActType::BF16) {
-    if (valid) a.f[t * n + col] = math::act_round(AK, v);
+    const float r = math::act_round(AK, v);
+    if (valid) a.f[t * n + col] = r;
+    if constexpr (AK != ActType::BF16) {
+      // tinyBLAS's permuted rows (ActBuf::fp), the padding past n included (-0)
+      const int np = xf::tb_perm_cols(n);
+      if (a.fp != nullptr && col < np) {
+        a.fp[t * static_cast<size_t>(np) + xf::tb_perm_pos(col)] = valid ? r : -0.0f;
+      }
+    }
   } else if constexpr (AK == ActType::Q8_0) {
     // n % 32 == 0 and c0 % 256 == 0: a warp's 32 columns are one block, all valid or none
     // (warp-uniform branch).
@@ -286,6 +294,11 @@ void launch_swiglu_act(float* g, const float* u, int n_tok, int F, const ActBuf&
   CUDA_CHECK_LAUNCH("ex_swiglu_act_kernel");
 }
 
+// Whether act_store writes the permuted rows ActBuf::fp for rounding t.
+bool permutes(ActType t, const ActBuf& a) {
+  return a.fp != nullptr && (t == ActType::F32 || t == ActType::F16);
+}
+
 // f(integral_constant<ActType, t>) for a run-time rounding t.
 template <class F>
 void with_act(ActType t, F&& f) {
@@ -368,7 +381,7 @@ void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, fl
   with_act(t, [&](auto k) {
     launch_rmsnorm_act<decltype(k)::value>(x, w, y, n_rows, n, eps, a, stream);
   });
-  a.holds(t, y);
+  a.holds(t, y, permutes(t, a));
 }
 
 void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, ActBuf& a,
@@ -380,7 +393,7 @@ void swiglu_act(float* g, const float* u, int n_tok, int F, uint32_t act_type, A
   }
   const ActType t = act_checked(act_type, F, "exact::swiglu_act");
   with_act(t, [&](auto k) { launch_swiglu_act<decltype(k)::value>(g, u, n_tok, F, a, stream); });
-  a.holds(t, g);
+  a.holds(t, g, permutes(t, a));
 }
 
 }  // namespace worker::kern::exact

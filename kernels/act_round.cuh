@@ -21,9 +21,11 @@ struct ActBuf {
   ActType type = ActType::F32;
   const float* src = nullptr;
   float* f = nullptr;  // [n_tok][cols] F32 / F16- / BF16-rounded values (float weights)
-  // Scratch of the tinyBLAS products of F32 / F16 weights (matmul_float.cu): a launch's f
-  // rows permuted so that a lane's four steps are adjacent, [n_tok][cols rounded up to 64].
+  // The tinyBLAS products of F32 / F16 weights read f's rows permuted (xf::tb_perm_pos):
+  // [n_tok][cols rounded up to 64]. rmsnorm_act and swiglu_act write them with f (fp_of ==
+  // f then); otherwise matmul_float permutes f into fp before its tinyBLAS launch.
   float* fp = nullptr;
+  const float* fp_of = nullptr;
   int8_t* q = nullptr;  // [n_tok][cols] Q8_0 or Q8_K quants (quantized weights)
   float* d = nullptr;   // [n_tok][cols / 32] Q8_0 scales (fp16-rounded) or [n_tok][cols/256] Q8_K
   int32_t* bsum = nullptr;  // [n_tok][cols / 16] Q8_K sums of 16 quants
@@ -31,9 +33,11 @@ struct ActBuf {
   // weights and activations converted to its f16 layout; nullptr / 0: the tile does not run.
   uint8_t* mma = nullptr;
   size_t mma_bytes = 0;
-  void holds(ActType t, const float* x) {
+  // permuted: fp holds f's rows permuted too
+  void holds(ActType t, const float* x, bool permuted = false) {
     type = t;
     src = x;
+    fp_of = permuted ? f : nullptr;
   }
   bool holds_for(uint32_t weight_type, const float* x) const {
     return src == x && type == act_type_of(weight_type);
@@ -52,7 +56,8 @@ void quantize_act(uint32_t weight_type, const float* x, int n_tok, int cols, con
                   cudaStream_t stream);
 
 // rmsnorm(x, w, y, ...) then quantize_act(act_type, y, n_rows, n, a), one launch; any
-// n_rows. y and a both written, exactly what the unfused sequence writes; a.holds() says so.
+// n_rows. y and a both written, exactly what the unfused sequence writes, and for F32 / F16 the
+// permuted rows a.fp (where a.fp is set); a.holds() says so.
 void rmsnorm_act(const float* x, const float* w, float* y, int n_rows, int n, float eps,
                  uint32_t act_type, ActBuf& a, cudaStream_t stream);
 // swiglu(g, u, n_tok, F) then quantize_act(act_type, g, n_tok, F, a), one launch: g and a

@@ -148,8 +148,13 @@ __host__ __device__ constexpr int ilv_pos(int k) {
 }
 constexpr int kIlvRowFloats = 4 * 35;  // slots 0 .. 34
 
-// The row length of tinyblas_kernel's permuted activations for F32 / F16 weights (ActBuf::fp,
-// matmul_float.cu's tb_permute_kernel): cols rounded up to a whole 64-element group.
+// tinyblas_kernel's activations for F32 / F16 weights (ActBuf::fp): each row permuted in
+// 64-element groups so that lane l's four steps 64q + 16s + l (s = 0 .. 3) are the 16-byte
+// slot at 64q + 4l, element s; rows are tb_perm_cols(cols) long, the positions past cols
+// holding -0 (the padding whose products leave every chain unchanged: matmul_float.cu).
+__host__ __device__ constexpr int tb_perm_pos(int col) {
+  return (col & ~63) + 4 * (col & 15) + ((col >> 4) & 3);
+}
 __host__ __device__ constexpr int tb_perm_cols(int cols) {
   return (cols + 63) & ~63;
 }

@@ -663,11 +663,12 @@ __global__ void __launch_bounds__(kTbThreads, (TbGeom<T, TM, TN>::kMinBlocks))
 
 // F32 / F16 weights: tinyblas_kernel's activations x [n_tok][cols] permuted into xp
 // [n_tok][xcols] (xcols = xf::tb_perm_cols(cols)) so that in each 64-element group q, lane l's
-// four steps are one 16-byte slot: element 64q + 16s + l goes to 64q + 4l + s, and the
-// positions past cols hold the padding -0 (see above). The kernel's copies then move whole
-// slots (the same 16-byte units as the raw rows: a warp's copies still read whole lines,
-// perf-notes v41), and its math reads a token's four steps with one LDS.128 instead of four
-// LDS.32.
+// four steps are one 16-byte slot: element 64q + 16s + l goes to 64q + 4l + s
+// (xf::tb_perm_pos), and the positions past cols hold the padding -0 (see above). The kernel's
+// copies then move whole slots (the same 16-byte units as the raw rows: a warp's copies still
+// read whole lines, perf-notes v41), and its math reads a token's four steps with one LDS.128
+// instead of four LDS.32. rmsnorm_act and swiglu_act write xp themselves (ActBuf::fp_of); the
+// other inputs (the attention's output for Wo) are permuted by this pass.
 __global__ void tb_permute_kernel(const float* __restrict__ x, float* __restrict__ xp, int n_tok,
                                   int cols, int xcols) {
   griddep_wait();
@@ -675,7 +676,9 @@ __global__ void tb_permute_kernel(const float* __restrict__ x, float* __restrict
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t t = i / slots;
+    // slot j (floats 4j .. 4j + 3) holds elements e0 + 16s, s = 0 .. 3
     const int j = static_cast<int>(i % slots), e0 = 64 * (j >> 4) + (j & 15);
+    static_assert(xf::tb_perm_pos(64 + 16 * 2 + 5) == 64 + 4 * 5 + 2, "slot 16 + 5, element 2");
     const float* const src = x + t * static_cast<size_t>(cols);
     float v[4];
 #pragma unroll
@@ -709,11 +712,11 @@ void launch_tb_tile(const TbSegs& sg, int blocks, int cols, const float* x, int 
 // half the SMs a block; then 16 x 16 (H100, kernel_bench, F16 us, 32 x 32 / 16 x 16: 4864 x 896
 // at 8 tokens 20.4 / 13.5, at 32 21.6 / 24.2; 896 x 4864 at 32 tokens 70.9 / 40.7, at 64 71.1 /
 // 68.4, at 128 71.5 / 101.5).
-// xp: the scratch of tb_permute (ActBuf::fp), n_tok x xf::tb_perm_cols(cols) floats; F32 / F16
-// only.
+// xp: x's rows permuted (ActBuf::fp: n_tok x xf::tb_perm_cols(cols) floats; F32 / F16 only),
+// already written where `permuted`, else by tb_permute_kernel here.
 template <GgmlType T, bool kVec>
 void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const float* x,
-                     float* xp, int n_tok, bool accumulate, cudaStream_t st) {
+                     float* xp, bool permuted, int n_tok, bool accumulate, cudaStream_t st) {
   using Big = TbGeom<T, 8, 8>;
   TbSegs sg;
   for (int i = 0; i < n; ++i) {
@@ -738,10 +741,12 @@ void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const
       throw WorkerError(ErrorCode::Internal, "exact::matmul_float: tinyBLAS without ActBuf::fp");
     }
     xcols = xf::tb_perm_cols(cols);
-    const size_t slots = static_cast<size_t>(n_tok) * static_cast<size_t>(xcols / 4);
-    const dim3 grid(static_cast<unsigned>(std::min<size_t>((slots + 255) / 256, 65535)));
-    launch_pdl("exact_float_tb_permute", tb_permute_kernel, grid, dim3(256), st, x, xp, n_tok, cols,
-               xcols);
+    if (!permuted) {
+      const size_t slots = static_cast<size_t>(n_tok) * static_cast<size_t>(xcols / 4);
+      const dim3 grid(static_cast<unsigned>(std::min<size_t>((slots + 255) / 256, 65535)));
+      launch_pdl("exact_float_tb_permute", tb_permute_kernel, grid, dim3(256), st, x, xp, n_tok,
+                 cols, xcols);
+    }
     x = xp;
   }
   const int blocks_big = set_blocks(Big::kBM);
@@ -755,15 +760,15 @@ void launch_tinyblas(const WeightView* const* ws, float* const* ys, int n, const
 }
 
 template <GgmlType T, bool kVec>
-void launch_typed(const WeightView& w, const float* x, float* xp, int n_tok, bool tiny, float* y,
-                  bool accumulate, cudaStream_t st) {
+void launch_typed(const WeightView& w, const float* x, float* xp, bool permuted, int n_tok,
+                  bool tiny, float* y, bool accumulate, cudaStream_t st) {
   const int rows = static_cast<int>(w.rows), cols = static_cast<int>(w.cols);
   const auto* wp = static_cast<const uint8_t*>(w.data);
   const int acc = accumulate ? 1 : 0;
   if (tiny) {
     const WeightView* ws[1] = {&w};
     float* ys[1] = {y};
-    launch_tinyblas<T, kVec>(ws, ys, 1, x, xp, n_tok, accumulate, st);
+    launch_tinyblas<T, kVec>(ws, ys, 1, x, xp, permuted, n_tok, accumulate, st);
   } else if (n_tok == 1) {
     const int rpb = rows < kVdSmallRows ? kVdRows / 2 : kVdRows;
     const dim3 grid((rows + rpb - 1) / rpb, 1);
@@ -783,14 +788,18 @@ bool vec_loads(const WeightView& w, const float* x) {
          reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
 }
 
+// Whether fp holds a.f's rows permuted (ActBuf::fp_of).
+bool permuted(const ActBuf& a) {
+  return a.fp_of != nullptr && a.fp_of == a.f;
+}
+
 template <GgmlType T>
-void launch_type(const WeightView& w, const float* x, float* xp, int n_tok, bool tiny, float* y,
+void launch_type(const WeightView& w, const ActBuf& a, int n_tok, bool tiny, float* y,
                  bool accumulate, cudaStream_t st) {
-  const bool vec = vec_loads(w, x);
-  if (vec) {
-    launch_typed<T, true>(w, x, xp, n_tok, tiny, y, accumulate, st);
+  if (vec_loads(w, a.f)) {
+    launch_typed<T, true>(w, a.f, a.fp, permuted(a), n_tok, tiny, y, accumulate, st);
   } else {
-    launch_typed<T, false>(w, x, xp, n_tok, tiny, y, accumulate, st);
+    launch_typed<T, false>(w, a.f, a.fp, permuted(a), n_tok, tiny, y, accumulate, st);
   }
 }
 
@@ -839,7 +848,7 @@ void matmul_float(const WeightView& w, const ActBuf& a, int n_tok, const BatchOr
   // The CPU reference picks tinyBLAS from the whole batch's token count (matmul.cuh).
   const bool tiny = xf::tinyblas_takes(w.type, w.rows, order.batch_n, w.cols);
   with_float_type(w.type, [&](auto tr) {
-    launch_type<decltype(tr)::kType>(w, a.f, a.fp, n_tok, tiny, y, accumulate, stream);
+    launch_type<decltype(tr)::kType>(w, a, n_tok, tiny, y, accumulate, stream);
   });
 }
 
@@ -860,9 +869,9 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
   return with_float_type(ws[0]->type, [&](auto tr) {
     constexpr GgmlType T = decltype(tr)::kType;
     if (vec) {
-      launch_tinyblas<T, true>(ws, ys, n, a.f, a.fp, n_tok, false, stream);
+      launch_tinyblas<T, true>(ws, ys, n, a.f, a.fp, permuted(a), n_tok, false, stream);
     } else {
-      launch_tinyblas<T, false>(ws, ys, n, a.f, a.fp, n_tok, false, stream);
+      launch_tinyblas<T, false>(ws, ys, n, a.f, a.fp, permuted(a), n_tok, false, stream);
     }
   });
 }

@@ -10,6 +10,7 @@
 //    cpu::quantize_activation, the order chosen by cpu::tinyblas_takes on the whole batch).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -699,6 +700,29 @@ TEST(ExactFloatGpu, Deterministic) {
 
 // Bad inputs are refused with an error naming the problem (before any launch: no GPU needed).
 // REQ: M0-W-1431
+// tinyBLAS's permuted activation rows (xf::tb_perm_pos, ActBuf::fp): a permutation of each
+// row's tb_perm_cols(cols) positions in which the 16-byte slot 64q + 4l holds lane l's steps
+// 64q + 16s + l, s = 0 .. 3, in order (what the kernel's LDS.128 reads).
+// REQ: M0-W-1430
+TEST(ExactFloatHost, TinyblasActivationPermutation) {
+  for (const int cols : {16, 64, 96, 896, 4864}) {
+    const int np = kern::exact::xf::tb_perm_cols(cols);
+    EXPECT_EQ(np % 64, 0);
+    EXPECT_GE(np, cols);
+    EXPECT_LT(np - cols, 64);
+    std::vector<int> seen(static_cast<size_t>(np), 0);
+    for (int c = 0; c < np; ++c) ++seen[static_cast<size_t>(kern::exact::xf::tb_perm_pos(c))];
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), np) << "cols " << cols;
+    for (int q = 0; q < np / 64; ++q) {
+      for (int l = 0; l < 16; ++l) {
+        for (int st = 0; st < 4; ++st) {
+          EXPECT_EQ(kern::exact::xf::tb_perm_pos(64 * q + 16 * st + l), 64 * q + 4 * l + st);
+        }
+      }
+    }
+  }
+}
+
 TEST(ExactFloatHost, RejectsBadShapes) {
   kern::WeightView wv;
   wv.type = static_cast<uint32_t>(GgmlType::Q4_K);

@@ -24,6 +24,7 @@
 #include "engine/cpu/act_quant.h"
 #include "engine/cpu/cpu_ops.h"
 #include "exact.cuh"
+#include "exact_float_math.cuh"
 #include "exact_ops_math.cuh"
 #include "exact_test_util.h"
 #include "gguf/ggml_types.h"
@@ -182,6 +183,30 @@ TEST(ExactFusedHost, SwigluOneMatchesCpu) {
 
 const int kRows[] = {1, 2, 3, 5, 8, 17};
 
+// The permuted rows (ActBuf::fp) the fused kernels write for tinyBLAS with F32 / F16 roundings:
+// every position of each row (xf::tb_perm_cols(n) of them) against the reference's rounded rows
+// f_ref permuted by xf::tb_perm_pos, the padding past n -0 (bits); and a.holds() says so. Other
+// roundings: nothing permuted.
+size_t fp_mismatches(GgmlType t, const ex::ActBuf& a, const std::vector<float>& f_ref, int rows,
+                     int n, const std::string& what) {
+  if (t != GgmlType::F32 && t != GgmlType::F16) {
+    EXPECT_EQ(a.fp_of, nullptr) << what;
+    return 0;
+  }
+  EXPECT_EQ(a.fp_of, a.f) << what;
+  const int np = ex::xf::tb_perm_cols(n);
+  const auto fp = dl(a.fp, static_cast<size_t>(rows) * np);
+  std::vector<float> got(fp.size()), want(fp.size());
+  for (int r = 0; r < rows; ++r) {
+    for (int c = 0; c < np; ++c) {
+      const size_t i = static_cast<size_t>(r) * np + static_cast<size_t>(c);
+      got[i] = fp[static_cast<size_t>(r) * np + static_cast<size_t>(ex::xf::tb_perm_pos(c))];
+      want[i] = c < n ? f_ref[static_cast<size_t>(r) * n + static_cast<size_t>(c)] : -0.0f;
+    }
+  }
+  return mismatches(got, want, what + " fp");
+}
+
 // REQ: WRK-D15
 TEST(ExactFusedGpu, RmsnormActMatchesUnfusedAndCpu) {
   REQUIRE_GPU();
@@ -232,8 +257,10 @@ TEST(ExactFusedGpu, RmsnormActMatchesUnfusedAndCpu) {
         bad += mismatches(yf, y_ref, what + " y vs cpu");
         bad += mismatches(yf, y_u.download(), what + " y vs unfused");
         const ActHost got = gpu_act(t, af.a, rows, n);
-        bad += act_mismatches(got, cpu_act(t, y_ref, rows, n), what + " vs cpu");
+        const ActHost ref = cpu_act(t, y_ref, rows, n);
+        bad += act_mismatches(got, ref, what + " vs cpu");
         bad += act_mismatches(got, gpu_act(t, au.a, rows, n), what + " vs unfused");
+        bad += fp_mismatches(t, af.a, ref.f, rows, n, what);
         ++cases;
       }
     }
@@ -284,8 +311,10 @@ TEST(ExactFusedGpu, SwigluActMatchesUnfusedAndCpu) {
         bad += mismatches(gf, ref, what + " g vs cpu");
         bad += mismatches(gf, g_u.download(), what + " g vs unfused");
         const ActHost got = gpu_act(t, af.a, rows, F);
-        bad += act_mismatches(got, cpu_act(t, ref, rows, F), what + " vs cpu");
+        const ActHost want = cpu_act(t, ref, rows, F);
+        bad += act_mismatches(got, want, what + " vs cpu");
         bad += act_mismatches(got, gpu_act(t, au.a, rows, F), what + " vs unfused");
+        bad += fp_mismatches(t, af.a, want.f, rows, F, what);
         ++cases;
       }
     }
