@@ -698,8 +698,6 @@ TEST(ExactFloatGpu, Deterministic) {
   }
 }
 
-// Bad inputs are refused with an error naming the problem (before any launch: no GPU needed).
-// REQ: M0-W-1431
 // tinyBLAS's permuted activation rows (xf::tb_perm_pos, ActBuf::fp): a permutation of each
 // row's tb_perm_cols(cols) positions in which the 16-byte slot 64q + 4l holds lane l's steps
 // 64q + 16s + l, s = 0 .. 3, in order (what the kernel's LDS.128 reads).
@@ -723,6 +721,8 @@ TEST(ExactFloatHost, TinyblasActivationPermutation) {
   }
 }
 
+// Bad inputs are refused with an error naming the problem (before any launch: no GPU needed).
+// REQ: M0-W-1431
 TEST(ExactFloatHost, RejectsBadShapes) {
   kern::WeightView wv;
   wv.type = static_cast<uint32_t>(GgmlType::Q4_K);
