@@ -125,7 +125,7 @@ __device__ __forceinline__ void act_store(float v, int col, bool valid, int n, s
   if constexpr (AK == ActType::F32 || AK == ActType::F16 || AK == ActType::BF16) {
     const float r = math::act_round(AK, v);
     if (valid) a.f[t * n + col] = r;
-    if constexpr (AK != ActType::BF16) {
+    if constexpr (ActBuf::permuted_rounding(AK)) {
       // tinyBLAS's permuted rows (ActBuf::fp), the padding past n included (-0)
       const int np = xf::tb_perm_cols(n);
       if (a.fp != nullptr && col < np) {
@@ -296,7 +296,7 @@ void launch_swiglu_act(float* g, const float* u, int n_tok, int F, const ActBuf&
 
 // Whether act_store writes the permuted rows ActBuf::fp for rounding t.
 bool permutes(ActType t, const ActBuf& a) {
-  return a.fp != nullptr && (t == ActType::F32 || t == ActType::F16);
+  return a.fp != nullptr && ActBuf::permuted_rounding(t);
 }
 
 // f(integral_constant<ActType, t>) for a run-time rounding t.

@@ -42,6 +42,13 @@ struct ActBuf {
   bool holds_for(uint32_t weight_type, const float* x) const {
     return src == x && type == act_type_of(weight_type);
   }
+  // Whether fp holds f's rows permuted.
+  bool fp_holds_f() const { return fp_of != nullptr && fp_of == f; }
+  // The roundings whose products read fp: F32 / F16 (tinyBLAS); BF16 and the quantized
+  // ones have their own kernels.
+  __host__ __device__ static constexpr bool permuted_rounding(ActType t) {
+    return t == ActType::F32 || t == ActType::F16;
+  }
 };
 // Bytes of one region holding an ActBuf for up to max_tok rows of up to max_cols values,
 // with mma_bytes of tensor-core scratch (ActBuf::mma) after them.

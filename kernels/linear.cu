@@ -34,7 +34,7 @@ ActBuf rows_from(const ActBuf& a, ActType t, int cols, int r) {
   // tinyBLAS's permuted rows: the same rows of fp, still valid where fp held a's
   const size_t CP = static_cast<size_t>(xf::tb_perm_cols(cols));
   o.fp = a.fp != nullptr ? a.fp + R * CP : nullptr;
-  o.fp_of = a.fp_of != nullptr && a.fp_of == a.f ? o.f : nullptr;
+  o.fp_of = a.fp_holds_f() ? o.f : nullptr;
   o.q = a.q + R * C;
   o.d = a.d + R * (C / blk);
   o.bsum = a.bsum + R * (C / 16);

@@ -788,18 +788,13 @@ bool vec_loads(const WeightView& w, const float* x) {
          reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
 }
 
-// Whether fp holds a.f's rows permuted (ActBuf::fp_of).
-bool permuted(const ActBuf& a) {
-  return a.fp_of != nullptr && a.fp_of == a.f;
-}
-
 template <GgmlType T>
 void launch_type(const WeightView& w, const ActBuf& a, int n_tok, bool tiny, float* y,
                  bool accumulate, cudaStream_t st) {
   if (vec_loads(w, a.f)) {
-    launch_typed<T, true>(w, a.f, a.fp, permuted(a), n_tok, tiny, y, accumulate, st);
+    launch_typed<T, true>(w, a.f, a.fp, a.fp_holds_f(), n_tok, tiny, y, accumulate, st);
   } else {
-    launch_typed<T, false>(w, a.f, a.fp, permuted(a), n_tok, tiny, y, accumulate, st);
+    launch_typed<T, false>(w, a.f, a.fp, a.fp_holds_f(), n_tok, tiny, y, accumulate, st);
   }
 }
 
@@ -869,9 +864,9 @@ bool matmul_float_multi(const WeightView* const* ws, float* const* ys, int n, co
   return with_float_type(ws[0]->type, [&](auto tr) {
     constexpr GgmlType T = decltype(tr)::kType;
     if (vec) {
-      launch_tinyblas<T, true>(ws, ys, n, a.f, a.fp, permuted(a), n_tok, false, stream);
+      launch_tinyblas<T, true>(ws, ys, n, a.f, a.fp, a.fp_holds_f(), n_tok, false, stream);
     } else {
-      launch_tinyblas<T, false>(ws, ys, n, a.f, a.fp, permuted(a), n_tok, false, stream);
+      launch_tinyblas<T, false>(ws, ys, n, a.f, a.fp, a.fp_holds_f(), n_tok, false, stream);
     }
   });
 }
