@@ -43,35 +43,6 @@ void rope_row(float* v, int64_t n_heads, int64_t head_dim, int64_t n_rot, bool n
   rope_rotate(v, n_heads, head_dim, n_rot, neox, c, s);
 }
 
-void attention_head(const float* qh, const float* k, const float* v, int64_t kv_dim,
-                    int64_t head_dim, int64_t n_att, int64_t cap, bool kqv_tiny, float kq_scale,
-                    float* sc, float* col, float* out) {
-  const int64_t hd = head_dim;
-  const int64_t n16 = (n_att + 15) & ~int64_t{15};
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n_att; ++j) {
-    sc[j] = dot_vecdot(k + j * kv_dim, qh, hd) * kq_scale;
-    mx = std::max(mx, sc[j]);
-  }
-  double sum = 0.0;
-  for (int64_t j0 = 0; j0 < n16; j0 += 16) {
-    for (int64_t j = j0; j < j0 + 16; ++j) {
-      sc[j] = j < n_att ? ggml_expf(sc[j] - mx) : 0.0f;
-    }
-    sum += static_cast<double>(hsum16(sc + j0));
-  }
-  const float inv = static_cast<float>(1.0 / sum);
-  for (int64_t j = 0; j < n16; ++j) sc[j] *= inv;
-  std::fill(sc + n16, sc + cap, 0.0f);
-  std::fill(col + n_att, col + cap, 0.0f);
-  for (int64_t d = 0; d < hd; ++d) {
-    for (int64_t j = 0; j < n_att; ++j) col[j] = v[j * kv_dim + d];
-    // llama.cpp's KV window is a multiple of 256 cells, so tinyBLAS takes every batch of >= 2
-    // tokens (m = head_dim permitting)
-    out[d] = kqv_tiny ? dot_tinyblas(col, sc, n16) : dot_vecdot(col, sc, cap);
-  }
-}
-
 namespace {
 // ggml's scores and softmax, shared by both cache types: sc[j] = score(j) * kq_scale for j <
 // n_att, ggml_expf 16 at a time with each block's hsum16 added in double, probabilities *
@@ -96,10 +67,32 @@ void softmax_scores(const Score& score, int64_t n_att, int64_t cap, float kq_sca
   std::fill(sc + n16, sc + cap, 0.0f);
 }
 
+// KQV for one head: out[d] = V column d (gathered into col, zeros from n_att up to cap) . sc, as
+// tinyBLAS over n16 (llama.cpp's KV window is a multiple of 256 cells, so tinyBLAS takes every
+// batch of >= 2 tokens, m = head_dim permitting) or ggml_vec_dot over cap (f16: the F16 cache's
+// ggml_vec_dot_f16).
+void kqv_columns(const float* v, int64_t kv_dim, int64_t hd, int64_t n_att, int64_t cap,
+                 bool kqv_tiny, bool f16, const float* sc, float* col, float* out) {
+  const int64_t n16 = (n_att + 15) & ~int64_t{15};
+  std::fill(col + n_att, col + cap, 0.0f);
+  for (int64_t d = 0; d < hd; ++d) {
+    for (int64_t j = 0; j < n_att; ++j) col[j] = v[j * kv_dim + d];
+    out[d] = kqv_tiny ? dot_tinyblas(col, sc, n16) : dot_vecdot(col, sc, cap, f16);
+  }
+}
+
 float round_f16(float x) {
   return fp16_to_fp32(fp32_to_fp16(x));
 }
 }  // namespace
+
+void attention_head(const float* qh, const float* k, const float* v, int64_t kv_dim,
+                    int64_t head_dim, int64_t n_att, int64_t cap, bool kqv_tiny, float kq_scale,
+                    float* sc, float* col, float* out) {
+  softmax_scores([&](int64_t j) { return dot_vecdot(k + j * kv_dim, qh, head_dim); }, n_att, cap,
+                 kq_scale, sc);
+  kqv_columns(v, kv_dim, head_dim, n_att, cap, kqv_tiny, false, sc, col, out);
+}
 
 void attention_head_f16(const float* qh, const float* k, const float* v, int64_t kv_dim,
                         int64_t head_dim, int64_t n_att, int64_t cap, bool kq_tiny, bool kqv_tiny,
@@ -114,11 +107,7 @@ void attention_head_f16(const float* qh, const float* k, const float* v, int64_t
       },
       n_att, cap, kq_scale, sc);
   for (int64_t j = 0; j < n16; ++j) sc[j] = round_f16(sc[j]);
-  std::fill(col + n_att, col + cap, 0.0f);
-  for (int64_t d = 0; d < hd; ++d) {
-    for (int64_t j = 0; j < n_att; ++j) col[j] = v[j * kv_dim + d];
-    out[d] = kqv_tiny ? dot_tinyblas(col, sc, n16) : dot_vecdot(col, sc, cap, true);
-  }
+  kqv_columns(v, kv_dim, hd, n_att, cap, kqv_tiny, true, sc, col, out);
 }
 
 void swiglu_row(float* g, const float* u, int64_t F) {
