@@ -4,6 +4,7 @@
     WORKER_DECODE_STEP_TRACE=/tmp/t.bin build/bench/decode_bench --model M.gguf --decode 24
     python3 bench/steptrace.py /tmp/t.bin [steps to skip, default 2]
     python3 bench/steptrace.py --compare before.bin after.bin [steps to skip]
+    (either form) --heads N: also the skew of each head's attention blocks (below)
 
 (WORKER_DECODE_STEP_TRACE appends: remove the file between runs.) --compare prints every figure
 of two traces (an A/B's two builds on one model) side by side with the difference, after - before.
@@ -25,6 +26,12 @@ bulk copies (ISSUES). Every op's output is a tagged value (no counter): its read
 poll the values inside the next op (the attention's inputs, Wo's and down's stages, the norms),
 so that op's time holds the wait. (Traces of builds with counters: the same figure is the
 counter's latency plus the op's input.)
+With --heads N (the model's attention heads: the attention blocks, those that stamp point 3, are
+N runs of C consecutive blocks, one run a head, as the step assigns them) it also prints how far
+apart a head's C blocks are (max - min over them, median over heads) when their inputs are ready
+(3), when they start scoring (12) and when every score is theirs (13), and the time from the
+head's last block starting to score to its median block having every score: what split mode's
+exchange costs once the last block is there (perf-notes v45: the exchange waits for the skew).
 Python's standard library only.
 """
 import statistics
@@ -64,7 +71,20 @@ def read(path):
     return recs
 
 
-def analyse(recs):
+# Points of a head's skew (--heads): (name, point)
+SKEW = [("inputs ready", 3), ("scoring starts", 12), ("scores done", 13)]
+
+
+def head_runs(t, l, heads):
+    """The blocks of each head in layer l: the attention blocks (stamp 3 set), `heads` runs of C."""
+    att = [b for b in range(len(t[l][3])) if t[l][3][b] > 0]
+    if heads <= 0 or not att or len(att) % heads != 0 or att != list(range(len(att))):
+        raise ValueError(f"{len(att)} attention blocks cannot be {heads} heads of equal runs")
+    c = len(att) // heads
+    return [list(range(h * c, (h + 1) * c)) for h in range(heads)]
+
+
+def analyse(recs, heads=0):
     """Averages in microseconds: {name: value} (see the module doc for the names)."""
     if not recs:
         raise ValueError("no steps in the trace")
@@ -97,6 +117,16 @@ def analyse(recs):
     if P >= 19:
         for name, a, b in DOWN:
             out[name] = mean(lambda t, l: statistics.median(diff(t, l, a, b)))
+    if heads > 0 and P >= 17:
+        def per_head(f):
+            return statistics.fmean(
+                statistics.median(f(t, l, run) for run in head_runs(t, l, heads))
+                for _, _, _, t in recs for l in range(L)) / 1000
+        for name, pt in SKEW:
+            out["head skew: " + name] = per_head(
+                lambda t, l, run, pt=pt: max(t[l][pt][b] for b in run) - min(t[l][pt][b] for b in run))
+        out["head: last block scoring -> median has every score"] = per_head(
+            lambda t, l, run: statistics.median(t[l][13][b] for b in run) - max(t[l][12][b] for b in run))
     out["LM head"] = statistics.fmean(statistics.median(t[L][2]) - statistics.median(t[L][0])
                                       for _, _, _, t in recs) / 1000
     out["step"] = statistics.fmean(max(t[L][2]) - min(t[0][0]) for _, _, _, t in recs) / 1000
@@ -108,24 +138,31 @@ def compare(before, after):
     return [(k, before[k], after[k], after[k] - before[k]) for k in before if k in after]
 
 
-def print_compare(paths, skip):
-    ra, rb = (analyse(read(p)[skip:]) for p in paths)
+def print_compare(paths, skip, heads=0):
+    ra, rb = (analyse(read(p)[skip:], heads) for p in paths)
     print(f"{'us (per layer; LM head, step: per step)':42s} {'before':>9s} {'after':>9s} {'delta':>9s}")
     for name, a, b, d in compare(ra, rb):
         print(f"  {name:40s} {a:9.2f} {b:9.2f} {d:+9.2f}")
 
 
 def main():
-    if len(sys.argv) < 2:
+    argv, heads = list(sys.argv), 0
+    if "--heads" in argv:
+        i = argv.index("--heads")
+        if i + 1 >= len(argv) or not argv[i + 1].isdigit() or int(argv[i + 1]) < 1:
+            sys.exit("--heads takes the model's number of attention heads (>= 1)\n" + __doc__)
+        heads = int(argv[i + 1])
+        del argv[i:i + 2]
+    if len(argv) < 2:
         sys.exit(__doc__)
-    if sys.argv[1] == "--compare":
-        if len(sys.argv) < 4:
+    if argv[1] == "--compare":
+        if len(argv) < 4:
             sys.exit(__doc__)
-        print_compare(sys.argv[2:4], int(sys.argv[4]) if len(sys.argv) > 4 else 2)
+        print_compare(argv[2:4], int(argv[4]) if len(argv) > 4 else 2, heads)
         return
-    recs = read(sys.argv[1])
-    skip = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    r = analyse(recs[skip:])
+    recs = read(argv[1])
+    skip = int(argv[2]) if len(argv) > 2 else 2
+    r = analyse(recs[skip:], heads)
     L, _, G, _ = recs[0]
     print(f"{len(recs) - skip} steps, {L} layers, {G} blocks; per layer, us:")
     for name, _, _ in OPS:
@@ -145,6 +182,11 @@ def main():
         print("attention phases (median over attention blocks), us:")
         for k in phases:
             print(f"  {k[len('attention '):]:12s} {r[k]:6.2f}")
+    skew = [k for k in r if k.startswith("head")]
+    if skew:
+        print("a head's attention blocks (median over heads), us:")
+        for k in skew:
+            print(f"  {k:52s} {r[k]:6.2f}")
     print(f"LM head (norm + rows) {r['LM head']:.2f} us; step from layer 0's start {r['step']:.1f} us")
 
 

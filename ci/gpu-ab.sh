@@ -20,6 +20,8 @@
 #                24 with WORKER_DECODE_STEP_TRACE, then bench/steptrace.py --compare prev new and
 #                new variant, their per-layer lines (new's own trace when it is the only build);
 #                the traces stay in /tmp/ab-trace-BUILD-MODEL.bin)
+#                [--heads N] (with --trace: the models' attention heads, 14 for the 0.5B shape;
+#                steptrace.py --heads adds the skew of each head's attention blocks)
 # Last, bench/absummary.py's table: each build's median decode and prompt tok/s, their change
 # against new's, and whether its logits hashes equal new's; with $OUT set (the device call's
 # output folder) the run lines and that table are also written to $OUT/gpu-ab-runs.txt.
@@ -29,7 +31,7 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 numerics=exact prefill=512 decode=256 models=f16,q8_0,q4_k_m extra="" patches=() noprev=0 reps=3
-graph=on trace=""
+graph=on trace="" heads=()
 while [ $# -gt 0 ]; do
   case $1 in
     --numerics) numerics=$2; shift ;;
@@ -41,8 +43,9 @@ while [ $# -gt 0 ]; do
     --reps) reps=$2; shift ;;
     --graph) graph=$2; shift ;;
     --trace) trace=$2; shift ;;
+    --heads) heads=(--heads "$2"); shift ;;
     --patch) patches+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift ;;
-    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]... [--no-prev] [--reps N] [--graph on|off|both] [--trace MODELS]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--numerics exact|fast|both] [--prefill N] [--decode N] [--models a,b] [--targets T] [--patch FILE]... [--no-prev] [--reps N] [--graph on|off|both] [--trace MODELS] [--heads N]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -137,12 +140,12 @@ for m in ${trace//,/ }; do
     set -- $pr
     [ -s /tmp/ab-trace-$1-$m.bin ] && [ -s /tmp/ab-trace-$2-$m.bin ] || continue
     say "step trace $m: $1 -> $2 (us)"
-    python3 bench/steptrace.py --compare /tmp/ab-trace-$1-$m.bin /tmp/ab-trace-$2-$m.bin |
+    python3 bench/steptrace.py "${heads[@]}" --compare /tmp/ab-trace-$1-$m.bin /tmp/ab-trace-$2-$m.bin |
       grep -vE "slowest|attention (RoPE|exps|softmax|KQV|reduce)|down: "
   done
   if [ ${#pairs[@]} -eq 0 ] && [ -s /tmp/ab-trace-new-$m.bin ]; then
     say "step trace $m: new (us)"
-    python3 bench/steptrace.py /tmp/ab-trace-new-$m.bin
+    python3 bench/steptrace.py "${heads[@]}" /tmp/ab-trace-new-$m.bin
   fi
 done
 python3 bench/absummary.py /tmp/ab-lines.txt | tee /tmp/ab-summary.txt

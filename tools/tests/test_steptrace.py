@@ -19,9 +19,10 @@ SPEC.loader.exec_module(steptrace)
 L, P, G = 2, 20, 4  # layers, points, blocks; block 3 runs no attention
 
 
-def synthetic(step, gate_up_ns=3500):
+def synthetic(step, gate_up_ns=3500, rope_late_ns=0):
     """Stamps (ns) where every block takes the same times, except block 1, 1 us slower in
-    Q/K/V, and each counter is released 500 ns after its last arrival."""
+    Q/K/V, and block 2, whose RoPE takes rope_late_ns longer; each counter is released 500 ns
+    after its last arrival."""
     t = [[[0] * G for _ in range(P)] for _ in range(L + 1)]
     now = 1_000_000 * (step + 1)
     for l in range(L):
@@ -34,7 +35,8 @@ def synthetic(step, gate_up_ns=3500):
             if b < 3:  # attention blocks
                 t[l][3][b] = last + 500
                 for k, dt in enumerate([1600, 5500, 1100, 700, 1800]):  # phases 12..16
-                    t[l][12 + k][b] = (t[l][11 + k][b] if k else t[l][3][b]) + dt
+                    late = rope_late_ns if k == 0 and b == 2 else 0
+                    t[l][12 + k][b] = (t[l][11 + k][b] if k else t[l][3][b]) + dt + late
                 t[l][4][b] = t[l][16][b] + 1000
             else:
                 t[l][4][b] = last + 100
@@ -121,6 +123,37 @@ class StepTraceTest(unittest.TestCase):
                                   str(a), str(b), "1"],
                                  capture_output=True, text=True, check=True).stdout
             self.assertIn(["gate+up", "3.50", "2.50", "-1.00"], [x.split() for x in out.splitlines()])
+
+    def test_heads_give_the_skew_of_each_heads_blocks(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "t.bin"
+            self.write(path, 3, rope_late_ns=300)  # block 2 starts scoring 0.3 us after 0 and 1
+            recs = steptrace.read(path)
+            one = steptrace.analyse(recs, heads=1)  # blocks 0-2: one head of 3
+            self.assertAlmostEqual(one["head skew: inputs ready"], 0.0)
+            self.assertAlmostEqual(one["head skew: scoring starts"], 0.3)
+            self.assertAlmostEqual(one["head skew: scores done"], 0.3)
+            # the median block has every score 5.5 - 0.3 us after the last one starts scoring
+            self.assertAlmostEqual(one["head: last block scoring -> median has every score"], 5.2)
+            three = steptrace.analyse(recs, heads=3)  # a block a head: no skew
+            self.assertAlmostEqual(three["head skew: scoring starts"], 0.0)
+            self.assertAlmostEqual(three["head: last block scoring -> median has every score"], 5.5)
+            self.assertNotIn("head skew: scoring starts", steptrace.analyse(recs))
+            with self.assertRaises(ValueError):  # 3 attention blocks are not 2 equal heads
+                steptrace.analyse(recs, heads=2)
+            out = subprocess.run([sys.executable, str(ROOT / "bench/steptrace.py"), str(path), "1",
+                                  "--heads", "1"], capture_output=True, text=True, check=True).stdout
+            self.assertIn(["head", "skew:", "scoring", "starts", "0.30"],
+                          [x.split() for x in out.splitlines()])
+            out = subprocess.run([sys.executable, str(ROOT / "bench/steptrace.py"), "--heads", "1",
+                                  "--compare", str(path), str(path), "1"],
+                                 capture_output=True, text=True, check=True).stdout
+            self.assertIn(["head", "skew:", "scoring", "starts", "0.30", "0.30", "+0.00"],
+                          [x.split() for x in out.splitlines()])
+            bad = subprocess.run([sys.executable, str(ROOT / "bench/steptrace.py"), str(path),
+                                  "--heads", "x"], capture_output=True, text=True)
+            self.assertNotEqual(bad.returncode, 0)
+            self.assertIn("--heads", bad.stderr)
 
     def test_an_empty_trace_is_an_error(self):
         with self.assertRaises(ValueError):
