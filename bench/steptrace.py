@@ -17,7 +17,10 @@ wait for the previous layer's down), 1 norm done, 2 Q/K/V done, 3 attention inpu
 start, 8 norm done, 9 gate+up done, 10 down start, 11 down done, 12-16 the attention's phases
 (RoPE, scores, exps, softmax sum, KQV; attention blocks), 17 down's input staged, 18 down's
 input quantized (quantized weights; float weights stamp 17 and 18 together), so that down is
-stage (10-17), quantize (17-18) and rows (18-11), 19 Wo's input staged; layer n_layer: 0 the
+stage (10-17), quantize (17-18) and rows (18-11), 19 Wo's input staged, 20 (traces of 21 points:
+the step with reports/pending/trace-scores-out.patch) the attention block's own scores computed
+and put, before the exchange (between 12 and 13: the scores phase is then "own keys" 12-20 and
+"exchange" 20-13); layer n_layer: 0 the
 LM head's start, 1 its norm done, 2 its end. Prints, averaged over layers and steps
 (microseconds): each op's compute time (median and slowest block), the attention's phases, the
 layer and the LM head, for each edge between ops the time from the last writer's end to the
@@ -31,7 +34,9 @@ N runs of C consecutive blocks, one run a head, as the step assigns them) it als
 apart a head's C blocks are (max - min over them, median over heads) when their inputs are ready
 (3), when they start scoring (12) and when every score is theirs (13), and the time from the
 head's last block starting to score to its median block having every score: what split mode's
-exchange costs once the last block is there (perf-notes v45: the exchange waits for the skew).
+exchange costs once the last block is there (perf-notes v45: the exchange waits for the skew);
+with 21 points also the time from the head's last block putting its scores to its median block
+having every score: the exchange's own latency (perf-notes v46).
 Python's standard library only.
 """
 import statistics
@@ -47,6 +52,8 @@ TAGGED = [("Q/K/V -> attn inputs", 2, 3, 0), ("attn -> Wo stage", 4, 19, 0),
           ("down -> attn norm", 11, 1, 1)]
 PHASES = [(3, 12, "RoPE"), (12, 13, "scores"), (13, 14, "exps"), (14, 15, "softmax sum"),
           (15, 16, "KQV"), (16, 4, "reduce, out")]
+# traces of 21 points: the scores phase split at the block's own scores (point 20)
+SCORES = [(12, 20, "scores: own keys"), (20, 13, "scores: exchange")]
 DOWN = [("down: stage", 10, 17), ("down: quantize", 17, 18), ("down: rows", 18, 11)]
 # Between two ops, where thread 0 issues bulk copies: (name, from, to (in the next layer when
 # nxt)), a block's own stamps, median over blocks. Since 3d82c29: gate + up at 4 -> 5 for Q8_0
@@ -111,7 +118,7 @@ def analyse(recs, heads=0):
             statistics.median(t[l + nxt][b][i] - t[l][a][i] for i in range(len(t[l][a])))
             for _, _, _, t in recs for l in range(L - nxt)) / 1000
     if P >= 17:
-        for a, b, name in PHASES:
+        for a, b, name in PHASES + (SCORES if P >= 21 else []):
             out["attention " + name] = mean(
                 lambda t, l: statistics.median(diff(t, l, a, b, only=12) or [0]))
     if P >= 19:
@@ -127,6 +134,9 @@ def analyse(recs, heads=0):
                 lambda t, l, run, pt=pt: max(t[l][pt][b] for b in run) - min(t[l][pt][b] for b in run))
         out["head: last block scoring -> median has every score"] = per_head(
             lambda t, l, run: statistics.median(t[l][13][b] for b in run) - max(t[l][12][b] for b in run))
+        if P >= 21:
+            out["head: last block's scores out -> median has every score"] = per_head(
+                lambda t, l, run: statistics.median(t[l][13][b] for b in run) - max(t[l][20][b] for b in run))
     out["LM head"] = statistics.fmean(statistics.median(t[L][2]) - statistics.median(t[L][0])
                                       for _, _, _, t in recs) / 1000
     out["step"] = statistics.fmean(max(t[L][2]) - min(t[0][0]) for _, _, _, t in recs) / 1000
@@ -181,12 +191,12 @@ def main():
     if phases:
         print("attention phases (median over attention blocks), us:")
         for k in phases:
-            print(f"  {k[len('attention '):]:12s} {r[k]:6.2f}")
+            print(f"  {k[len('attention '):]:18s} {r[k]:6.2f}")
     skew = [k for k in r if k.startswith("head")]
     if skew:
         print("a head's attention blocks (median over heads), us:")
         for k in skew:
-            print(f"  {k:52s} {r[k]:6.2f}")
+            print(f"  {k:57s} {r[k]:6.2f}")
     print(f"LM head (norm + rows) {r['LM head']:.2f} us; step from layer 0's start {r['step']:.1f} us")
 
 

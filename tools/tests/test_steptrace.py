@@ -16,14 +16,15 @@ SPEC = importlib.util.spec_from_file_location("steptrace", ROOT / "bench/steptra
 steptrace = importlib.util.module_from_spec(SPEC)
 SPEC.loader.exec_module(steptrace)
 
-L, P, G = 2, 20, 4  # layers, points, blocks; block 3 runs no attention
+L, P, G = 2, 21, 4  # layers, points, blocks; block 3 runs no attention
 
 
-def synthetic(step, gate_up_ns=3500, rope_late_ns=0):
+def synthetic(step, gate_up_ns=3500, rope_late_ns=0, points=P):
     """Stamps (ns) where every block takes the same times, except block 1, 1 us slower in
     Q/K/V, and block 2, whose RoPE takes rope_late_ns longer; each counter is released 500 ns
-    after its last arrival."""
-    t = [[[0] * G for _ in range(P)] for _ in range(L + 1)]
+    after its last arrival. An attention block's own scores (point 20, with 21 points) take
+    1 us of the scores phase's 5.5."""
+    t = [[[0] * G for _ in range(points)] for _ in range(L + 1)]
     now = 1_000_000 * (step + 1)
     for l in range(L):
         for b in range(G):
@@ -38,6 +39,8 @@ def synthetic(step, gate_up_ns=3500, rope_late_ns=0):
                     late = rope_late_ns if k == 0 and b == 2 else 0
                     t[l][12 + k][b] = (t[l][11 + k][b] if k else t[l][3][b]) + dt + late
                 t[l][4][b] = t[l][16][b] + 1000
+                if points > 20:
+                    t[l][20][b] = t[l][12][b] + 1000
             else:
                 t[l][4][b] = last + 100
         last = max(t[l][4])
@@ -65,13 +68,13 @@ def synthetic(step, gate_up_ns=3500, rope_late_ns=0):
 
 
 class StepTraceTest(unittest.TestCase):
-    def write(self, path, steps, **kw):
+    def write(self, path, steps, points=P, **kw):
         with open(path, "wb") as f:
             for s in range(steps):
-                f.write(struct.pack("<3Q", L, P, G))
-                t = synthetic(s, **kw)
-                f.write(struct.pack(f"<{(L + 1) * P * G}Q",
-                                    *[t[l][p][b] for l in range(L + 1) for p in range(P)
+                f.write(struct.pack("<3Q", L, points, G))
+                t = synthetic(s, points=points, **kw)
+                f.write(struct.pack(f"<{(L + 1) * points * G}Q",
+                                    *[t[l][p][b] for l in range(L + 1) for p in range(points)
                                       for b in range(G)]))
 
     def test_reads_every_step_and_recovers_the_op_times(self):
@@ -88,6 +91,8 @@ class StepTraceTest(unittest.TestCase):
                              ("tagged Wo -> ffn norm", 0.5 + 2.3),
                              ("tagged gate+up -> down stage", 0.5 + 0.6),
                              ("tagged down -> attn norm", 0.5 + 2.0), ("attention scores", 5.5),
+                             ("attention scores: own keys", 1.0),
+                             ("attention scores: exchange", 4.5),
                              ("attention KQV", 1.8), ("attention reduce, out", 1.0),
                              ("down: stage", 0.6), ("down: quantize", 0.4),
                              ("down: rows", 1.4), ("LM head", 88.0),
@@ -102,6 +107,7 @@ class StepTraceTest(unittest.TestCase):
                                  capture_output=True, text=True, check=True).stdout
             self.assertIn("2 steps, 2 layers, 4 blocks", out)
             self.assertIn("scores", out)
+            self.assertIn(["scores:", "exchange", "4.50"], [x.split() for x in out.splitlines()])
             self.assertIn("down: quantize", out)
             self.assertIn("edge down -> attn norm", out)
             self.assertIn("issue: Wo -> ffn norm start", out)
@@ -138,6 +144,12 @@ class StepTraceTest(unittest.TestCase):
             three = steptrace.analyse(recs, heads=3)  # a block a head: no skew
             self.assertAlmostEqual(three["head skew: scoring starts"], 0.0)
             self.assertAlmostEqual(three["head: last block scoring -> median has every score"], 5.5)
+            # the exchange's own latency: from the last block's scores out (0.3 us late in
+            # block 2) to the median block's having them all
+            self.assertAlmostEqual(
+                one["head: last block's scores out -> median has every score"], 4.5 - 0.3)
+            self.assertAlmostEqual(
+                three["head: last block's scores out -> median has every score"], 4.5)
             self.assertNotIn("head skew: scoring starts", steptrace.analyse(recs))
             with self.assertRaises(ValueError):  # 3 attention blocks are not 2 equal heads
                 steptrace.analyse(recs, heads=2)
@@ -154,6 +166,15 @@ class StepTraceTest(unittest.TestCase):
                                   "--heads", "x"], capture_output=True, text=True)
             self.assertNotEqual(bad.returncode, 0)
             self.assertIn("--heads", bad.stderr)
+
+    def test_a_trace_of_20_points_has_no_split_scores(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "t.bin"
+            self.write(path, 3, points=20)
+            r = steptrace.analyse(steptrace.read(path), heads=1)
+            self.assertAlmostEqual(r["attention scores"], 5.5)
+            self.assertNotIn("attention scores: own keys", r)
+            self.assertNotIn("head: last block's scores out -> median has every score", r)
 
     def test_an_empty_trace_is_an_error(self):
         with self.assertRaises(ValueError):
