@@ -80,6 +80,10 @@ def read(path):
 
 # Points of a head's skew (--heads): (name, point)
 SKEW = [("inputs ready", 3), ("scoring starts", 12), ("scores done", 13)]
+# A head's exchange (--heads): (name, point): from the head's last block at the point to its median
+# block having every score (13); point 20 only in traces of 21 points
+EXCHANGE = [("head: last block scoring -> median has every score", 12),
+            ("head: last block's scores out -> median has every score", 20)]
 
 
 def head_runs(t, l, heads):
@@ -125,18 +129,18 @@ def analyse(recs, heads=0):
         for name, a, b in DOWN:
             out[name] = mean(lambda t, l: statistics.median(diff(t, l, a, b)))
     if heads > 0 and P >= 17:
+        runs = [[head_runs(t, l, heads) for l in range(L)] for _, _, _, t in recs]
+
         def per_head(f):
             return statistics.fmean(
-                statistics.median(f(t, l, run) for run in head_runs(t, l, heads))
-                for _, _, _, t in recs for l in range(L)) / 1000
+                statistics.median(f(t, l, run) for run in runs[i][l])
+                for i, (_, _, _, t) in enumerate(recs) for l in range(L)) / 1000
         for name, pt in SKEW:
             out["head skew: " + name] = per_head(
                 lambda t, l, run, pt=pt: max(t[l][pt][b] for b in run) - min(t[l][pt][b] for b in run))
-        out["head: last block scoring -> median has every score"] = per_head(
-            lambda t, l, run: statistics.median(t[l][13][b] for b in run) - max(t[l][12][b] for b in run))
-        if P >= 21:
-            out["head: last block's scores out -> median has every score"] = per_head(
-                lambda t, l, run: statistics.median(t[l][13][b] for b in run) - max(t[l][20][b] for b in run))
+        for name, pt in (e for e in EXCHANGE if e[1] < P):
+            out[name] = per_head(lambda t, l, run, pt=pt: statistics.median(t[l][13][b] for b in run)
+                                 - max(t[l][pt][b] for b in run))
     out["LM head"] = statistics.fmean(statistics.median(t[L][2]) - statistics.median(t[L][0])
                                       for _, _, _, t in recs) / 1000
     out["step"] = statistics.fmean(max(t[L][2]) - min(t[0][0]) for _, _, _, t in recs) / 1000
