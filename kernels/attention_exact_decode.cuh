@@ -363,8 +363,9 @@ __device__ __forceinline__ void attn_stage_kv(const DecArgs<typename KV::T>& a, 
 // ~1.7 us longer from the copies' L2 traffic, the scores 4.4 -> 2.4 us, KQV 1.8 -> 1.2; in split
 // mode, v30, a block copies only its own keys' K rows and V columns).
 // `mark(k)` is called by every thread after phase k (profiling: 0 RoPE, 1 scores, 2 exps, 3 the
-// softmax sum, 4 KQV). `xchg` (split mode, DecKeys): either a callable, xchg(), called by every
-// thread of the C blocks of head h, once, which returns in each once all have called it, with
+// softmax sum, 4 KQV; and 5 between 0 and 1: the block's own scores computed and put, before the
+// exchange or the block's max). `xchg` (split mode, DecKeys): either a callable, xchg(), called by
+// every thread of the C blocks of head h, once, which returns in each once all have called it, with
 // their earlier writes of the scratch visible (release / acquire at least at the scope of the C
 // blocks); or an object with kTagged = true (DecTaggedXchg): xchg.put(h, j, s) stores this
 // block's score j, and xchg.gather(sc, h, n_att, sm.shf), called by every thread, returns the
@@ -477,27 +478,53 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
     mx = fmaxf(mx, s);
   };
   if (st.k != nullptr) {
-    // Each thread runs KvF16::kq_vec's arithmetic on its keys' staged rows: 64 chains of one
-    // FMA each and vecdot_reduce64.
-    for (int j = q_lo + tid; j < q_hi; j += kDecThreads) {
-      if (ROPE && j >= n_cached) {
-        score(j, KV::kq_vec(knew, qs, hd, false));
-      } else {
-        const uint32_t* row = st.k + (j - q_lo) * kDecKeyRowWords;
-        float acc[64];
+    // KvF16::kq_vec's arithmetic on the staged rows, two threads a key (perf-notes v46): half
+    // s = thread bit 4 of the pair (tid, tid ^ 16) takes lanes 8 s .. 8 s + 7 of each 16-lane
+    // quarter q (one 16-byte word group of the row: a quarter warp reads 8 rows' same group,
+    // 36 words apart, in distinct banks), its 32 chains of one FMA; vecdot_reduce64's first two
+    // levels for its lanes l = 8 s + i, (acc[l] + acc[32 + l]) + (acc[16 + l] + acc[48 + l]);
+    // hsum16's first level pairs lane l with l + 8, the partner's (shuffle xor 16; + is
+    // commutative), and both finish hsum16's tree: one thread's vecdot_reduce64, bit for bit.
+    // Every thread runs the same rounds (the shuffles take the full warp).
+    const int s = (tid >> 4) & 1, kj = (tid & 15) | ((tid >> 5) << 4);
+    for (int base = q_lo; base < q_hi; base += kDecThreads / 2) {
+      const int j = base + kj;
+      const bool in = j < q_hi;
+      float acc[4][8];
+      if (ROPE && j >= n_cached) {  // this step's key (or past q_hi: not scored)
 #pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const uint4 w4 = *reinterpret_cast<const uint4*>(row + 4 * c);
+        for (int q = 0; q < 4; ++q) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            const int l = 16 * q + 8 * s + i;
+            acc[q][i] = fmaf(knew[l], qs[l], 0.0f);
+          }
+        }
+      } else {
+        const uint32_t* row = st.k + (in ? j - q_lo : 0) * kDecKeyRowWords;  // in the stage
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const uint4 w4 = *reinterpret_cast<const uint4*>(row + 8 * q + 4 * s);
           const uint32_t w[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            const int l = 8 * c + 2 * i;
-            acc[l] = fmaf(math::h2f(static_cast<uint16_t>(w[i] & 0xFFFFu)), qs[l], 0.0f);
-            acc[l + 1] = fmaf(math::h2f(static_cast<uint16_t>(w[i] >> 16)), qs[l + 1], 0.0f);
+            const int l = 16 * q + 8 * s + 2 * i;
+            acc[q][2 * i] = fmaf(math::h2f(static_cast<uint16_t>(w[i] & 0xFFFFu)), qs[l], 0.0f);
+            acc[q][2 * i + 1] = fmaf(math::h2f(static_cast<uint16_t>(w[i] >> 16)), qs[l + 1], 0.0f);
           }
         }
-        score(j, math::vecdot_reduce64(acc));
       }
+      float t8[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float v = (acc[0][i] + acc[2][i]) + (acc[1][i] + acc[3][i]);
+        t8[i] = v + __shfl_xor_sync(0xffffffffu, v, 16);
+      }
+      float t4[4];  // hsum16's other levels
+#pragma unroll
+      for (int i = 0; i < 4; ++i) t4[i] = t8[i + 4] + t8[i];
+      const float d = (t4[0] + t4[2]) + (t4[1] + t4[3]);
+      if (in && s == 0) score(j, d);
     }
   } else {
     for (int j = q_lo + tid; j < q_hi; j += kDecThreads) {
@@ -506,6 +533,7 @@ __device__ __forceinline__ void attn_decode_block(const DecArgs<typename KV::T>&
                    : KV::kq_vec(kbase + static_cast<size_t>(j) * kv_dim, qs, hd, true));
     }
   }
+  mark(5);
   // Split mode with tagged values: every score into sc, their max (exact in any order); then
   // as in local mode.
   const bool gathered = kTagged && split;

@@ -86,7 +86,7 @@ constexpr int kWarps = kThreads / kWarp;
 // a thread of the last warp, the block's next barrier waited 2-3 us longer after the Wo and
 // attention ops: 928 vs 947 tok/s, perf-notes v11.)
 constexpr int kIssuer = 0;
-constexpr int kTracePoints = 20;  // a layer's timestamps (DecodeStep::read_trace)
+constexpr int kTracePoints = 21;  // a layer's timestamps (DecodeStep::read_trace)
 constexpr int kLmStages = 8;      // LM head ring: at most this many stages of lm_rows rows
 // Quantized weights (Q8_0, Q5_0: the reference's dot_q0_lanes, 8 lane chains a row): 8
 // threads a row, 32 rows at once.
@@ -850,7 +850,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_step_kernel(StepParams<typ
             return [in, hd](int w, int i) { return in[w * hd + i]; };
           },
           [&](int k) {
-            if (u == c) stamp(p.trace, l, 12 + k);
+            if (u == c) stamp(p.trace, l, k < 5 ? 12 + k : 20);  // 20: own scores out
           },
           XchgTagged{p.st, tag(l + 1)},  // split mode (its own buffer)
           [&](size_t i, float o) {       // tagged: l + 1 (its own buffer's sequence)

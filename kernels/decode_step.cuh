@@ -81,13 +81,14 @@ class DecodeStep {
   // Launches the step (after the embedding of this step's token into m.x, on the same
   // stream); the logits land in m.logits.
   void launch(cudaStream_t stream) const;
-  // Profiling for kernel work: every later launch records, per block, %globaltimer at 20
-  // points of each layer (after each wait, norm and product, the attention's phases, and
-  // Wo's and down's staged input, down's quantized input; [layer][point][block]) and 3 of the LM
+  // Profiling for kernel work: every later launch records, per block, %globaltimer at 21
+  // points of each layer (after each wait, norm and product, the attention's phases and its own
+  // scores before their exchange, Wo's and down's staged input, down's quantized input;
+  // [layer][point][block]) and 3 of the LM
   // head (layer n_layer); read_trace() returns the last launch's.
   void enable_trace();
   std::vector<uint64_t> read_trace() const;
-  static int trace_points();  // points a layer (20)
+  static int trace_points();  // points a layer (21)
   int blocks() const { return blocks_; }
   size_t smem_bytes() const { return smem_; }
   // The step may be launched while n_past + 1 <= local_keys() (the attention's local mode);

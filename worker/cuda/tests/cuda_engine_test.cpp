@@ -438,7 +438,7 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
   ASSERT_GE(d.size(), 3u) << "no step trace in " << trace;
   const uint64_t L = d[0], P = d[1], G = d[2];
   ASSERT_EQ(L, model->config.n_layer);
-  ASSERT_EQ(P, 20u);
+  ASSERT_EQ(P, 21u);
   ASSERT_GT(G, 0u);
   const size_t rec = 3 + (L + 1) * P * G;
   ASSERT_EQ(d.size(), kSteps * rec) << "one record per decode step";
@@ -457,6 +457,20 @@ TEST(CudaEngine, DecodeStepTraceShowsOpsInDependencyOrder) {
               << "layer " << l << " block " << b << " points " << order[k] << ", " << order[k + 1];
         }
       }
+      // an attention block's phases in order: 3 inputs, 12 RoPE, 20 its own scores out,
+      // 13 every score (the exchange), 14 exps, 15 softmax sum, 16 KQV, 4 attention end
+      const uint64_t att[] = {3, 12, 20, 13, 14, 15, 16, 4};
+      uint64_t att_blocks = 0;
+      for (uint64_t b = 0; b < G; ++b) {
+        if (at(l, 3, b) == 0) continue;  // no attention in this block
+        ++att_blocks;
+        for (size_t k = 0; k + 1 < std::size(att); ++k) {
+          ASSERT_LE(at(l, att[k], b), at(l, att[k + 1], b))
+              << "layer " << l << " block " << b << " points " << att[k] << ", " << att[k + 1];
+        }
+      }
+      EXPECT_GE(att_blocks, static_cast<uint64_t>(model->config.n_head))
+          << "layer " << l << ": a block a head at least";
       // a consumer op has its input only after every block wrote it (the attention's output,
       // x after Wo and the SwiGLU output are tagged values, polled inside the consumer: Wo's
       // input staged, the ffn norm done, down's input staged)
