@@ -4,6 +4,7 @@ reports/perf-notes.md, done before any device time.
 
     nvcc ... -arch=sm_90a -ptx -x cu kernels/matmul_qgemm.cu -o /tmp/q.ptx
     tools/ptxcount.py /tmp/q.ptx 'qmma_kernel.*GgmlTypeE8ELb0'
+    nvcc ... -lineinfo -ptx ...; tools/ptxcount.py --by-source 30 /tmp/s.ptx 'decode_step_kernel.*E12E'
 
 For the first kernel whose mangled name matches the regular expression, it splits the body
 into basic blocks (at `$L__BB...:` labels), finds each loop (a branch back to an earlier
@@ -12,6 +13,13 @@ instruction count, its opcode histogram and the share of FFMA-class instructions
 (`fma.rn.f32`), which is what an FP32-chain floor is counted in. PTX is not SASS, but
 straight-line arithmetic maps about one to one: for the Q0 prompt tiles of v37 the loop
 body's FFMA share (27.2% for wq0) matched the share ncu measured (27.6%).
+
+With --by-source N (PTX made with -lineinfo) it also says where the kernel's code comes from:
+its instructions counted by the source location of the `.loc` before them, summed by file, by
+function (the innermost function or lambda head above the line in its source file: a
+heuristic, as inlined calls keep only the callee's lines) and the N lines of most
+instructions, each with its source text when the file can be read. For a kernel whose size is
+the question (a persistent kernel's code against the instruction caches), this is where to cut.
 
 Exit status: 0 when the kernel was found, 1 when no kernel matches, 2 on usage errors.
 """
@@ -22,8 +30,15 @@ import argparse
 import collections
 import re
 import sys
+from pathlib import Path
 
 LABEL = re.compile(r"^(\$L__BB\S+):$")
+LOC = re.compile(r"^\.loc\s+(\d+)\s+(\d+)\b")
+FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]+)"')
+# a function or lambda head in C++ / CUDA source (by_source's attribution)
+FUNC_HEAD = re.compile(
+    r"^\s*(?:template\s*<.*>\s*)?(?:static\s+)?(?:__global__|__device__|__host__|EXQ_HD|inline)\b"
+    r"|=\s*\[[^\]]*\]\s*\(|^\s*\[[^\]]*\]\s*\(")
 ENTRY = re.compile(r"^\.(?:visible\s+|weak\s+)?\.?entry\s+(\S+)\(")
 BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__BB[^;\s]+);")
 
@@ -126,11 +141,75 @@ def report(name: str, blocks: list[Block], top: int) -> str:
     return "\n".join(out)
 
 
+def source_counts(body: list[str]) -> collections.Counter:
+    """Instructions a (file number, line) of the `.loc` before them (("0", 0): none yet)."""
+    c: collections.Counter = collections.Counter()
+    where = ("0", 0)
+    for s in body:
+        m = LOC.match(s)
+        if m:
+            where = (m.group(1), int(m.group(2)))
+            continue
+        if LABEL.match(s):
+            continue
+        s = s.strip("{} \t")
+        if not s or s.startswith("//") or s.startswith("."):
+            continue
+        c[where] += 1
+    return c
+
+
+def by_source(ptx: str, body: list[str], top: int, read=None) -> str:
+    """The kernel's instructions by source file, function head and line (see the docstring)."""
+    files = {m.group(1): m.group(2) for m in map(FILE.match, ptx.splitlines()) if m}
+    counts = source_counts(body)
+    sources: dict[str, list[str]] = {}
+
+    def lines_of(f: str) -> list[str]:
+        if f not in sources:
+            try:
+                sources[f] = (read or (lambda p: Path(p).read_text(encoding="utf-8")))(
+                    files[f]).splitlines()
+            except (OSError, KeyError, UnicodeDecodeError):
+                sources[f] = []
+        return sources[f]
+
+    def name(f: str) -> str:
+        return "(no .loc)" if f == "0" else files.get(f, "?").rsplit("/", 1)[-1]
+
+    per_file: collections.Counter = collections.Counter()
+    per_func: collections.Counter = collections.Counter()
+    for (f, line), n in counts.items():
+        per_file[name(f)] += n
+        src = lines_of(f)
+        head = next((i for i in range(min(line, len(src)), 0, -1) if FUNC_HEAD.search(src[i - 1])),
+                    0)
+        per_func[(f, head)] += n
+    total = sum(counts.values())
+    out = [f"  by source: {total} instructions with a .loc"
+           if counts.get(("0", 0), 0) == 0 else
+           f"  by source: {total} instructions, {counts[('0', 0)]} before any .loc"]
+    out.append("  files: " + ", ".join(f"{k} {v}" for k, v in per_file.most_common(top)))
+    out.append("  functions (the head above each line):")
+    for (f, head), n in per_func.most_common(top):
+        text = lines_of(f)[head - 1].strip()[:80] if head else "(no head found)"
+        out.append(f"    {n:7d}  {name(f)}:{head}  {text}")
+    out.append("  lines:")
+    for (f, line), n in counts.most_common(top):
+        src = lines_of(f)
+        text = src[line - 1].strip()[:80] if 0 < line <= len(src) else ""
+        out.append(f"    {n:7d}  {name(f)}:{line}  {text}")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("ptx", help="a .ptx file (nvcc -ptx)")
     ap.add_argument("kernel", help="regular expression matched against mangled entry names")
     ap.add_argument("--top", type=int, default=24, help="opcodes shown a loop (default 24)")
+    ap.add_argument("--by-source", type=int, default=0, metavar="N",
+                    help="also count the instructions by source file, function and line "
+                    "(PTX made with -lineinfo); N rows each")
     args = ap.parse_args(argv)
     try:
         with open(args.ptx, encoding="utf-8") as f:
@@ -144,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     name, body = found
     print(report(name, blocks_of(body), args.top))
+    if args.by_source > 0:
+        print(by_source(ptx, body, args.by_source))
     return 0
 
 

@@ -80,6 +80,92 @@ $L__BB0_4:
 """
 
 
+# -lineinfo's shape: .file entries, .loc before instructions. Source a.cu (below): head() on
+# line 1 holds lines 2-3, the lambda on line 4 holds line 5; b.cuh has no head (the
+# instruction there counts for "(no head found)").
+SRC_A = """__device__ float head(float x) {
+  float y = x * 2.0f;
+  return y + 1.0f;
+  const auto f = [&](int i) {
+    return i + 1;
+  };
+}
+"""
+PTX_LOC = """
+.version 8.8
+.target sm_90a
+.address_size 64
+.visible .entry _Z4stepv(
+)
+{
+	.reg .f32 	%f<4>;
+	mov.f32 	%f3, 0f00000000;
+	.loc	1 2 3
+	mul.f32 	%f1, %f2, 0f40000000;
+	mul.f32 	%f1, %f1, 0f40000000;
+	.loc	1 3 3
+	add.f32 	%f1, %f1, 0f3F800000;
+$L__BB0_1:
+	.loc	1 5 5
+	add.s32 	%r1, %r1, 1;
+	{  cvt.f32.f16 %f3, %rs1;}
+	add.s32 	%r1, %r1, 1;
+	.loc	2 9 1
+	ret;
+}
+	.file	1 "SRC_A"
+	.file	2 "/nonexistent/b.cuh"
+"""
+
+
+class PtxBySourceTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        src = Path(self.dir.name) / "a.cu"
+        src.write_text(SRC_A, encoding="utf-8")
+        self.ptx = PTX_LOC.replace("SRC_A", str(src))
+        self.path = Path(self.dir.name) / "s.ptx"
+        self.path.write_text(self.ptx, encoding="utf-8")
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_counts_by_location(self):
+        _, body = ptxcount.kernel_body(self.ptx, "stepv")
+        c = ptxcount.source_counts(body)
+        # the mov before any .loc, 2 + 1 on a.cu lines 2 / 3, 3 on line 5 (the inline-asm
+        # scope is one), the ret on b.cuh:9; the label is no instruction
+        self.assertEqual(c, {("0", 0): 1, ("1", 2): 2, ("1", 3): 1, ("1", 5): 3, ("2", 9): 1})
+
+    def test_report_by_file_function_and_line(self):
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            rc = ptxcount.main(["--by-source", "5", str(self.path), "stepv"])
+        self.assertEqual(rc, 0)
+        text = out.getvalue()
+        self.assertIn("by source: 8 instructions, 1 before any .loc", text)
+        files = next(line for line in text.splitlines() if line.startswith("  files: "))
+        self.assertEqual(sorted(files[len("  files: "):].split(", ")),
+                         ["(no .loc) 1", "a.cu 6", "b.cuh 1"])
+        self.assertTrue(files.startswith("  files: a.cu 6, "))
+        lines = text.splitlines()
+        funcs = lines[lines.index("  functions (the head above each line):") + 1 :]
+        # head() gets lines 2-3 (3), the lambda line 5 (3); b.cuh cannot be read
+        self.assertRegex(funcs[0], r"^\s+3  a\.cu:(1|4)  ")
+        self.assertRegex(funcs[1], r"^\s+3  a\.cu:(1|4)  ")
+        self.assertIn("a.cu:1  __device__ float head(float x) {", text)
+        self.assertIn("a.cu:4  const auto f = [&](int i) {", text)
+        self.assertIn("b.cuh:0  (no head found)", text)
+        self.assertIn("      3  a.cu:5  return i + 1;", text)
+        self.assertIn("      2  a.cu:2  float y = x * 2.0f;", text)
+
+    def test_without_the_flag_no_source_section(self):
+        out = io.StringIO()
+        with redirect_stdout(out):
+            ptxcount.main([str(self.path), "stepv"])
+        self.assertNotIn("by source", out.getvalue())
+
+
 class PtxCountTest(unittest.TestCase):
     def setUp(self):
         tmp = tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False)
