@@ -16,7 +16,7 @@ body's FFMA share (27.2% for wq0) matched the share ncu measured (27.6%).
 
 With --by-source N (PTX made with -lineinfo) it also says where the kernel's code comes from:
 its instructions counted by the source location of the `.loc` before them, summed by file, by
-function (the innermost function or lambda head above the line in its source file: a
+function (the innermost function or lambda whose braces hold the line in its source file: a
 heuristic, as inlined calls keep only the callee's lines) and the N lines of most
 instructions, each with its source text when the file can be read. For a kernel whose size is
 the question (a persistent kernel's code against the instruction caches), this is where to cut.
@@ -159,6 +159,32 @@ def source_counts(body: list[str]) -> collections.Counter:
     return c
 
 
+def head_ranges(src: list[str]) -> list[tuple[int, int]]:
+    """(head line, last line) of each function or lambda in src (1-based): from a FUNC_HEAD
+    line to the line where the braces opened from it close (string and comment contents are
+    not parsed; a head whose braces never open or close spans to the end)."""
+    out = []
+    for h, text in enumerate(src, 1):
+        if not FUNC_HEAD.search(text):
+            continue
+        depth, opened, end = 0, False, len(src)
+        for i in range(h, len(src) + 1):
+            code = src[i - 1].split("//", 1)[0]
+            for ch in code:
+                if ch == "{":
+                    depth, opened = depth + 1, True
+                elif ch == "}":
+                    depth -= 1
+            if opened and depth <= 0:
+                end = i
+                break
+            if not opened and code.rstrip().endswith(";"):  # a declaration: no body
+                end = i
+                break
+        out.append((h, end))
+    return out
+
+
 def by_source(ptx: str, body: list[str], top: int, read=None) -> str:
     """The kernel's instructions by source file, function head and line (see the docstring)."""
     files = {m.group(1): m.group(2) for m in map(FILE.match, ptx.splitlines()) if m}
@@ -179,18 +205,20 @@ def by_source(ptx: str, body: list[str], top: int, read=None) -> str:
 
     per_file: collections.Counter = collections.Counter()
     per_func: collections.Counter = collections.Counter()
+    ranges: dict[str, list[tuple[int, int]]] = {}
     for (f, line), n in counts.items():
         per_file[name(f)] += n
-        src = lines_of(f)
-        head = next((i for i in range(min(line, len(src)), 0, -1) if FUNC_HEAD.search(src[i - 1])),
-                    0)
+        if f not in ranges:
+            ranges[f] = head_ranges(lines_of(f))
+        # the innermost function or lambda whose lines hold this one
+        head = max((h for h, e in ranges[f] if h <= line <= e), default=0)
         per_func[(f, head)] += n
     total = sum(counts.values())
     out = [f"  by source: {total} instructions with a .loc"
            if counts.get(("0", 0), 0) == 0 else
            f"  by source: {total} instructions, {counts[('0', 0)]} before any .loc"]
     out.append("  files: " + ", ".join(f"{k} {v}" for k, v in per_file.most_common(top)))
-    out.append("  functions (the head above each line):")
+    out.append("  functions (the innermost function or lambda holding each line):")
     for (f, head), n in per_func.most_common(top):
         text = lines_of(f)[head - 1].strip()[:80] if head else "(no head found)"
         out.append(f"    {n:7d}  {name(f)}:{head}  {text}")

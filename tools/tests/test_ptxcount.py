@@ -81,14 +81,15 @@ $L__BB0_4:
 
 
 # -lineinfo's shape: .file entries, .loc before instructions. Source a.cu (below): head() on
-# line 1 holds lines 2-3, the lambda on line 4 holds line 5; b.cuh has no head (the
-# instruction there counts for "(no head found)").
+# line 1 holds lines 2-3 and 7 (after the lambda closes), the lambda on line 4 holds line 5;
+# b.cuh cannot be read (its instruction counts for "(no head found)").
 SRC_A = """__device__ float head(float x) {
   float y = x * 2.0f;
   return y + 1.0f;
   const auto f = [&](int i) {
     return i + 1;
   };
+  return f(2);  // after the lambda: head()'s again
 }
 """
 PTX_LOC = """
@@ -110,6 +111,8 @@ $L__BB0_1:
 	add.s32 	%r1, %r1, 1;
 	{  cvt.f32.f16 %f3, %rs1;}
 	add.s32 	%r1, %r1, 1;
+	.loc	1 7 3
+	mov.u32 	%r2, 3;
 	.loc	2 9 1
 	ret;
 }
@@ -135,7 +138,11 @@ class PtxBySourceTest(unittest.TestCase):
         c = ptxcount.source_counts(body)
         # the mov before any .loc, 2 + 1 on a.cu lines 2 / 3, 3 on line 5 (the inline-asm
         # scope is one), the ret on b.cuh:9; the label is no instruction
-        self.assertEqual(c, {("0", 0): 1, ("1", 2): 2, ("1", 3): 1, ("1", 5): 3, ("2", 9): 1})
+        self.assertEqual(c, {("0", 0): 1, ("1", 2): 2, ("1", 3): 1, ("1", 5): 3, ("1", 7): 1,
+                             ("2", 9): 1})
+
+    def test_head_ranges_follow_the_braces(self):
+        self.assertEqual(ptxcount.head_ranges(SRC_A.splitlines()), [(1, 8), (4, 6)])
 
     def test_report_by_file_function_and_line(self):
         out, err = io.StringIO(), io.StringIO()
@@ -143,16 +150,17 @@ class PtxBySourceTest(unittest.TestCase):
             rc = ptxcount.main(["--by-source", "5", str(self.path), "stepv"])
         self.assertEqual(rc, 0)
         text = out.getvalue()
-        self.assertIn("by source: 8 instructions, 1 before any .loc", text)
+        self.assertIn("by source: 9 instructions, 1 before any .loc", text)
         files = next(line for line in text.splitlines() if line.startswith("  files: "))
         self.assertEqual(sorted(files[len("  files: "):].split(", ")),
-                         ["(no .loc) 1", "a.cu 6", "b.cuh 1"])
-        self.assertTrue(files.startswith("  files: a.cu 6, "))
+                         ["(no .loc) 1", "a.cu 7", "b.cuh 1"])
+        self.assertTrue(files.startswith("  files: a.cu 7, "))
         lines = text.splitlines()
-        funcs = lines[lines.index("  functions (the head above each line):") + 1 :]
-        # head() gets lines 2-3 (3), the lambda line 5 (3); b.cuh cannot be read
-        self.assertRegex(funcs[0], r"^\s+3  a\.cu:(1|4)  ")
-        self.assertRegex(funcs[1], r"^\s+3  a\.cu:(1|4)  ")
+        funcs = lines[lines.index("  functions (the innermost function or lambda holding each "
+                                  "line):") + 1 :]
+        # head() gets lines 2-3 and 7 (4), the lambda line 5 (3); b.cuh cannot be read
+        self.assertRegex(funcs[0], r"^\s+4  a\.cu:1  ")
+        self.assertRegex(funcs[1], r"^\s+3  a\.cu:4  ")
         self.assertIn("a.cu:1  __device__ float head(float x) {", text)
         self.assertIn("a.cu:4  const auto f = [&](int i) {", text)
         self.assertIn("b.cuh:0  (no head found)", text)
