@@ -18,8 +18,8 @@ start, 8 norm done, 9 gate+up done, 10 down start, 11 down done, 12-16 the atten
 (RoPE, scores, exps, softmax sum, KQV; attention blocks), 17 down's input staged, 18 down's
 input quantized (quantized weights; float weights stamp 17 and 18 together), so that down is
 stage (10-17), quantize (17-18) and rows (18-11), 19 Wo's input staged, 20 (traces of 21 points:
-the step with reports/pending/trace-scores-out.patch) the attention block's own scores computed
-and put, before the exchange (between 12 and 13: the scores phase is then "own keys" 12-20 and
+the step since eaaafe7; older traces have 20) the attention block's own scores computed and put,
+before the exchange (between 12 and 13: the scores phase is then "own keys" 12-20 and
 "exchange" 20-13); layer n_layer: 0 the
 LM head's start, 1 its norm done, 2 its end. Prints, averaged over layers and steps
 (microseconds): each op's compute time (median and slowest block), the attention's phases, the

@@ -185,7 +185,7 @@ def head_ranges(src: list[str]) -> list[tuple[int, int]]:
     return out
 
 
-def by_source(ptx: str, body: list[str], top: int, read=None) -> str:
+def by_source(ptx: str, body: list[str], top: int) -> str:
     """The kernel's instructions by source file, function head and line (see the docstring)."""
     files = {m.group(1): m.group(2) for m in map(FILE.match, ptx.splitlines()) if m}
     counts = source_counts(body)
@@ -194,8 +194,7 @@ def by_source(ptx: str, body: list[str], top: int, read=None) -> str:
     def lines_of(f: str) -> list[str]:
         if f not in sources:
             try:
-                sources[f] = (read or (lambda p: Path(p).read_text(encoding="utf-8")))(
-                    files[f]).splitlines()
+                sources[f] = Path(files[f]).read_text(encoding="utf-8").splitlines()
             except (OSError, KeyError, UnicodeDecodeError):
                 sources[f] = []
         return sources[f]
