@@ -22,6 +22,8 @@
 #                the traces stay in /tmp/ab-trace-BUILD-MODEL.bin)
 #                [--heads N] (with --trace: the models' attention heads, 14 for the 0.5B shape;
 #                steptrace.py --heads adds the skew of each head's attention blocks)
+# Builds whose binary ci/gpu-prebuild.sh packed here beforehand (.carry/prebuilt, keyed by
+# ci/tree-id.sh) are unpacked instead of compiled, which saves the call ~110 s.
 # Last, bench/absummary.py's table: each build's median decode and prompt tok/s, their change
 # against new's, and whether its logits hashes equal new's; with $OUT set (the device call's
 # output folder) the run lines and that table are also written to $OUT/gpu-ab-runs.txt.
@@ -67,6 +69,18 @@ elif [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.bu
     cp .carry/deps.tar.gz /tmp/ab-prev/.carry/ && echo "$want" > /tmp/ab-prev/.built
   (/tmp/ab-prev/ci/gpu-build.sh /tmp/ab-prev/build decode_bench > /tmp/ab-prev.log 2>&1; echo "rc $?" >> /tmp/ab-prev.log) &
 fi
+# A build whose tree id (ci/tree-id.sh: the tree, plus the variant's patch) has a binary packed
+# by ci/gpu-prebuild.sh in .carry/prebuilt is unpacked instead of compiled (decode_bench only:
+# not with --targets).
+prebuilt() {  # name dir id: 0 when unpacked
+  local f=.carry/prebuilt/$3.tar.xz
+  [ -z "$extra" ] && [ -f "$f" ] || return 1
+  rm -rf "$2" && mkdir -p "$2/bench" || return 1
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+    "$f" "$2/bench" || return 1
+  echo "rc 0" > "$2.log"
+  say "$1: prebuilt (.carry/prebuilt/${3:0:12}...)"
+}
 # The variants: a copy of the working tree (its tracked and untracked files that exist: the
 # index may name files the copy deleted; .carry) with the patch applied; a patch that does not
 # apply stops the run before anything is built.
@@ -81,9 +95,12 @@ for i in "${!patches[@]}"; do
   (cd "$src" && git apply "${patches[$i]}") || { say "FAILED: ${patches[$i]} does not apply"; exit 1; }
   say "$v = the working tree + ${patches[$i]}"
   variants+=("$v")
-  ("$src/ci/gpu-build.sh" /tmp/ab-$v decode_bench $extra > /tmp/ab-$v.log 2>&1; echo "rc $?" >> /tmp/ab-$v.log) &
+  prebuilt "$v" /tmp/ab-$v "$(ci/tree-id.sh "${patches[$i]}")" ||
+    ("$src/ci/gpu-build.sh" /tmp/ab-$v decode_bench $extra > /tmp/ab-$v.log 2>&1; echo "rc $?" >> /tmp/ab-$v.log) &
 done
-ci/gpu-build.sh /tmp/ab-new decode_bench $extra > /tmp/ab-new.log 2>&1; echo "rc $?" >> /tmp/ab-new.log
+if ! prebuilt new /tmp/ab-new "$(ci/tree-id.sh)"; then
+  ci/gpu-build.sh /tmp/ab-new decode_bench $extra > /tmp/ab-new.log 2>&1; echo "rc $?" >> /tmp/ab-new.log
+fi
 wait
 logs=(/tmp/ab-new.log /tmp/ab-gen.log)
 [ $noprev = 1 ] || logs+=(/tmp/ab-prev.log)

@@ -4,29 +4,34 @@
 # fetch (the step is 205-306 KB of SASS an instantiation) or (b) the register allocation moved.
 # And norm-lean.patch (the norm's poll only stores; its sum of squares and kept rows read back
 # after it: -10 KB of SASS in every step, the same floats by rms_mean_certain's bound): if (a),
-# it is faster. On the GPU machine, from the repo root, main's tree, .carry from
-# ci/gpu-carry.sh; ~400 s:
-#   gpu-ab new (main) / p1 (one-round quantizers) / p2 (norm-lean), F16, Q8_0 and Q4_K_M, a
-#   Q8_0 trace; then ncu's stall reasons a issued instruction of one decode step, each build and
+# it is faster. p3 (hsum16-from8.patch, session 45) is the review's mend of v47's duplicated
+# hsum16 levels: the same floats, other SASS in 8 of the 12 steps, so its own A/B. On the GPU
+# machine, from the repo root, main's tree, .carry from ci/gpu-carry.sh; ~450-500 s (call with
+# timeout_s 590):
+#   gpu-ab new (main) / p1 (one-round quantizers) / p2 (norm-lean) / p3 (hsum16-from8), F16,
+#   Q8_0 and Q4_K_M, a Q8_0 trace; then ncu's stall reasons a issued instruction of one decode step, each build and
 #   quantized model ("no_instruction" high in p1 and higher than in new, lower in p2: (a)); then
 #   each build's SASS: instructions and local-memory ops of the steps (KvF16). p2 lands only
 #   after ci/gpu-verify.sh on it (parity, memcheck, racecheck).
+# Here first (saves the call ~110 s): ci/gpu-prebuild.sh --patch reports/pending/quantize-one-round.patch
+#   --patch reports/pending/norm-lean.patch --patch reports/pending/hsum16-from8.patch
 set -o pipefail
 export WORKER_SHARED_FIXTURES=$PWD/.carry/shared-fixtures
-timeout 300 ci/gpu-ab.sh --no-prev --reps 1 --models f16,q8_0,q4_k_m --trace q8_0 \
-  --patch reports/pending/quantize-one-round.patch --patch reports/pending/norm-lean.patch 2>&1 |
+timeout 380 ci/gpu-ab.sh --no-prev --reps 1 --models f16,q8_0,q4_k_m --trace q8_0 \
+  --patch reports/pending/quantize-one-round.patch --patch reports/pending/norm-lean.patch \
+  --patch reports/pending/hsum16-from8.patch 2>&1 |
   grep -v "^\[gpu-ab +0s\]" | grep -vE "^  (head|issue)" | tee "$OUT/ab.log"
 LD_LIBRARY_PATH=$(ci/gpu-build.sh --libdir); export LD_LIBRARY_PATH
 for b in new p1 p2; do
   for m in q4_k_m q8_0; do
-    timeout 60 ncu --kernel-name regex:decode_step_kernel --launch-skip 8 --launch-count 1 \
+    timeout 45 ncu --kernel-name regex:decode_step_kernel --launch-skip 8 --launch-count 1 \
       --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,gpu__time_duration.sum,smsp__inst_executed.sum' \
       "/tmp/ab-$b/bench/decode_bench" --model "/tmp/ab-fixtures/qwen2-0.5b-$m.gguf" \
       --prefill 512 --decode 16 --reps 1 > "/tmp/ncu-$b-$m.log" 2>&1
     echo "== ncu $b $m rc=$?"
     if ! grep -qE "stalled_.*ratio" "/tmp/ncu-$b-$m.log"; then  # the regex form refused: the section
       tail -3 "/tmp/ncu-$b-$m.log"
-      timeout 60 ncu --kernel-name regex:decode_step_kernel --launch-skip 8 --launch-count 1 \
+      timeout 45 ncu --kernel-name regex:decode_step_kernel --launch-skip 8 --launch-count 1 \
         --section WarpStateStats --metrics gpu__time_duration.sum,smsp__inst_executed.sum \
         "/tmp/ab-$b/bench/decode_bench" --model "/tmp/ab-fixtures/qwen2-0.5b-$m.gguf" \
         --prefill 512 --decode 16 --reps 1 > "/tmp/ncu-$b-$m.log" 2>&1
@@ -38,8 +43,7 @@ for b in new p1 p2; do
   done
 done
 for b in new p1 p2; do
-  o=$(find "/tmp/ab-$b" -name 'decode_step.cu.o' | head -1)
-  cuobjdump -sass "$o" > "/tmp/sass-$b.txt" 2>&1
+  cuobjdump -sass "/tmp/ab-$b/bench/decode_bench" > "/tmp/sass-$b.txt" 2>&1  # prebuilt or not
   echo "== sass $b"
   awk '/Function :/{f=$3} /^ +\/\*[0-9a-f]+\*\// {n[f]++; if ($0 ~ /LDL|STL/) l[f]++}
        END {for (k in n) if (k ~ /decode_step_kernel/ && k ~ /KvF16/) print n[k], l[k] + 0, k}' \

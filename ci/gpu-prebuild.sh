@@ -1,0 +1,54 @@
+#!/bin/bash
+# Here, before a device call: builds decode_bench (Release, sm_90a, with ci/gpu-build.sh, as the
+# GPU machine would) of the working tree and of each variant (the tree with PATCH applied, as
+# ci/gpu-ab.sh --patch makes it), and packs each binary into .carry/prebuilt/ID.tar.xz, ID being
+# ci/tree-id.sh's identity of the tree (and patch). ci/gpu-ab.sh then unpacks a build whose ID it
+# finds there instead of compiling it (decode_step.cu alone takes ~110 s, on any number of
+# cores), so the call's time goes to the runs; a binary of another tree is never used, as its ID
+# differs. Builds one after the other in /tmp/pb-*, ~4 min each on 2 cores; .carry/prebuilt is
+# emptied first (each binary is ~9.5 MB packed; the device call carries at most 64 MiB in all, so
+# about five binaries beside .carry's other files).
+#   ci/gpu-prebuild.sh [--patch FILE]...
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+patches=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --patch) patches+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift ;;
+    *) echo "usage: $0 [--patch FILE]..." >&2; exit 2 ;;
+  esac
+  shift
+done
+cd "$root"
+[ -f .carry/deps.tar.gz ] || { echo "gpu-prebuild: run ci/gpu-carry.sh first" >&2; exit 2; }
+out=$root/.carry/prebuilt
+rm -rf "$out" && mkdir -p "$out"
+pack() {  # name build_dir id
+  strip -o "$2/decode_bench.stripped" "$2/bench/decode_bench"
+  tar cf - -C "$2" --transform 's|decode_bench.stripped|decode_bench|' decode_bench.stripped |
+    xz -T0 -6 > "$out/$3.tar.xz"
+  echo "gpu-prebuild: $1 -> .carry/prebuilt/$3.tar.xz ($(du -h "$out/$3.tar.xz" | cut -f1))"
+}
+build() {  # name src_dir id
+  local b=/tmp/pb-$1 t0
+  t0=$(date +%s)
+  if ! "$2/ci/gpu-build.sh" "$b" decode_bench > "$b.log" 2>&1; then
+    echo "gpu-prebuild: $1's build failed ($b.log):" >&2
+    grep -E 'error|FAILED' "$b.log" | head -10 >&2
+    exit 1
+  fi
+  echo "gpu-prebuild: $1 built in $(( $(date +%s) - t0 )) s"
+  pack "$1" "$b" "$3"
+}
+build new "$root" "$(ci/tree-id.sh)"
+for i in "${!patches[@]}"; do
+  v=p$((i + 1)) src=/tmp/pb-src-p$((i + 1))
+  rm -rf "$src" && mkdir -p "$src"
+  git ls-files -z --cached --others --exclude-standard |
+    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+    xargs -0 cp --parents -t "$src"
+  cp -r .carry "$src/" && rm -rf "$src/.carry/prebuilt"
+  (cd "$src" && git apply "${patches[$i]}") || { echo "gpu-prebuild: ${patches[$i]} does not apply" >&2; exit 1; }
+  build "$v" "$src" "$(ci/tree-id.sh "${patches[$i]}")"
+done
+echo "gpu-prebuild: $(du -sh "$out" | cut -f1) in .carry/prebuilt"
