@@ -6,8 +6,8 @@
 # after it: -10 KB of SASS in every step, the same floats by rms_mean_certain's bound): if (a),
 # it is faster. p3 (hsum16-from8.patch, session 45) is the review's mend of v47's duplicated
 # hsum16 levels: the same floats, other SASS in 8 of the 12 steps, so its own A/B. On the GPU
-# machine, from the repo root, main's tree, .carry from ci/gpu-carry.sh; ~450-500 s (call with
-# timeout_s 590):
+# machine, from the repo root, main's tree, .carry from ci/gpu-carry.sh; ~520 s with the builds
+# prebuilt (call with timeout_s 590):
 #   gpu-ab new (main) / p1 (one-round quantizers) / p2 (norm-lean) / p3 (hsum16-from8), F16,
 #   Q8_0 and Q4_K_M, a Q8_0 trace; then ncu's stall reasons a issued instruction of one decode step, each build and
 #   quantized model ("no_instruction" high in p1 and higher than in new, lower in p2: (a)); then
@@ -15,11 +15,14 @@
 #   after ci/gpu-verify.sh on it (parity, memcheck, racecheck).
 # Here first (saves the call ~110 s): ci/gpu-prebuild.sh --patch reports/pending/quantize-one-round.patch
 #   --patch reports/pending/norm-lean.patch --patch reports/pending/hsum16-from8.patch
+#   --patch reports/pending/quantize-noinline.patch
+# (p4, quantize-noinline.patch: quantize_q8_0 one function, not four inlined copies: -14.7 to
+# -15.6 KB of SASS in the 6 quantized steps, no spills; perf-notes v48.)
 set -o pipefail
 export WORKER_SHARED_FIXTURES=$PWD/.carry/shared-fixtures
 timeout 380 ci/gpu-ab.sh --no-prev --reps 1 --models f16,q8_0,q4_k_m --trace q8_0 \
   --patch reports/pending/quantize-one-round.patch --patch reports/pending/norm-lean.patch \
-  --patch reports/pending/hsum16-from8.patch 2>&1 |
+  --patch reports/pending/hsum16-from8.patch --patch reports/pending/quantize-noinline.patch 2>&1 |
   grep -v "^\[gpu-ab +0s\]" | grep -vE "^  (head|issue)" | tee "$OUT/ab.log"
 LD_LIBRARY_PATH=$(ci/gpu-build.sh --libdir); export LD_LIBRARY_PATH
 for b in new p1 p2; do
