@@ -81,18 +81,12 @@ prebuilt() {  # name dir id: 0 when unpacked
   echo "rc 0" > "$2.log"
   say "$1: prebuilt (.carry/prebuilt/${3:0:12}...)"
 }
-# The variants: a copy of the working tree (its tracked and untracked files that exist: the
-# index may name files the copy deleted; .carry) with the patch applied; a patch that does not
-# apply stops the run before anything is built.
+# The variants: ci/variant-src.sh's copy of the working tree with the patch applied; a patch
+# that does not apply stops the run before anything is built.
 variants=()
 for i in "${!patches[@]}"; do
   v=p$((i + 1)) src=/tmp/ab-src-p$((i + 1))
-  rm -rf "$src" && mkdir -p "$src" &&
-    git ls-files -z --cached --others --exclude-standard |
-    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
-    xargs -0 cp --parents -t "$src" &&
-    cp -r .carry "$src/" || { say "FAILED: copying the tree for $v"; exit 1; }
-  (cd "$src" && git apply "${patches[$i]}") || { say "FAILED: ${patches[$i]} does not apply"; exit 1; }
+  ci/variant-src.sh "$src" "${patches[$i]}" || { say "FAILED: $v's tree"; exit 1; }
   say "$v = the working tree + ${patches[$i]}"
   variants+=("$v")
   prebuilt "$v" /tmp/ab-$v "$(ci/tree-id.sh "${patches[$i]}")" ||

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Here, before a device call: builds decode_bench (Release, sm_90a, with ci/gpu-build.sh, as the
-# GPU machine would) of the working tree and of each variant (the tree with PATCH applied, as
-# ci/gpu-ab.sh --patch makes it), and packs each binary into .carry/prebuilt/ID.tar.xz, ID being
+# GPU machine would) of the working tree and of each variant (ci/variant-src.sh: the tree with
+# PATCH applied, as ci/gpu-ab.sh --patch makes it), and packs each binary into .carry/prebuilt/ID.tar.xz, ID being
 # ci/tree-id.sh's identity of the tree (and patch). ci/gpu-ab.sh then unpacks a build whose ID it
 # finds there instead of compiling it (decode_step.cu alone takes ~110 s, on any number of
 # cores), so the call's time goes to the runs; a binary of another tree is never used, as its ID
@@ -43,12 +43,7 @@ build() {  # name src_dir id
 build new "$root" "$(ci/tree-id.sh)"
 for i in "${!patches[@]}"; do
   v=p$((i + 1)) src=/tmp/pb-src-p$((i + 1))
-  rm -rf "$src" && mkdir -p "$src"
-  git ls-files -z --cached --others --exclude-standard |
-    while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
-    xargs -0 cp --parents -t "$src"
-  cp -r .carry "$src/" && rm -rf "$src/.carry/prebuilt"
-  (cd "$src" && git apply "${patches[$i]}") || { echo "gpu-prebuild: ${patches[$i]} does not apply" >&2; exit 1; }
+  ci/variant-src.sh "$src" "${patches[$i]}"
   build "$v" "$src" "$(ci/tree-id.sh "${patches[$i]}")"
 done
 echo "gpu-prebuild: $(du -sh "$out" | cut -f1) in .carry/prebuilt"
