@@ -11,7 +11,7 @@ t0=$(date +%s)
 timeout 200 ci/gpu-ab.sh --no-prev --reps 1 --models f16,q8_0,q4_k_m \
   --patch reports/pending/q8-noinline.patch --patch reports/pending/q8-noinline+hsum16.patch 2>&1 |
   grep -v "^\[gpu-ab +0s\]" | grep -vE "^  (head|issue)" | tee "$OUT/ab.log"
-for b in new p1 p2; do  # SASS instructions of each KvF16 step (call 1: new Q8_0 13,848, all-types noinline 13,176)
+for b in new p1 p2; do  # SASS instructions of each KvF16 step (call 1: new Q8_0 13,848, all-types noinline 12,880)
   cuobjdump -sass "/tmp/ab-$b/bench/decode_bench" 2>/dev/null |
     awk '/Function :/{f=$3} /^ +\/\*[0-9a-f]+\*\// {n[f]++} END {for (k in n) if (k ~ /decode_step_kernel/ && k ~ /KvF16/) print n[k], k}' |
     sed -E "s/^([0-9]+) .*GgmlTypeE([0-9]+)E.*/$b type \2: \1/" | sort
