@@ -6,8 +6,9 @@
 # finds there instead of compiling it (decode_step.cu alone takes ~110 s, on any number of
 # cores), so the call's time goes to the runs; a binary of another tree is never used, as its ID
 # differs. Builds one after the other in /tmp/pb-*, ~4 min each on 2 cores; .carry/prebuilt is
-# emptied first (each binary is ~9.5 MB packed; the device call carries at most 64 MiB in all, so
-# about five binaries beside .carry's other files).
+# emptied first (each binary is ~9.5 MB packed; the device call carries at most 64 MiB in all,
+# the tracked tree (~17 MB) and the qwen2 vocabulary (~6 MB) included, so about four binaries;
+# the last line says whether the carry fits).
 #   ci/gpu-prebuild.sh [--patch FILE]...
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -47,3 +48,11 @@ for i in "${!patches[@]}"; do
   build "$v" "$src" "$(ci/tree-id.sh "${patches[$i]}")"
 done
 echo "gpu-prebuild: $(du -sh "$out" | cut -f1) in .carry/prebuilt"
+# What a call with carry [".carry", the vocabulary] sends: the tracked files, .carry, the vocabulary.
+total=$(( $(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}') +
+  $(du -sb .carry | cut -f1) + $(stat -c %s .deps/llama.cpp/models/ggml-vocab-qwen2.gguf 2>/dev/null || echo 0) ))
+if [ "$total" -gt $((64 * 1024 * 1024)) ]; then
+  echo "gpu-prebuild: WARNING: the call would carry $((total / 1048576)) MiB, over 64 MiB: drop a variant" >&2
+else
+  echo "gpu-prebuild: the call carries $((total / 1048576)) of 64 MiB"
+fi
