@@ -34,7 +34,6 @@ import sys
 from pathlib import Path
 
 SHT_NOBITS = 8
-SHT_REL = 9
 SHT_RELA = 4
 EIFMT_SVAL = 4  # .nv.info record formats: 4 = a u16 size and that many bytes, else 2 bytes
 EIATTR_FRAME_SIZE = 0x11
@@ -57,7 +56,7 @@ class ElfError(Exception):
 
 
 def sections(data: bytes):
-    """(name, type, info, bytes or size, entsize) of each section of a 64-bit LE ELF."""
+    """(name, type, bytes or size, entsize) of each section of a 64-bit LE ELF."""
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ElfError("not a 64-bit little-endian ELF file")
     shoff, = struct.unpack_from("<Q", data, 0x28)
@@ -66,23 +65,23 @@ def sections(data: bytes):
         raise ElfError("no section table")
     hdrs = []
     for i in range(shnum):
-        name, typ, _flags, _addr, off, size, _link, info, _align, ent = struct.unpack_from(
+        name, typ, _flags, _addr, off, size, _link, _info, _align, ent = struct.unpack_from(
             "<IIQQQQIIQQ", data, shoff + i * shentsize)
-        hdrs.append((name, typ, off, size, info, ent))
-    _, _, stroff, strsize, _, _ = hdrs[shstrndx]
+        hdrs.append((name, typ, off, size, ent))
+    _, _, stroff, strsize, _ = hdrs[shstrndx]
     strtab = data[stroff:stroff + strsize]
     out = []
-    for name, typ, off, size, info, ent in hdrs:
+    for name, typ, off, size, ent in hdrs:
         end = strtab.find(b"\0", name)
         sname = strtab[name:end].decode("ascii", "replace")
         body = size if typ == SHT_NOBITS else data[off:off + size]
-        out.append((sname, typ, info, body, ent))
+        out.append((sname, typ, body, ent))
     return out
 
 
 def symbol_names(secs) -> list[str]:
     """The names of .symtab's symbols by index (names in .strtab)."""
-    by = {name: body for name, _typ, _info, body, _ent in secs if isinstance(body, bytes)}
+    by = {name: body for name, _typ, body, _ent in secs if isinstance(body, bytes)}
     tab, strs = by.get(".symtab", b""), by.get(".strtab", b"")
     out = []
     for o in range(0, len(tab) - 23, 24):
@@ -134,7 +133,7 @@ def kernels(path: Path) -> dict[str, Kernel]:
 
     secs = sections(path.read_bytes())
     syms = symbol_names(secs)
-    for name, typ, _info, body, ent in secs:
+    for name, typ, body, ent in secs:
         if name == ".nv.info":
             for attr, sym, value in info_attrs(body, (EIATTR_REGCOUNT, EIATTR_FRAME_SIZE)):
                 if sym < len(syms) and syms[sym]:
