@@ -70,16 +70,27 @@ elif [ ! -x /tmp/ab-prev/build/bench/decode_bench ] || [ "$(cat /tmp/ab-prev/.bu
   (/tmp/ab-prev/ci/gpu-build.sh /tmp/ab-prev/build decode_bench > /tmp/ab-prev.log 2>&1; echo "rc $?" >> /tmp/ab-prev.log) &
 fi
 # A build whose tree id (ci/tree-id.sh: the tree, plus the variant's patch) has a binary packed
-# by ci/gpu-prebuild.sh in .carry/prebuilt is unpacked instead of compiled (decode_bench only:
-# not with --targets).
+# by ci/gpu-prebuild.sh in .carry/prebuilt/builds.tar.xz (as ID/decode_bench) is unpacked instead
+# of compiled (decode_bench only: not with --targets). The archive is unpacked once, here, into
+# /tmp/ab-prebuilt (prebuilt() runs in the variants' background jobs: it only copies).
+if [ -z "$extra" ] && [ -f .carry/prebuilt/builds.tar.xz ] &&
+  { [ ! -f /tmp/ab-prebuilt/.done ] || [ .carry/prebuilt/builds.tar.xz -nt /tmp/ab-prebuilt/.done ]; }; then
+  rm -rf /tmp/ab-prebuilt && mkdir -p /tmp/ab-prebuilt
+  if python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
+    .carry/prebuilt/builds.tar.xz /tmp/ab-prebuilt; then
+    touch /tmp/ab-prebuilt/.done
+  else
+    say "prebuilt: .carry/prebuilt/builds.tar.xz did not unpack; compiling instead"
+  fi
+fi
 prebuilt() {  # name dir id: 0 when unpacked
-  local f=.carry/prebuilt/$3.tar.xz
-  [ -z "$extra" ] && [ -f "$f" ] || return 1
-  rm -rf "$2" && mkdir -p "$2/bench" || return 1
-  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2])' \
-    "$f" "$2/bench" || return 1
+  if [ -n "$extra" ] || [ ! -f /tmp/ab-prebuilt/.done ] || [ ! -f "/tmp/ab-prebuilt/$3/decode_bench" ]; then
+    return 1
+  fi
+  rm -rf "$2" && mkdir -p "$2/bench" && cp "/tmp/ab-prebuilt/$3/decode_bench" "$2/bench/" || return 1
+  chmod +x "$2/bench/decode_bench"
   echo "rc 0" > "$2.log"
-  say "$1: prebuilt (.carry/prebuilt/${3:0:12}...)"
+  say "$1: prebuilt (.carry/prebuilt/builds.tar.xz: ${3:0:12}...)"
 }
 # The variants: ci/variant-src.sh's copy of the working tree with the patch applied; a patch
 # that does not apply stops the run before anything is built.
