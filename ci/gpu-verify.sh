@@ -1,9 +1,11 @@
 #!/bin/bash
 # On the GPU machine, one call: the checks a decode-step or decode-attention change needs before
-# it is committed (perf-notes v31), on the working tree. Builds decode_bench and the five GPU test
+# it is committed (perf-notes v31), on the working tree. Builds decode_bench and the six GPU test
 # binaries that cover the decode path (Release, sm_90a; kept in BUILD_DIR between calls), then:
 #   tests      attention_exact_tests, exact_decode_tests, cuda_trace_tests, kernel_tests'
-#              KernelSampling (the sample kernels and the next step's io they write); cuda_engine_tests'
+#              KernelSampling (the sample kernels and the next step's io they write),
+#              exact_qdecode_tests' GPU cases (matvec1_quant's per-op rows, long rows included:
+#              qd::long_row_dots is the persistent step's K-quant down too); cuda_engine_tests'
 #              ExactParity (both caches), PerOp, DecodeCrossing, DecodeStepTrace, FastNumerics,
 #              SampleAndContinue, Stories260K, Persistent* and GpuSampling* on the small
 #              fixtures, Qwen05B on the big ones
@@ -45,7 +47,7 @@ mkdir -p "$small" "$big"
 [ -f "$big/qwen2-0.5b-f16.gguf" ] ||
   (WORKER_GENERATED_FIXTURES=$big sh fixtures/generate_all.sh --big > /tmp/gv-gen-big.log 2>&1) &
 if ! ci/gpu-build.sh "$build" decode_bench cuda_engine_tests attention_exact_tests \
-  exact_decode_tests cuda_trace_tests kernel_tests > /tmp/gv-build.log 2>&1; then
+  exact_decode_tests cuda_trace_tests kernel_tests exact_qdecode_tests > /tmp/gv-build.log 2>&1; then
   say "FAILED: the build"; grep -E "error|FAILED" /tmp/gv-build.log | head -20; exit 1
 fi
 wait
@@ -67,6 +69,7 @@ if [ -z "$only" ] || [ "$only" = tests ]; then
   gtest exact_decode 120 "$(bin exact_decode_tests)"
   gtest cuda_trace 120 "$(bin cuda_trace_tests)"
   gtest kernel_sampling 60 "$(bin kernel_tests)" --gtest_filter='KernelSampling.*'
+  gtest exact_qdecode 120 "$(bin exact_qdecode_tests)" --gtest_filter='ExactQDecodeGpu.*'
   gtest cuda_engine 240 "$CE" --gtest_filter='CudaEngine.ExactParity*:CudaEngine.Decode*:CudaEngine.FastNumerics*:CudaEngine.SampleAndContinue*:CudaEngine.Stories*:CudaEngine.Persistent*:CudaEngine.GpuSampling*'
   GV_FIXTURES=$big gtest qwen05b 90 "$CE" --gtest_filter='CudaEngine.Qwen05B*'
 fi

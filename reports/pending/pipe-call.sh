@@ -6,21 +6,23 @@
 #   p3 down-pipelined+gateup.patch     p1 and p2
 #   p4 norm-quantize.patch             the norms' output quantized by the thread that normalizes it
 #   p5 down-pipelined+gateup+norm.patch  all three
+#   p6 long-slots-pairs.patch          long_row_dots' slots two items a thread (Q4_K_M's K-quant down)
 # then a Q8_0 step trace of main and of the variant with the largest mean gain over the two types
 # (down's stage / quantize / rows and gate + up printed), and ci/gpu-verify.sh on that variant's
 # tree if it gained >= 0.3% with main's hashes and lost nowhere more than 0.3% (the verify's last
 # racechecks, of the f16 step and the attention, which no patch touches, may be cut by the
 # call's time; the q8_0 step's racecheck, which covers the named barriers, runs first).
-# Here first: ci/gpu-prebuild.sh with the five patches in this order (one archive of six
-# binaries, ~35 MB: the carry fits 64 MiB). Call with timeout_s 598 (CALL_S=S otherwise).
+# Here first: ci/gpu-prebuild.sh with the six patches in this order (one archive of seven
+# binaries, ~37 MB: the carry fits 64 MiB). Call with timeout_s 598 (CALL_S=S otherwise).
 set -o pipefail
 export WORKER_SHARED_FIXTURES=$PWD/.carry/shared-fixtures
 big=/tmp/ab-fixtures  # gpu-ab.sh's 0.5B files
 t0=$(date +%s)
-V=(down-pipelined gateup-interleave down-pipelined+gateup norm-quantize down-pipelined+gateup+norm)
+V=(down-pipelined gateup-interleave down-pipelined+gateup norm-quantize down-pipelined+gateup+norm
+  long-slots-pairs)
 args=()
 for v in "${V[@]}"; do args+=(--patch "reports/pending/$v.patch"); done
-timeout 260 ci/gpu-ab.sh --no-prev --reps 1 --models q8_0,q4_k_m "${args[@]}" 2>&1 |
+timeout 280 ci/gpu-ab.sh --no-prev --reps 1 --models q8_0,q4_k_m "${args[@]}" 2>&1 |
   grep -v "^\[gpu-ab +0s\]" | grep -vE "^  (head|issue)" | tee "$OUT/ab.log"
 pick=$(python3 - <<'PY'
 import statistics
@@ -32,7 +34,7 @@ for line in open("/tmp/ab-lines.txt"):
         r["d"].append(float(f[7])); r["h"].add(f[11])
 models = sorted({m for _, m in runs})
 best = None
-for b in ("p1", "p2", "p3", "p4", "p5"):
+for b in ("p1", "p2", "p3", "p4", "p5", "p6"):
     gains = []
     for m in models:
         n, r = runs.get(("new", m)), runs.get((b, m))
